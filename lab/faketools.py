@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""The host commands the program runs over SSH, simulated: driverctl, proxmox-boot-tool, update-grub,
+update-initramfs, reboot and pct. Installed as /usr/local/sbin/<tool> inside the lab's SSH namespace
+(lab/bin), so the program's scripts call them by their real names with their real arguments.
+
+Stdlib only (runs under the host's /usr/bin/python3).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.insert(0, HERE)
+import hostsim  # noqa: E402
+
+CONFIG = '/etc/gpuhost-lab.json'
+
+
+def lab_dir():
+    if os.environ.get('GPUHOST_LAB'):
+        return os.environ['GPUHOST_LAB']
+    with open(CONFIG) as f:
+        return json.load(f)['lab']
+
+
+def die(msg, code=1):
+    sys.stderr.write(msg.rstrip('\n') + '\n')
+    sys.exit(code)
+
+
+# ----------------------------------------------------------------------------- driverctl
+
+def driverctl(host, args):
+    """driverctl [--nosave] set-override|unset-override|list-overrides|list-devices ..."""
+    nosave = '--nosave' in args
+    args = [a for a in args if a not in ('--nosave', '-v', '--verbose')]
+    if not args:
+        die('Usage: driverctl [OPTIONS...] {COMMAND} ...', 2)
+    cmd, rest = args[0], args[1:]
+    known = set(host.gpu_bdfs())
+    if cmd == 'list-overrides':
+        for bdf, drv in sorted(host.overrides().items()):
+            print('%s %s' % (bdf, drv))
+        return
+    if cmd == 'list-devices':
+        overrides = host.overrides()
+        for bdf in host.gpu_bdfs():
+            print('%s %s%s' % (bdf, host.driver(bdf) or '(none)', ' [*]' if bdf in overrides else ''))
+        return
+    if cmd in ('set-override', 'unset-override'):
+        if not rest or rest[0] not in known:
+            die('driverctl: device %s not found' % (rest[0] if rest else ''), 1)
+        bdf = rest[0]
+        path = host.path('etc/driverctl.d', 'pci-' + bdf)
+        if cmd == 'set-override':
+            if len(rest) != 2:
+                die('Usage: driverctl set-override <device> <driver>', 2)
+            drv = rest[1]
+            if drv not in hostsim.GPU_DRIVERS and drv != 'none':
+                die('driverctl: failed to bind device %s to driver %s' % (bdf, drv), 1)
+            hostsim.write(host.pci(bdf, 'driver_override'), drv + '\n')
+            host.bind(bdf, None if drv == 'none' else drv)
+            if not nosave:
+                hostsim.write(path, drv + '\n')
+        else:
+            hostsim.write(host.pci(bdf, 'driver_override'), '(null)\n')
+            host.bind(bdf, hostsim.DEFAULT_DRIVER)
+            if os.path.exists(path) and not nosave:
+                os.unlink(path)
+        return
+    die('driverctl: unknown command %s' % cmd, 2)
+
+
+# ----------------------------------------------------------------------- boot tooling
+
+def proxmox_boot_tool(host, args):
+    cmd = args[0] if args else ''
+    if not os.path.exists(host.path('etc/kernel/proxmox-boot-uuids')):
+        die('E: /etc/kernel/proxmox-boot-uuids does not exist.', 2)
+    if cmd == 'status':
+        print('Re-executing \'/usr/sbin/proxmox-boot-tool\' in new private mount namespace..')
+        print('System currently booted with uefi')
+        print('7A3B-1C2D is configured with: uefi (versions: %s)' % host.spec['kernel'])
+        return
+    if cmd == 'refresh':
+        line = host.refresh_boot()
+        print('Running hook script \'proxmox-auto-removal\'..')
+        print('Copying and configuring kernels on /dev/disk/by-uuid/7A3B-1C2D')
+        print('\tCopying kernel and creating boot-entry for %s' % host.spec['kernel'])
+        print('\tkernel command line: %s' % line)
+        return
+    die('proxmox-boot-tool: unknown command %r' % cmd, 2)
+
+
+def update_grub(host, args):
+    if host.spec['boot'] != 'grub':
+        # On a systemd-boot host grub's config is not what boots the kernel.
+        print('Generating grub configuration file ...')
+        print('done')
+        return
+    line = host.refresh_boot()
+    print('Generating grub configuration file ...')
+    print('Found linux image: /boot/vmlinuz-%s' % host.spec['kernel'])
+    print('done (%s)' % line)
+
+
+def update_initramfs(host, args):
+    if '-u' not in args:
+        die('Usage: update-initramfs {-c|-d|-u} [-k version] [-v] [-b directory]', 2)
+    host.update_initramfs()
+    print('update-initramfs: Generating /boot/initrd.img-%s' % host.spec['kernel'])
+    if host.spec['boot'] == 'systemd-boot':
+        print('Running hook script \'zz-proxmox-boot\'..')
+        host.refresh_boot()
+
+
+def reboot(host, args):
+    # A real reboot drops every SSH session; the lab applies the installed state at once and
+    # the next connection sees the new running state.
+    host.reboot()
+    print('lab: host rebooted')
+
+
+# ------------------------------------------------------------------------------- pct
+
+def ct_dir(vmid):
+    return os.path.join(lab_dir(), 'ct', str(vmid))
+
+
+def ct_status(vmid, node):
+    path = os.path.join(ct_dir(vmid), 'status')
+    if not os.path.exists(path):
+        die("Configuration file 'nodes/%s/lxc/%s.conf' does not exist" % (node, vmid), 2)
+    with open(path) as f:
+        return f.read().strip()
+
+
+def pct(host, args):
+    if not args:
+        die('ERROR: no command specified', 255)
+    cmd, rest = args[0], args[1:]
+    if not rest or not rest[0].isdigit():
+        die("400 not enough arguments\npct %s <vmid>" % cmd, 255)
+    vmid = rest[0]
+    status = ct_status(vmid, host.spec['node'])
+    if cmd == 'status':
+        print('status: %s' % status)
+        return
+    if cmd in ('push', 'pull', 'exec', 'enter') and status != 'running':
+        die('CT %s not running' % vmid, 255)
+    rootfs = os.path.join(ct_dir(vmid), 'rootfs')
+    if cmd == 'push':
+        opts, pos = parse_opts(rest[1:])
+        if len(pos) != 2:
+            die('400 wrong number of arguments\npct push <vmid> <file> <destination> [OPTIONS]', 255)
+        src, dst = pos
+        if not dst.startswith('/'):
+            die('destination must be an absolute path', 255)
+        target = os.path.join(rootfs, dst.lstrip('/'))
+        if not os.path.isdir(os.path.dirname(target)):
+            die("failed to open %s for writing: No such file or directory" % dst, 255)
+        shutil.copyfile(src, target)
+        os.chmod(target, int(opts.get('perms', '0644'), 8))
+        return
+    if cmd == 'pull':
+        opts, pos = parse_opts(rest[1:])
+        shutil.copyfile(os.path.join(rootfs, pos[0].lstrip('/')), pos[1])
+        return
+    if cmd == 'exec':
+        argv = rest[1:]
+        if argv and argv[0] == '--':
+            argv = argv[1:]
+        if not argv:
+            die('missing command', 255)
+        os.execvp('unshare', ['unshare', '-m', '--propagation', 'private', '--',
+                              sys.executable, os.path.realpath(__file__), '_ct_chroot', vmid] + argv)
+    die('pct: unknown command %s' % cmd, 255)
+
+
+def parse_opts(args):
+    opts, pos = {}, []
+    it = iter(args)
+    for a in it:
+        if a.startswith('--'):
+            opts[a[2:]] = next(it, '')
+        else:
+            pos.append(a)
+    return opts, pos
+
+
+# Host directories a container sees read-only (the lab's containers share the host's userland).
+SHARED = ('usr', 'bin', 'lib', 'lib64', 'sbin')
+
+
+def ct_chroot(vmid, argv):
+    """Inside a private mount namespace: assemble the container's root and exec argv in it."""
+    rootfs = os.path.join(ct_dir(vmid), 'rootfs')
+    for name in SHARED:
+        src = '/' + name
+        dst = os.path.join(rootfs, name)
+        if os.path.islink(src):
+            if not os.path.lexists(dst):
+                os.symlink(os.readlink(src), dst)
+            continue
+        if os.path.isdir(src):
+            os.makedirs(dst, exist_ok=True)
+            subprocess.check_call(['mount', '--bind', '-o', 'ro', src, dst])
+    for name, src in (('dev', '/dev'), ('proc', '/proc'), ('usr/local/bin', os.path.join(HERE, 'ctbin')),
+                      ('opt/gpuhost-lab', HERE)):
+        dst = os.path.join(rootfs, name)
+        os.makedirs(dst, exist_ok=True)
+        subprocess.check_call(['mount', '--bind', src, dst])
+    os.chroot(rootfs)
+    os.chdir('/')
+    env = {'PATH': '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME': '/root',
+           'LANG': 'C.UTF-8', 'container': 'lxc'}
+    os.execvpe(argv[0], argv, env)
+
+
+TOOLS = {
+    'driverctl': driverctl,
+    'proxmox-boot-tool': proxmox_boot_tool,
+    'update-grub': update_grub,
+    'update-initramfs': update_initramfs,
+    'reboot': reboot,
+    'pct': pct,
+}
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] == '_ct_chroot':
+        ct_chroot(sys.argv[2], sys.argv[3:])
+        return
+    tool = os.path.basename(sys.argv[0])
+    host = hostsim.Host(lab_dir())
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    TOOLS[tool](host, sys.argv[1:])
+
+
+if __name__ == '__main__':
+    main()

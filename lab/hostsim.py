@@ -1,0 +1,270 @@
+"""The simulated Proxmox host behind the lab's SSH server.
+
+Everything the program touches on a real host has a file here, laid out under LAB/host the way
+the real paths are, and bind-mounted over them inside the SSH server's private mount namespace
+(see ns-sshd.sh), so the program's scripts run unmodified:
+
+  /sys/bus/pci/devices/<bdf>/{vendor,device,numa_node,driver,driver_override,iommu_group}
+  /sys/kernel/iommu_groups/<n>/{type,devices/<bdf>}
+  /proc/cmdline, /proc/driver/nvidia/params               (the *running* state)
+  /etc/kernel/cmdline or /etc/default/grub, /etc/modprobe.d, /etc/driverctl.d, /etc/pve
+  LAB/host/boot/{cmdline,initrd-modprobe.d}               (what the next boot will use)
+
+The fake tools (lab/bin: driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot,
+pct) move state between these the way the real ones do, so a forgotten refresh or a missing
+reboot shows up as a difference between configured, installed and running state.
+
+Stdlib only: the fake tools run under the host's system python3.
+"""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import tempfile
+
+VENDOR_NVIDIA = '0x10de'
+DEFAULT_DRIVER = 'nvidia'
+GPU_DRIVERS = ('nvidia', 'vfio-pci')
+
+
+class Host(object):
+    """The simulated host rooted at LAB (the .lab directory)."""
+
+    def __init__(self, lab):
+        self.lab = os.path.abspath(lab)
+        self.root = os.path.join(self.lab, 'host')
+        with open(os.path.join(self.lab, 'spec.json')) as f:
+            self.spec = json.load(f)
+
+    # ------------------------------------------------------------------ paths
+
+    def path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def pci(self, bdf, *parts):
+        return self.path('sys', 'bus', 'pci', 'devices', bdf, *parts)
+
+    def group_dir(self, group):
+        return self.path('sys', 'kernel', 'iommu_groups', str(group))
+
+    # ------------------------------------------------------------- creation
+
+    def create(self):
+        """Lay out a freshly booted host from the spec (running state == configured state)."""
+        spec = self.spec
+        for sub in ('sys/bus/pci/devices', 'sys/bus/pci/drivers/nvidia', 'sys/bus/pci/drivers/vfio-pci',
+                    'sys/kernel/iommu_groups', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
+                    'etc/pve/lxc', 'etc/pve/qemu-server', 'etc/pve/nodes', 'boot/initrd-modprobe.d',
+                    'var/lib/lxc', 'dev', 'sbin', 'log'):
+            os.makedirs(self.path(sub), exist_ok=True)
+        write(self.path('sys/bus/pci/drivers_probe'), '')
+        for gpu in spec['gpus']:
+            bdf = gpu['bdf']
+            vendor, device = gpu['id'].split(':')
+            os.makedirs(self.pci(bdf), exist_ok=True)
+            write(self.pci(bdf, 'vendor'), '0x%s\n' % vendor)
+            write(self.pci(bdf, 'device'), '0x%s\n' % device)
+            write(self.pci(bdf, 'class'), '0x030200\n')
+            write(self.pci(bdf, 'numa_node'), '%d\n' % gpu['numa'])
+            write(self.pci(bdf, 'driver_override'), '(null)\n')
+            os.makedirs(os.path.join(self.group_dir(gpu['group']), 'devices'), exist_ok=True)
+            write(os.path.join(self.group_dir(gpu['group']), 'type'), '%s\n' % gpu.get('group_type', 'DMA-FQ'))
+            relink(os.path.join(self.group_dir(gpu['group']), 'devices', bdf),
+                   '../../../../bus/pci/devices/' + bdf)
+            relink(self.pci(bdf, 'iommu_group'), '../../../../kernel/iommu_groups/%d' % gpu['group'])
+            self.bind(bdf, gpu.get('driver', DEFAULT_DRIVER))
+        if spec['boot'] == 'systemd-boot':
+            write(self.path('etc/kernel/cmdline'), spec['cmdline'] + '\n')
+            write(self.path('etc/kernel/proxmox-boot-uuids'), '7A3B-1C2D\n')
+        else:
+            root_args, default_args = split_grub_default(spec['cmdline'])
+            write(self.path('etc/default/grub'), GRUB_TEMPLATE.format(default=default_args))
+            write(self.path('etc/gpuhost-lab-grub-root'), root_args + '\n')
+        write(self.path('boot/cmdline'), spec['cmdline'] + '\n')
+        write(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
+        self.write_nvidia_params(spec.get('nvidia_params', {}))
+        write(self.path('etc/hostname'), spec['node'] + '\n')
+        # Character devices in the upper layer of the SSH namespace's /dev overlay: what
+        # `devN:` entries point at. Majors as the nvidia driver registers them.
+        nodes = [('nvidia%d' % i, 195, i) for i in range(len(spec['gpus']))]
+        nodes += [('nvidiactl', 195, 255), ('nvidia-modeset', 195, 254), ('nvidia-uvm', 511, 0),
+                  ('nvidia-uvm-tools', 511, 1)]
+        for name, major, minor in nodes:
+            if not os.path.exists(self.path('dev', name)):
+                os.mknod(self.path('dev', name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+    def boot_line(self, cmdline):
+        return 'BOOT_IMAGE=/boot/vmlinuz-%s %s' % (self.spec['kernel'], cmdline.strip())
+
+    # --------------------------------------------------------------- facts
+
+    def gpu_bdfs(self):
+        return [g['bdf'] for g in self.spec['gpus']]
+
+    def driver(self, bdf):
+        link = self.pci(bdf, 'driver')
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def group(self, bdf):
+        return int(os.path.basename(os.readlink(self.pci(bdf, 'iommu_group'))))
+
+    def group_type(self, bdf):
+        return read(os.path.join(self.group_dir(self.group(bdf)), 'type')).strip()
+
+    def running_cmdline(self):
+        return read(self.path('proc/cmdline')).strip()
+
+    def nvidia_params(self):
+        params = {}
+        for line in read(self.path('proc/driver/nvidia/params')).splitlines():
+            key, _, value = line.partition(':')
+            params[key.strip()] = value.strip()
+        return params
+
+    def overrides(self):
+        out = {}
+        d = self.path('etc/driverctl.d')
+        for name in sorted(os.listdir(d)):
+            if name.startswith('pci-'):
+                out[name[4:]] = read(os.path.join(d, name)).strip()
+        return out
+
+    # ------------------------------------------------------------- actions
+
+    def bind(self, bdf, driver):
+        """Bind (or unbind, driver=None) a device at runtime, as driver_override + drivers_probe do."""
+        if driver is not None and driver not in GPU_DRIVERS:
+            raise SystemExit('driver %s is not loaded on this host' % driver)
+        old = self.driver(bdf)
+        if old:
+            try:
+                os.unlink(self.path('sys/bus/pci/drivers', old, bdf))
+            except FileNotFoundError:
+                pass
+            os.unlink(self.pci(bdf, 'driver'))
+        if driver:
+            relink(self.pci(bdf, 'driver'), '../../drivers/' + driver)
+            relink(self.path('sys/bus/pci/drivers', driver, bdf), '../../devices/' + bdf)
+
+    def write_nvidia_params(self, overrides):
+        params = dict(self.spec.get('nvidia_params', {}))
+        params.update(overrides)
+        write(self.path('proc/driver/nvidia/params'), ''.join('%s: %s\n' % kv for kv in sorted(params.items())))
+
+    def installed_cmdline(self):
+        return read(self.path('boot/cmdline')).strip()
+
+    def refresh_boot(self):
+        """proxmox-boot-tool refresh / update-grub: install the configured command line for the next boot."""
+        if self.spec['boot'] == 'systemd-boot':
+            line = read(self.path('etc/kernel/cmdline')).strip()
+            if '\n' in line:
+                raise SystemExit('E: /etc/kernel/cmdline must be a single line')
+        else:
+            values = grub_values(read(self.path('etc/default/grub')))
+            line = ' '.join(x for x in (read(self.path('etc/gpuhost-lab-grub-root')).strip(),
+                                        values.get('GRUB_CMDLINE_LINUX', ''),
+                                        values.get('GRUB_CMDLINE_LINUX_DEFAULT', '')) if x)
+        write(self.path('boot/cmdline'), line + '\n')
+        return line
+
+    def update_initramfs(self):
+        """Snapshot /etc/modprobe.d into the initramfs, which is what the next boot loads modules with."""
+        dst = self.path('boot/initrd-modprobe.d')
+        shutil.rmtree(dst)
+        shutil.copytree(self.path('etc/modprobe.d'), dst)
+
+    def reboot(self):
+        """What a power cycle makes of the installed state: command line, module options, bindings."""
+        cmdline = self.installed_cmdline()
+        write(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
+        gtype = domain_type(cmdline)
+        for gpu in self.spec['gpus']:
+            write(os.path.join(self.group_dir(gpu['group']), 'type'), gtype + '\n')
+        overrides = self.overrides()
+        for bdf in self.gpu_bdfs():
+            self.bind(bdf, overrides.get(bdf, DEFAULT_DRIVER))
+            write(self.pci(bdf, 'driver_override'), (overrides[bdf] if bdf in overrides else '(null)') + '\n')
+        params = {}
+        d = self.path('boot/initrd-modprobe.d')
+        for name in sorted(os.listdir(d)):
+            params.update(modprobe_nvidia_params(read(os.path.join(d, name))))
+        self.write_nvidia_params(params)
+
+
+GRUB_TEMPLATE = '''# If you change this file, run 'update-grub' afterwards to update
+# /boot/grub/grub.cfg.
+GRUB_DEFAULT=0
+GRUB_TIMEOUT=5
+GRUB_DISTRIBUTOR="Proxmox VE"
+GRUB_CMDLINE_LINUX_DEFAULT="{default}"
+GRUB_CMDLINE_LINUX=""
+'''
+
+
+def split_grub_default(cmdline):
+    """The spec's command line as (root part set by grub itself, GRUB_CMDLINE_LINUX_DEFAULT)."""
+    words = cmdline.split()
+    root = [w for w in words if w.startswith('root=') or w in ('ro', 'rw')]
+    rest = [w for w in words if w not in root]
+    return ' '.join(root), ' '.join(rest)
+
+
+def grub_values(text):
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^\s*([A-Z_]+)=(.*)$', line)
+        if m:
+            words = shlex.split(m.group(2), comments=True)
+            out[m.group(1)] = words[0] if words else ''
+    return out
+
+
+def domain_type(cmdline):
+    """The default IOMMU domain type the kernel picks for this command line."""
+    words = cmdline.split()
+    mode = 'DMA-FQ'
+    for w in words:
+        if w in ('iommu=pt', 'iommu.passthrough=1', 'iommu.passthrough=on', 'iommu.passthrough=y'):
+            mode = 'identity'
+        elif w in ('iommu=nopt', 'iommu.passthrough=0', 'iommu.passthrough=off', 'iommu.passthrough=n'):
+            mode = 'DMA-FQ' if mode == 'identity' else mode
+    if mode != 'identity' and any(w in ('iommu.strict=1', 'iommu.strict=on', 'iommu.strict=y') for w in words):
+        mode = 'DMA'
+    return mode
+
+
+def modprobe_nvidia_params(text):
+    params = {}
+    for line in text.splitlines():
+        words = line.split('#', 1)[0].split()
+        if len(words) >= 3 and words[0] == 'options' and words[1] == 'nvidia':
+            for opt in words[2:]:
+                key, _, value = opt.partition('=')
+                if key.startswith('NVreg_'):
+                    params[key[len('NVreg_'):]] = value
+    return params
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def write(path, text):
+    """Atomic write, so a test reading while a tool writes never sees half a file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp.')
+    with os.fdopen(fd, 'w') as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def relink(path, target):
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(target, path)

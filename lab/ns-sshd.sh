@@ -1,0 +1,19 @@
+#!/bin/sh
+# Runs inside `unshare -m --propagation private`: lays the simulated host (LAB/host) over the
+# real paths, for this mount namespace only, then becomes the lab's SSH server. Nothing here is
+# visible outside the namespace; the machine's own /etc, /sys and /proc stay untouched.
+set -eu
+LAB=$1
+hostname "$2"
+H=$LAB/host
+mkdir -p "$LAB/work/etc" "$LAB/work/var" "$LAB/work/dev" "$H/var"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$H/etc,workdir=$LAB/work/etc" /etc
+mount -t overlay overlay -o "lowerdir=/var,upperdir=$H/var,workdir=$LAB/work/var" /var
+mount -t overlay overlay -o "lowerdir=/dev,upperdir=$H/dev,workdir=$LAB/work/dev" /dev
+mount --bind "$H/sys/bus/pci" /sys/bus/pci
+mount --bind "$H/sys/kernel/iommu_groups" /sys/kernel/iommu_groups
+mount --bind "$H/proc/cmdline" /proc/cmdline
+mount --bind "$H/proc/driver" /proc/driver
+mount --bind "$H/sbin" /usr/local/sbin
+mkdir -p /run/sshd
+exec /usr/sbin/sshd -D -e -f "$LAB/ssh/sshd_config"
