@@ -1,15 +1,32 @@
+"""gpuhost: an 8-GPU Proxmox inference host as code. Load the config, build the components, export."""
+
+import os
+
 import pulumi
-from pulumi.dynamic import Resource, ResourceProvider, CreateResult
 
-class P(ResourceProvider):
-    def create(self, props):
-        import sys
-        return CreateResult("id1", {"py": sys.executable, **props})
+import config
+from components.container import GpuContainer
+from components.host import ProxmoxHost
+from components.sglang import SglangService
+from components.vm import SevSnpVm
+from components import outputs
 
-class R(Resource):
-    py: pulumi.Output[str]
-    def __init__(self, name, opts=None):
-        super().__init__(P(), name, {"py": None, "x": 1}, opts)
+try:
+    deployment = config.from_pulumi()
+    connection, api = config.connection_inputs(deployment, os.getcwd())
+except config.ConfigError as e:
+    # RunError: shown as the reason the update failed, without a Python traceback.
+    raise pulumi.RunError(str(e)) from None
 
-r = R("r")
-pulumi.export("py", r.py)
+for warning in deployment.warnings:
+    pulumi.log.warn(warning)
+
+connection = pulumi.Output.secret(connection)
+api = pulumi.Output.secret(api)
+
+host = ProxmoxHost('host', deployment, connection)
+container = GpuContainer('container', deployment, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
+vm = SevSnpVm('vm', deployment, api, opts=pulumi.ResourceOptions(depends_on=[host])) if deployment.vm else None
+service = SglangService('sglang', deployment, connection, container)
+
+outputs.export(deployment, host, container, vm, service)

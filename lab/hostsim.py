@@ -24,6 +24,7 @@ import shlex
 import shutil
 import stat
 import tempfile
+import uuid
 
 VENDOR_NVIDIA = '0x10de'
 DEFAULT_DRIVER = 'nvidia'
@@ -84,7 +85,8 @@ class Host(object):
             write(self.path('etc/default/grub'), GRUB_TEMPLATE.format(default=default_args))
             write(self.path('etc/gpuhost-lab-grub-root'), root_args + '\n')
         write(self.path('boot/cmdline'), spec['cmdline'] + '\n')
-        write(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
+        write_in_place(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
+        write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         self.write_nvidia_params(spec.get('nvidia_params', {}))
         write(self.path('etc/hostname'), spec['node'] + '\n')
         # Character devices in the upper layer of the SSH namespace's /dev overlay: what
@@ -145,9 +147,27 @@ class Host(object):
             except FileNotFoundError:
                 pass
             os.unlink(self.pci(bdf, 'driver'))
+        info = self.path('proc/driver/nvidia/gpus', bdf)
+        if old == 'nvidia' and driver != 'nvidia' and os.path.isdir(info):
+            shutil.rmtree(info)
         if driver:
             relink(self.pci(bdf, 'driver'), '../../drivers/' + driver)
             relink(self.path('sys/bus/pci/drivers', driver, bdf), '../../devices/' + bdf)
+        if driver == 'nvidia' and not os.path.isdir(info):
+            # The driver hands out the lowest free minor (/dev/nvidiaN) when it probes a GPU.
+            used = set()
+            gdir = self.path('proc/driver/nvidia/gpus')
+            for other in os.listdir(gdir) if os.path.isdir(gdir) else []:
+                used.add(self.minor(other))
+            minor = min(set(range(len(self.spec['gpus']) + 1)) - used)
+            write(os.path.join(info, 'information'), 'Model: \t\t NVIDIA RTX PRO 6000 Blackwell Server Edition\n'
+                  'Bus Location: \t %s\nDevice Minor: \t %d\n' % (bdf, minor))
+
+    def minor(self, bdf):
+        for line in read(self.path('proc/driver/nvidia/gpus', bdf, 'information')).splitlines():
+            if line.startswith('Device Minor:'):
+                return int(line.split(':', 1)[1])
+        return None
 
     def write_nvidia_params(self, overrides):
         params = dict(self.spec.get('nvidia_params', {}))
@@ -180,12 +200,17 @@ class Host(object):
     def reboot(self):
         """What a power cycle makes of the installed state: command line, module options, bindings."""
         cmdline = self.installed_cmdline()
-        write(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
+        write_in_place(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
+        write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         gtype = domain_type(cmdline)
         for gpu in self.spec['gpus']:
             write(os.path.join(self.group_dir(gpu['group']), 'type'), gtype + '\n')
         overrides = self.overrides()
+        # A fresh boot probes in bus order, so minors are handed out again from 0.
+        shutil.rmtree(self.path('proc/driver/nvidia/gpus'), ignore_errors=True)
         for bdf in self.gpu_bdfs():
+            self.bind(bdf, None)
+        for bdf in sorted(self.gpu_bdfs()):
             self.bind(bdf, overrides.get(bdf, DEFAULT_DRIVER))
             write(self.pci(bdf, 'driver_override'), (overrides[bdf] if bdf in overrides else '(null)') + '\n')
         params = {}
@@ -262,6 +287,13 @@ def write(path, text):
         f.write(text)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+def write_in_place(path, text):
+    """For files bind-mounted over a real path (/proc/cmdline): a rename would leave the mount on the
+    old inode, so these are rewritten in place."""
+    with open(path, 'w') as f:
+        f.write(text)
 
 
 def relink(path, target):

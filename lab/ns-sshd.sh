@@ -14,6 +14,7 @@ mount --bind "$H/sys/bus/pci" /sys/bus/pci
 mount --bind "$H/sys/kernel/iommu_groups" /sys/kernel/iommu_groups
 mount --bind "$H/proc/cmdline" /proc/cmdline
 mount --bind "$H/proc/driver" /proc/driver
+mount --bind "$H/proc/boot_id" /proc/sys/kernel/random/boot_id
 mount --bind "$H/sbin" /usr/local/sbin
 mkdir -p /run/sshd
 exec /usr/sbin/sshd -D -e -f "$LAB/ssh/sshd_config"

@@ -1,0 +1,388 @@
+"""ProxmoxHost: the host-level state - IOMMU kernel command line, nvidia module options, the VM's
+GPUs bound to vfio-pci by PCI address - and whether the host must reboot to reach it.
+
+Children (all `parent=self`, named `<name>-<role>`):
+  <name>-kernel-cmdline   the arguments the command line must carry / must not carry (GRUB or
+                          systemd-boot, whichever the host boots with), then update-grub or
+                          proxmox-boot-tool refresh
+  <name>-nvidia-options   /etc/modprobe.d/gpuhost-nvidia.conf, then update-initramfs -u -k all
+  <name>-vfio             driverctl overrides of the VM's GPUs to vfio-pci
+  <name>-status           the facts monitoring wants: GPU assignment, IOMMU mode running,
+                          reboot_required and its reasons (declared vs running)
+
+Before changing anything, the kernel and vfio steps read the host and stop if a Blackwell GPU
+sits in an identity IOMMU domain or the GPU inventory differs from the config.
+
+Destroy leaves these host-level settings in place (retain_on_delete): undoing them needs a reboot
+and hands GPUs back to other drivers, which is an operator's decision, not a side effect of
+`pulumi destroy`. README, "What destroy does".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+
+import pulumi
+from pulumi.dynamic import CreateResult, Resource, UpdateResult
+
+from components import remote
+from components.state import ObservedProvider
+
+GRUB_FILE = '/etc/default/grub'
+SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
+MODPROBE_FILE = '/etc/modprobe.d/gpuhost-nvidia.conf'
+
+
+class HostStateError(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------ pure logic
+
+def arg_key(arg: str) -> str:
+    return arg.split('=', 1)[0]
+
+
+def edit_cmdline(args: list, ensure: list, forbid: list) -> list:
+    """The command line with every `ensure` argument present (replacing other values of the same
+    key) and every `forbid` argument gone; everything else kept in place and order."""
+    ensure_keys = {arg_key(a): a for a in ensure}
+    out = []
+    for a in args:
+        if a in forbid:
+            continue
+        k = arg_key(a)
+        if k in ensure_keys and a != ensure_keys[k]:
+            continue
+        if a in out:
+            continue
+        out.append(a)
+    out += [a for a in ensure if a not in out]
+    return out
+
+
+def grub_with_default(text: str, args: list) -> str:
+    """/etc/default/grub with GRUB_CMDLINE_LINUX_DEFAULT set to args (the last assignment wins in
+    shell, so that is the one replaced; one is appended if there is none)."""
+    value = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % ' '.join(args)
+    lines = text.splitlines()
+    idx = [i for i, line in enumerate(lines) if re.match(r'^\s*GRUB_CMDLINE_LINUX_DEFAULT=', line)]
+    if idx:
+        lines[idx[-1]] = value
+    else:
+        lines.append(value)
+    return '\n'.join(lines) + '\n'
+
+
+def check_inventory(facts: remote.HostFacts, inventory: list, blackwell_ids: list) -> None:
+    """Stop before any change if the host is not the one the config describes, or if a Blackwell
+    GPU already sits in an identity domain (its FSP will not boot again without a power cycle)."""
+    problems = []
+    for gpu in inventory:
+        got = facts.gpus.get(gpu['address'])
+        if got is None:
+            problems.append('gpuhost:host.gpus: %s is not a GPU on this host (found: %s)' % (
+                gpu['address'], ', '.join(sorted(facts.gpus)) or 'none'))
+            continue
+        if got.id != gpu['id']:
+            problems.append('gpuhost:host.gpus: %s is %s on the host, config says %s; fix the id' % (
+                gpu['address'], got.id, gpu['id']))
+        if got.numa != gpu['numa']:
+            problems.append('gpuhost:host.gpus: %s sits on NUMA node %d on the host, config says %d' % (
+                gpu['address'], got.numa, gpu['numa']))
+    identity = sorted(g.address for g in facts.gpus.values() if g.group_type == 'identity' and g.id in blackwell_ids)
+    if identity:
+        raise HostStateError(
+            'host has Blackwell GPUs in identity IOMMU domains: %s. Stopping before any change: identity domains '
+            'brick these GPUs (FSP error 0x177) until a power cycle. Remove iommu=pt / iommu.passthrough=1 from the '
+            'command line, power-cycle the host (a warm reboot does not clear it), then re-run.' % ', '.join(identity))
+    if problems:
+        raise HostStateError('the host does not match the config:\n  - ' + '\n  - '.join(problems))
+
+
+def reboot_reasons(facts: remote.HostFacts, expect: dict) -> list:
+    """Why the running host differs from its declared state (each a sentence for monitoring)."""
+    reasons = []
+    running = facts.running_args()
+    missing = [a for a in expect['ensure_args'] if a not in running]
+    if missing:
+        reasons.append('kernel command line: running lacks %s' % ' '.join(missing))
+    present = [a for a in expect['forbid_args'] if a in running]
+    if present:
+        reasons.append('kernel command line: running still has %s' % ' '.join(present))
+    for key, value in sorted(expect['nvidia_params'].items()):
+        have = facts.params.get(key)
+        if have is None:
+            if facts.params:
+                reasons.append('nvidia %s: not in /proc/driver/nvidia/params, declared %s' % (key, value))
+        elif str(have) != str(value):
+            reasons.append('nvidia NVreg_%s: running %s, declared %s' % (key, have, value))
+    for bdf in expect['vfio_devices']:
+        gpu = facts.gpus.get(bdf)
+        if gpu and gpu.driver != 'vfio-pci':
+            reasons.append('%s: bound to %s, declared vfio-pci' % (bdf, gpu.driver or 'no driver'))
+    for bdf in expect['container_devices']:
+        gpu = facts.gpus.get(bdf)
+        if gpu and gpu.driver != 'nvidia':
+            reasons.append('%s: bound to %s, declared nvidia (container)' % (bdf, gpu.driver or 'no driver'))
+    domain = expect['domain']
+    for gpu in sorted(facts.gpus.values(), key=lambda g: g.address):
+        if gpu.group_type and gpu.group_type not in (domain, 'unmanaged', 'blocked') and gpu.driver != 'vfio-pci':
+            reasons.append('IOMMU group %s (%s): type %s, declared %s' % (gpu.group, gpu.address, gpu.group_type,
+                                                                          domain))
+    return reasons
+
+
+def modprobe_content(dma_remap_peer_mmio: int) -> str:
+    from components.render import render
+    return render('gpuhost-nvidia.conf.j2', dma_remap_peer_mmio=dma_remap_peer_mmio)
+
+
+def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
+    return remote.parse_facts(remote.run(target, 'host_facts.sh', list(files)).stdout)
+
+
+# ------------------------------------------------------------------- providers
+
+class KernelCmdlineProvider(ObservedProvider):
+    DESIRED = ('ensure_args', 'forbid_args')
+
+    def observe(self, facts, props):
+        configured = facts.configured.split()
+        return {
+            'ensure_args': [a for a in props['ensure_args'] if a in configured],
+            'forbid_args': [a for a in props['forbid_args'] if a not in configured],
+            'boot': facts.boot,
+            'configured': facts.configured,
+            'running': facts.running,
+        }
+
+    def apply(self, props):
+        target = remote.Target.from_inputs(props['connection'])
+        facts = read_facts(target)
+        check_inventory(facts, props['inventory'], props['blackwell_ids'])
+        current = facts.configured.split()
+        wanted = edit_cmdline(current, props['ensure_args'], props['forbid_args'])
+        if wanted != current:
+            if facts.boot == 'systemd-boot':
+                path, post = SYSTEMD_BOOT_FILE, 'boot-systemd'
+                old = remote.run(target, 'read_file.sh', [path]).stdout
+                new = ' '.join(wanted) + '\n'
+            else:
+                path, post = GRUB_FILE, 'boot-grub'
+                old = remote.run(target, 'read_file.sh', [path]).stdout
+                new = grub_with_default(old, wanted)
+            remote.run(target, 'put_file.sh', [path, '0644', sha256(old), post], stdin=new.encode())
+            facts = read_facts(target)
+        return dict(props, **self.observe(facts, props))
+
+    def create(self, props):
+        return CreateResult('kernel-cmdline', self.apply(props))
+
+    def update(self, _id, _olds, news):
+        return UpdateResult(self.apply(news))
+
+    def read(self, id_, props):
+        facts = read_facts(remote.Target.from_inputs(props['connection']))
+        return self.read_result(id_, dict(props, **self.observe(facts, props)))
+
+
+class HostFileProvider(ObservedProvider):
+    """A whole file on the host; `post` (initramfs, boot-systemd, boot-grub) runs when it changes."""
+    DESIRED = ('path', 'content', 'mode', 'post')
+    REPLACE = ('path',)
+
+    def observe(self, target, props):
+        res = remote.run(target, 'read_file.sh', [props['path']], check=False)
+        content = res.stdout if res.exit_code == 0 else None
+        return {'content': content, 'sha256': sha256(content) if content is not None else None}
+
+    def apply(self, props):
+        target = remote.Target.from_inputs(props['connection'])
+        current = self.observe(target, props)
+        if current['content'] != props['content']:
+            remote.run(target, 'put_file.sh', [props['path'], props['mode'], current['sha256'] or '-', props['post']],
+                       stdin=props['content'].encode())
+            current = self.observe(target, props)
+        return dict(props, **current)
+
+    def create(self, props):
+        return CreateResult(props['path'], self.apply(props))
+
+    def update(self, _id, _olds, news):
+        return UpdateResult(self.apply(news))
+
+    def read(self, id_, props):
+        return self.read_result(id_, dict(props, **self.observe(remote.Target.from_inputs(props['connection']),
+                                                                props)))
+
+
+class VfioProvider(ObservedProvider):
+    DESIRED = ('driver', 'devices')
+
+    def observe(self, facts, props):
+        ok = [b for b in props['devices'] if facts.overrides.get(b) == props['driver']
+              and facts.gpus.get(b) is not None and facts.gpus[b].driver == props['driver']]
+        return {'devices': ok, 'overrides': dict(sorted(facts.overrides.items())),
+                'bound': {b: facts.gpus[b].driver for b in props['devices'] if b in facts.gpus}}
+
+    def apply(self, props):
+        target = remote.Target.from_inputs(props['connection'])
+        facts = read_facts(target)
+        check_inventory(facts, props['inventory'], props['blackwell_ids'])
+        todo = [b for b in props['devices'] if b not in self.observe(facts, props)['devices']]
+        if todo:
+            remote.run(target, 'vfio_bind.sh', [props['driver']] + todo)
+            facts = read_facts(target)
+        return dict(props, **self.observe(facts, props))
+
+    def create(self, props):
+        return CreateResult('vfio-' + props['driver'], self.apply(props))
+
+    def update(self, _id, _olds, news):
+        return UpdateResult(self.apply(news))
+
+    def read(self, id_, props):
+        facts = read_facts(remote.Target.from_inputs(props['connection']))
+        return self.read_result(id_, dict(props, **self.observe(facts, props)))
+
+
+class HostStatusProvider(ObservedProvider):
+    """Read-only: what the host is running compared with what is declared. `expect` changes whenever
+    any declared host setting does, so the status is re-read exactly when something could differ."""
+    DESIRED = ('expect',)
+
+    def observe(self, target, props):
+        facts = read_facts(target)
+        expect = props['expect']
+        reasons = reboot_reasons(facts, expect)
+        sides = {b: 'container' for b in expect['container_devices']}
+        sides.update({b: 'vm' for b in expect['vfio_devices']})
+        gpus = {g.address: {'assigned_to': sides.get(g.address, 'host'), 'numa': g.numa, 'driver': g.driver,
+                            'id': g.id, 'iommu_group': g.group, 'iommu_group_type': g.group_type, 'minor': g.minor}
+                for g in sorted(facts.gpus.values(), key=lambda g: g.address)}
+        types = sorted({g.group_type for g in facts.gpus.values() if g.group_type})
+        return {'gpus': gpus, 'iommu_domain_types': types, 'boot': facts.boot, 'running_cmdline': facts.running,
+                'reboot_required': bool(reasons), 'reboot_reasons': reasons,
+                'nvidia_params': {k: facts.params[k] for k in sorted(facts.params)}}
+
+    def apply(self, props):
+        target = remote.Target.from_inputs(props['connection'])
+        status = self.observe(target, props)
+        if status['reboot_required'] and props.get('reboot') == 'when-required':
+            reboot_and_wait(target)
+            status = self.observe(target, props)
+            if status['reboot_required']:
+                raise HostStateError('host rebooted but still differs from the declared state: ' +
+                                     '; '.join(status['reboot_reasons']))
+        return dict(props, **status)
+
+    def create(self, props):
+        return CreateResult('status', self.apply(props))
+
+    def update(self, _id, _olds, news):
+        return UpdateResult(self.apply(news))
+
+    def read(self, id_, props):
+        return self.read_result(id_, dict(props, **self.observe(remote.Target.from_inputs(props['connection']),
+                                                                props)))
+
+
+def reboot_and_wait(target: remote.Target, timeout: float = 900.0) -> None:
+    """Reboot, then wait until SSH answers with a new boot (the running command line is re-read by
+    the caller). The SSH session may drop mid-command: that is what a reboot does."""
+    before = remote.run(target, 'read_file.sh', ['/proc/sys/kernel/random/boot_id'], check=False).stdout
+    try:
+        remote.run(target, 'reboot.sh', [], check=False, timeout=30)
+    except remote.RemoteError:
+        pass
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            now = remote.run(target, 'read_file.sh', ['/proc/sys/kernel/random/boot_id'], check=False).stdout
+            if now != before or not before:
+                return
+        except remote.RemoteError:
+            pass
+        time.sleep(2)
+    raise HostStateError('host %s did not come back over SSH within %d s after reboot' % (target.host, timeout))
+
+
+def sha256(text):
+    if text is None:
+        return '-'
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+# ------------------------------------------------------------------- resources
+
+class _HostResource(Resource):
+    """A host-level dynamic resource; `outputs` names the extra facts it reports."""
+
+    def __init__(self, provider, name, props, opts, outputs=()):
+        super().__init__(provider, name, dict({k: None for k in outputs}, **props), opts)
+
+
+class KernelCmdline(_HostResource, module='gpuhost', name='KernelCmdline'):
+    pass
+
+
+class HostFile(_HostResource, module='gpuhost', name='HostFile'):
+    pass
+
+
+class VfioBinding(_HostResource, module='gpuhost', name='VfioBinding'):
+    pass
+
+
+class HostStatus(_HostResource, module='gpuhost', name='HostStatus'):
+    pass
+
+
+class ProxmoxHost(pulumi.ComponentResource):
+    """See the module docstring. Outputs: reboot_required, reboot_reasons, gpus, iommu_domain_types,
+    running_cmdline, boot."""
+
+    def __init__(self, name: str, deployment, connection: pulumi.Input[dict], opts=None):
+        super().__init__('gpuhost:index:ProxmoxHost', name, None, opts)
+        d = deployment
+        child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
+        inventory = [g.model_dump() for g in d.host.gpus]
+        from config import BLACKWELL_IDS, FORBIDDEN_IOMMU_ARGS
+        blackwell = sorted(BLACKWELL_IDS)
+        ensure = d.iommu.kernel_args()
+        forbid = sorted(a for a in FORBIDDEN_IOMMU_ARGS if a not in ensure)
+        vfio_devices = list(d.vm.gpus) if d.vm else []
+
+        self.kernel = KernelCmdline(KernelCmdlineProvider(), '%s-kernel-cmdline' % name, {
+            'connection': connection, 'ensure_args': ensure, 'forbid_args': forbid,
+            'inventory': inventory, 'blackwell_ids': blackwell}, child,
+            outputs=('boot', 'configured', 'running'))
+        self.nvidia = HostFile(HostFileProvider(), '%s-nvidia-options' % name, {
+            'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
+            'content': modprobe_content(d.nvidia.dma_remap_peer_mmio)}, child, outputs=('sha256',))
+        resources = [self.kernel, self.nvidia]
+        if vfio_devices:
+            self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
+                'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
+                'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=('overrides', 'bound'))
+            resources.append(self.vfio)
+        expect = {'ensure_args': ensure, 'forbid_args': forbid, 'domain': d.iommu.domain,
+                  'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
+                  'vfio_devices': vfio_devices, 'container_devices': list(d.container.gpus)}
+        self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
+            'connection': connection, 'expect': expect, 'reboot': d.host.reboot},
+            pulumi.ResourceOptions(parent=self, depends_on=resources),
+            outputs=('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
+                     'nvidia_params'))
+        self.reboot_required = self.status.reboot_required
+        self.reboot_reasons = self.status.reboot_reasons
+        self.gpus = self.status.gpus
+        self.iommu_domain_types = self.status.iommu_domain_types
+        self.running_cmdline = self.status.running_cmdline
+        self.boot = self.status.boot
+        self.register_outputs({'reboot_required': self.reboot_required, 'reboot_reasons': self.reboot_reasons,
+                               'gpus': self.gpus, 'iommu_domain_types': self.iommu_domain_types})
+

@@ -1,0 +1,34 @@
+"""Stack outputs for monitoring. The names are stable and documented in README ("Outputs")."""
+
+import hashlib
+
+import pulumi
+
+from components.sglang import expected_speculation
+
+
+def export(d, host, container, vm, service):
+    base = service.endpoint
+    target = '%s:%d' % (d.container.address, d.sglang.port)
+    pulumi.export('openai_base_url', base + '/v1')
+    pulumi.export('health_url', base + '/health')
+    pulumi.export('server_info_url', base + '/server_info')
+    pulumi.export('metrics_url', base + '/metrics')
+    pulumi.export('prometheus_file_sd', [{
+        'targets': [target],
+        'labels': {'job': 'sglang', 'model': d.sglang.served_model_name, 'host': d.host.node,
+                   'container': str(d.container.vmid)}}])
+    pulumi.export('gpu_assignment', host.gpus)
+    pulumi.export('iommu', {'declared_domain': d.iommu.domain, 'declared_kernel_args': d.iommu.kernel_args(),
+                            'running_domain_types': host.iommu_domain_types, 'running_cmdline': host.running_cmdline,
+                            'boot': host.boot, 'nccl_p2p_disabled': d.p2p_disabled})
+    pulumi.export('speculation', {'requested': expected_speculation(d), 'resolved': service.resolved})
+    pulumi.export('sglang_version', d.sglang.version)
+    pulumi.export('sglang_unit_sha256', hashlib.sha256(service.unit.encode()).hexdigest())
+    pulumi.export('reboot_required', host.reboot_required)
+    pulumi.export('reboot_reasons', host.reboot_reasons)
+    pulumi.export('container', {'vmid': d.container.vmid, 'address': d.container.address,
+                                'status': container.status, 'gpus': list(d.container.gpus)})
+    if vm is not None:
+        pulumi.export('vm', {'vmid': d.vm.vmid, 'status': vm.status, 'pending_restart': vm.pending,
+                             'gpus': list(d.vm.gpus), 'hostpci': vm.hostpci})

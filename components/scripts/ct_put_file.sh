@@ -1,0 +1,17 @@
+set -euo pipefail
+# ct_put_file.sh VMID PATH MODE  (content on stdin): replace PATH inside container VMID atomically
+# (pct push to a temp name in the same directory, then mv -f inside the container) if it differs.
+vmid=$1 path=$2 mode=$3
+tmp=$(mktemp /tmp/.gpuhost-ct.XXXXXX)
+trap 'rm -f "$tmp"' EXIT
+cat > "$tmp"
+new=$(sha256sum "$tmp" | cut -d' ' -f1)
+current=$(pct exec "$vmid" -- sh -c 'if [ -f "$1" ]; then sha256sum "$1" | cut -d" " -f1; else echo -; fi' sh "$path")
+if [ "$new" = "$current" ]; then
+  echo "unchanged $new"
+  exit 0
+fi
+pct exec "$vmid" -- mkdir -p "$(dirname "$path")"
+pct push "$vmid" "$tmp" "$path.gpuhost-new" --perms "$mode"
+pct exec "$vmid" -- mv -f "$path.gpuhost-new" "$path"
+echo "changed $new"

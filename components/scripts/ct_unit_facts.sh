@@ -1,0 +1,11 @@
+set -euo pipefail
+# ct_unit_facts.sh VMID UNIT PATH VENV: read-only facts of the service inside the container.
+vmid=$1 unit=$2 path=$3 venv=$4
+if [ "$(pct status "$vmid" 2>/dev/null | awk '{print $2}')" != running ]; then
+  echo "ct	stopped"
+  exit 0
+fi
+echo "ct	running"
+pct exec "$vmid" -- sh -c 'if [ -f "$1" ]; then echo "unit	$(sha256sum "$1" | cut -d" " -f1)"; else echo "unit	-"; fi' sh "$path"
+pct exec "$vmid" -- systemctl show "$unit" -p ActiveState -p InvocationID -p UnitFileState | sed 's/=/\t/'
+pct exec "$vmid" -- sh -c 'if [ -x "$1/bin/python" ]; then echo "sglang	$("$1/bin/python" -c "import sglang; print(sglang.__version__)" 2>/dev/null || echo -)"; else echo "sglang	-"; fi' sh "$venv"

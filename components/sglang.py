@@ -1,0 +1,176 @@
+"""SglangService: the systemd unit serving Qwen3.5-122B-A10B with TP 4 and MTP inside the container.
+
+The unit is rendered (templates/sglang.service.j2) for the declared SGLang version: flags that
+version accepts, CUDA_HOME, the virtualenv first on PATH, NCCL_P2P_DISABLE=1 because the host's IOMMU
+translates (no GPU P2P), metrics on. On apply it is written into the container atomically; the
+service is restarted only when the unit changed; the step waits for /health and then checks that
+/server_info reports the speculative settings the unit asked for - a mismatch fails the update.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pulumi
+from pulumi.dynamic import CreateResult, Resource, UpdateResult
+
+from components import remote
+from components.pve import wait_http
+from components.render import exec_start, render
+from components.state import ObservedProvider
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+def unit_text(d) -> str:
+    s = d.sglang
+    spec = s.speculative
+    return render('sglang.service.j2', version=s.version, served_model_name=s.served_model_name, tp=s.tp,
+                  speculative=('%s steps=%d topk=%d draft=%d' % (spec.algorithm, spec.num_steps, spec.eagle_topk,
+                                                                 spec.num_draft_tokens)
+                               if spec and spec.num_steps else None),
+                  environment=d.service_environment(),
+                  exec_start=exec_start(['%s/bin/python' % s.venv, '-m', 'sglang.launch_server'] + d.launch_args()))
+
+
+def expected_speculation(d) -> dict:
+    """What /server_info must report for the unit's flags (SGLang reports NEXTN as EAGLE)."""
+    spec = d.sglang.speculative
+    if not spec or spec.num_steps is None:
+        return {'speculative_algorithm': None}
+    return {'speculative_algorithm': 'EAGLE' if spec.algorithm == 'NEXTN' else spec.algorithm,
+            'speculative_num_steps': spec.num_steps, 'speculative_eagle_topk': spec.eagle_topk,
+            'speculative_num_draft_tokens': spec.num_draft_tokens}
+
+
+def fetch_json(url: str, timeout: float = 10.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+def server_info(endpoint: str) -> dict:
+    try:
+        return fetch_json(endpoint + '/server_info')
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+    return fetch_json(endpoint + '/get_server_info')  # the name before 0.5.x
+
+
+def resolved(info: dict) -> dict:
+    keys = ('speculative_algorithm', 'speculative_num_steps', 'speculative_eagle_topk',
+            'speculative_num_draft_tokens', 'tp_size', 'served_model_name', 'mem_fraction_static',
+            'mamba_radix_cache_strategy', 'version')
+    out = {k: info.get(k) for k in keys}
+    states = info.get('internal_states') or [{}]
+    out['avg_spec_accept_length'] = states[0].get('avg_spec_accept_length') if states else None
+    return out
+
+
+def mismatches(expected: dict, got: dict) -> list:
+    return ['%s: unit asked for %s, SGLang resolved %s' % (k, v, got.get(k))
+            for k, v in expected.items() if got.get(k) != v]
+
+
+class SglangUnitProvider(ObservedProvider):
+    DESIRED = ('unit', 'version', 'container_uid', 'active')
+
+    def observe(self, target, client, props):
+        facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
+            props['vmid'], props['unit_name'], props['unit_path'], props['venv']], client=client).stdout)
+        running = facts.get('ct') == 'running'
+        unit = None
+        if running:
+            res = remote.run(target, 'ct_read_file.sh', [props['vmid'], props['unit_path']], check=False, client=client)
+            unit = res.stdout if res.exit_code == 0 else None
+        return {'unit': unit, 'version': facts.get('sglang') if running else None,
+                'active': facts.get('ActiveState') == 'active', 'invocation_id': facts.get('InvocationID') or None,
+                'container_uid': props.get('container_uid')}
+
+    def apply(self, props, force_restart=False):
+        target = remote.Target.from_inputs(props['connection'])
+        client = remote.connect(target)
+        try:
+            before = self.observe(target, client, props)
+            if before['version'] in (None, '-'):
+                raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
+                                   '(python -m venv %s && %s/bin/pip install "sglang[all]==%s")' % (
+                                       props['vmid'], props['venv'], props['version'], props['venv'], props['venv'],
+                                       props['version']))
+            if before['version'] != props['version']:
+                raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
+                                   'are rendered for the declared version - install it or change the config' % (
+                                       props['vmid'], before['version'], props['version']))
+            res = remote.run(target, 'ct_put_file.sh', [props['vmid'], props['unit_path'], '0644'],
+                             stdin=props['unit'].encode(), client=client)
+            changed = res.stdout.startswith('changed')
+            restart = 'yes' if changed or force_restart else 'no'
+            remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart], client=client)
+            wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
+                      '%s in container %s' % (props['unit_name'], props['vmid']))
+            info = resolved(server_info(props['endpoint']))
+            bad = mismatches(props['expect'], info)
+            if bad:
+                raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
+                                   'SGLang %s (journalctl -u %s in the container)' % (
+                                       props['unit_name'], '; '.join(bad), props['version'], props['unit_name']))
+            after = self.observe(target, client, props)
+        finally:
+            client.close()
+        return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False)
+
+    def create(self, props):
+        return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
+
+    def update(self, _id, olds, news):
+        # A replaced container (new uid) starts from nothing: write and start everything again.
+        return UpdateResult(self.apply(news, force_restart=olds.get('container_uid') != news.get('container_uid')))
+
+    def read(self, id_, props):
+        target = remote.Target.from_inputs(props['connection'])
+        client = remote.connect(target)
+        try:
+            outs = dict(props, **self.observe(target, client, props))
+        finally:
+            client.close()
+        try:
+            outs['resolved'] = resolved(server_info(props['endpoint']))
+        except (OSError, ValueError):
+            outs['resolved'] = None
+        return self.read_result(id_, outs)
+
+    def delete(self, _id, props):
+        target = remote.Target.from_inputs(props['connection'])
+        remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
+
+
+class SglangUnit(Resource, module='gpuhost', name='SglangUnit'):
+    """The unit inside the container (SglangUnitProvider)."""
+
+
+class SglangService(pulumi.ComponentResource):
+    """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
+
+    def __init__(self, name, deployment, connection, container, opts=None):
+        super().__init__('gpuhost:index:SglangService', name, None, opts)
+        d = deployment
+        s = d.sglang
+        self.unit = unit_text(d)
+        self.endpoint = 'http://%s:%d' % (d.container.address, s.port)
+        props = {
+            'connection': connection, 'vmid': d.container.vmid, 'container_uid': container.uid,
+            'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit, 'unit': self.unit,
+            'venv': s.venv, 'version': s.version, 'active': True, 'endpoint': self.endpoint,
+            'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s,
+            'resolved': None, 'invocation_id': None, 'restarted': None,
+        }
+        self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
+                                pulumi.ResourceOptions(parent=self, depends_on=[container]))
+        self.resolved = self.service.resolved
+        self.version = s.version
+        self.active = self.service.active
+        self.register_outputs({'resolved': self.resolved, 'active': self.active})

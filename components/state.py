@@ -1,0 +1,80 @@
+"""The pattern every resource of this program follows: facts -> desired -> smallest change.
+
+A resource's inputs are `connection` (or `api`) plus its *desired* keys. Its outputs carry the same
+keys as *observed* on the host after the last create, update or refresh, plus extra facts. So:
+
+  * diff() compares desired (new inputs) with observed (old outputs) key by key: a second `up`
+    shows no changes, and after `pulumi refresh` found drift, `up` shows and repairs it;
+  * read() returns the observed keys as the resource's inputs too, so the refresh itself shows
+    the drift as a diff of those keys.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable
+
+from pulumi.dynamic import DiffResult, ReadResult, ResourceProvider
+
+
+def numbers(value):
+    """Integral floats back to ints: every number crosses the engine as a double, and 200.0 is not a
+    vmid Proxmox or pct accepts."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [numbers(v) for v in value]
+    return value
+
+
+def _normalising(fn, positions):
+    @functools.wraps(fn)
+    def wrapper(self, *args):
+        args = [numbers(a) if i in positions else a for i, a in enumerate(args)]
+        return fn(self, *args)
+    wrapper.__wrapped_by_numbers__ = True
+    return wrapper
+
+
+class ObservedProvider(ResourceProvider):
+    """Base: subclasses set DESIRED (input keys compared), REPLACE (keys whose change means replace)
+    and CONNECTION (the input key holding connection details, never compared)."""
+
+    DESIRED: tuple = ()
+    REPLACE: tuple = ()
+    CONNECTION: tuple = ('connection',)
+    DELETE_BEFORE_REPLACE = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Which arguments carry properties: create(props), update(id, olds, news), read(id, props),
+        # delete(id, props), diff(id, olds, news).
+        for name, positions in (('create', {0}), ('update', {1, 2}), ('read', {1}), ('delete', {1}),
+                                ('diff', {1, 2})):
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, '__wrapped_by_numbers__', False):
+                setattr(cls, name, _normalising(fn, positions))
+
+    def changed_keys(self, olds: dict, news: dict) -> list:
+        return [k for k in self.DESIRED if not self.same(k, olds.get(k), news.get(k))]
+
+    def same(self, key, observed, desired) -> bool:
+        return observed == desired
+
+    def diff(self, _id, olds, news):
+        changed = self.changed_keys(olds, news)
+        # A new connection (rotated key, renamed host) is an update that reads and changes nothing.
+        conn_changed = any(olds.get(k) != news.get(k) for k in self.CONNECTION)
+        replaces = [k for k in changed if k in self.REPLACE]
+        return DiffResult(changes=bool(changed) or conn_changed, replaces=replaces,
+                          delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None)
+
+    def read_result(self, id_, outs: dict) -> ReadResult:
+        inputs = {k: outs[k] for k in tuple(self.CONNECTION) + tuple(self.DESIRED) if k in outs}
+        return ReadResult(id_, outs, inputs)
+
+
+def only(d: dict, keys: Iterable) -> dict:
+    return {k: d[k] for k in keys if k in d}
