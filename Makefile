@@ -1,0 +1,33 @@
+# gpuhost - see README.md. Every target sets itself up (tools/bootstrap.sh is idempotent).
+STACK ?= lab
+OUT ?= render/$(STACK)
+SHELL := /bin/bash
+
+.PHONY: up test lab lab-down preview render bench bootstrap clean
+
+up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs
+	@tools/run.sh up
+
+test:          ## the whole test suite (unit, component, integration against the lab)
+	@tools/run.sh test
+
+lab:           ## start the lab (simulated host + fakepve) unless running
+	@tools/run.sh lab
+
+lab-down:      ## stop the lab and wipe its state
+	@tools/run.sh lab-down
+
+preview:       ## pulumi preview --diff of STACK (prod needs PULUMI_CONFIG_PASSPHRASE)
+	@tools/run.sh preview $(STACK)
+
+render:        ## write every file STACK would put on its hosts into OUT, contacting nothing
+	@tools/run.sh render $(STACK) $(OUT)
+
+bench:         ## no-op preview/up wall time and remote command count on the lab
+	@tools/run.sh bench
+
+bootstrap:
+	@tools/bootstrap.sh
+
+clean: lab-down
+	rm -rf .venv .state .pulumi-home render

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The Makefile's targets. Each one bootstraps first (idempotent, seconds when warm).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+# The lab stack's config holds no secrets (its credentials are files the lab generates), so its
+# passphrase is fixed and public. Other stacks need the operator's PULUMI_CONFIG_PASSPHRASE(_FILE).
+LAB_PASSPHRASE=gpuhost-lab
+
+deps() {
+  # The lab's SSH server is Debian's OpenSSH; a new machine may not have it yet.
+  if [ ! -x /usr/sbin/sshd ]; then
+    echo "run: installing openssh-server (the lab's SSH server)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null
+  fi
+  tools/bootstrap.sh
+  # shellcheck disable=SC1091
+  . ./.env.sh
+}
+
+stack_env() {
+  if [ "$1" = lab ]; then
+    export PULUMI_CONFIG_PASSPHRASE=$LAB_PASSPHRASE
+    unset PULUMI_CONFIG_PASSPHRASE_FILE
+  elif [ -z "${PULUMI_CONFIG_PASSPHRASE:-}${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
+    echo "run: stack $1 has secure: values; set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE" >&2
+    exit 2
+  fi
+}
+
+select_stack() {
+  stack_env "$1"
+  pulumi stack select --create --secrets-provider passphrase "$1" >/dev/null
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  up)
+    deps
+    started=$(python -m lab.labctl up | python -c 'import json,sys; print(json.load(sys.stdin)["started"])')
+    if [ "$started" = True ]; then
+      # A fresh lab has no container, VM or host changes: any earlier lab state is stale.
+      stack_env lab
+      pulumi stack rm --yes --force --preserve-config lab >/dev/null 2>&1 || true
+    fi
+    select_stack lab
+    pulumi up --yes --skip-preview --suppress-progress
+    echo
+    echo "Stack outputs (lab):"
+    pulumi stack output --json
+    ;;
+  test)
+    deps
+    python -m pytest -q tests "$@"
+    ;;
+  lab) deps; python -m lab.labctl up ;;
+  lab-down) deps; python -m lab.labctl down ;;
+  preview)
+    deps
+    select_stack "${1:?stack}"
+    pulumi preview --diff
+    ;;
+  render)
+    deps
+    python -m tools.render "${1:?stack}" "${2:?out dir}"
+    ;;
+  bench)
+    deps
+    python -m tools.bench "$@"
+    ;;
+  *) echo "usage: tools/run.sh up|test|lab|lab-down|preview STACK|render STACK OUT|bench" >&2; exit 2 ;;
+esac
