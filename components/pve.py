@@ -77,6 +77,10 @@ def same_value(key: str, desired, actual) -> bool:
     if pos_name:
         d_first = d_first or d_props.pop(pos_name, None)
         a_first = a_first or a_props.pop(pos_name, None)
+    if d_first is not None and a_first is None and d_first in a_props:
+        # net0 'virtio,bridge=...' comes back as 'virtio=BC:24:...,bridge=...' (model=MAC).
+        a_first = d_first
+        a_props = {k: v for k, v in a_props.items() if k != d_first}
     if d_first is not None and (a_first or '').lower() != d_first.lower():
         return False
     return all(scalar(a_props.get(k)) == scalar(v) for k, v in d_props.items())

@@ -1,0 +1,192 @@
+"""The whole life of the lab stack with the real Pulumi CLI, real SSH and fakepve:
+preview -> up from empty -> no-op up -> an MTP change -> out-of-band drift -> reboot -> destroy.
+The tests run in order and share one lab and one stack (each step starts from the previous one)."""
+
+import json
+import os
+import urllib.request
+
+import pytest
+
+STACK = 'life'
+VM_GPUS = ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
+CT_GPUS = ['0000:01:00.0', '0000:11:00.0', '0000:61:00.0', '0000:71:00.0']
+
+
+@pytest.fixture(scope='module')
+def stack(lab):
+    cfg = lab.stack_config()
+    lab.write_stack(STACK, cfg)
+    return cfg
+
+
+def steps(preview):
+    return {s['urn'].split('::')[-1]: s for s in preview.get('steps', [])}
+
+
+def changed(preview):
+    return {name: s['op'] for name, s in steps(preview).items() if s['op'] not in ('same',)}
+
+
+def health(lab):
+    url = 'http://%s:30000/health' % lab.spec['addresses']['container']
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status
+
+
+def test_preview_contacts_no_host(lab, stack):
+    sessions, digest = lab.ssh_sessions(), lab.host_digest()
+    plan = lab.preview_json(STACK)
+    ops = changed(plan)
+    assert ops['container-lxc'] == 'create' and ops['vm-qemu'] == 'create' and ops['sglang-unit'] == 'create'
+    assert ops['host-kernel-cmdline'] == 'create'
+    assert lab.ssh_sessions() == sessions, 'preview ran commands on the host'
+    assert lab.host_digest() == digest
+    assert lab.node().lxc.get() == [] and lab.node().qemu.get() == []
+
+
+def test_up_from_empty_reaches_the_declared_state(lab, stack):
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    host = lab.host
+    # Kernel command line: configured and installed for the next boot, not yet running.
+    configured = open(host.path('etc/kernel/cmdline')).read().split()
+    assert 'iommu.passthrough=0' in configured and 'iommu.strict=0' in configured
+    assert host.installed_cmdline().split() == configured
+    assert 'iommu.strict=0' not in host.running_cmdline()
+    # nvidia options written and baked into the initramfs.
+    modprobe = open(host.path('etc/modprobe.d/gpuhost-nvidia.conf')).read()
+    assert 'options nvidia NVreg_DmaRemapPeerMmio=1' in modprobe
+    assert os.path.exists(host.path('boot/initrd-modprobe.d/gpuhost-nvidia.conf'))
+    # The VM's GPUs on vfio-pci by address, persistently; the container's untouched.
+    assert host.overrides() == {b: 'vfio-pci' for b in VM_GPUS}
+    assert [host.driver(b) for b in VM_GPUS] == ['vfio-pci'] * 4
+    assert [host.driver(b) for b in CT_GPUS] == ['nvidia'] * 4
+    # The container: GPUs as devN, CPU pinning as a raw line in the host's config file, running.
+    ct = lab.node().lxc(200).config.get()
+    devs = sorted(v.split(',')[0] for k, v in ct.items() if k.startswith('dev'))
+    assert devs == sorted(['/dev/nvidia0', '/dev/nvidia1', '/dev/nvidia2', '/dev/nvidia3', '/dev/nvidiactl',
+                           '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset'])
+    assert ct['unprivileged'] == 1
+    conf = open(host.path('etc/pve/lxc/200.conf')).read()
+    assert 'lxc.cgroup2.cpuset.cpus: 0-31,64-95' in conf
+    assert lab.node().lxc(200).status.current.get()['status'] == 'running'
+    # The VM: q35 + OVMF + SNP, the NUMA1 GPUs as hostpci with pcie=1, placed on NUMA1.
+    vm = lab.node().qemu(300).config.get()
+    assert vm['machine'] == 'q35' and vm['bios'] == 'ovmf' and vm['amd-sev'].startswith('type=snp')
+    assert [vm['hostpci%d' % i] for i in range(4)] == ['%s,pcie=1' % b for b in VM_GPUS]
+    assert vm['affinity'] == '32-63,96-127' and 'hostnodes=1' in vm['numa0']
+    # The service: unit rendered for the version, healthy, started once.
+    unit = open(os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')).read()
+    assert 'Environment="NCCL_P2P_DISABLE=1"' in unit and 'Environment="CUDA_HOME=/usr/local/cuda-13.0"' in unit
+    assert 'Environment="PATH=/opt/sglang/venv/bin:' in unit
+    assert '--speculative-algorithm NEXTN --speculative-num-steps 1 --speculative-eagle-topk 1 ' \
+           '--speculative-num-draft-tokens 2' in unit
+    assert health(lab) == 200
+    assert lab.unit_starts() == 1
+    # Outputs monitoring reads.
+    out = lab.outputs(STACK)
+    ip = lab.spec['addresses']['container']
+    assert out['openai_base_url'] == 'http://%s:30000/v1' % ip
+    assert out['metrics_url'] == 'http://%s:30000/metrics' % ip
+    assert out['prometheus_file_sd'][0]['targets'] == ['%s:30000' % ip]
+    assert out['speculation']['resolved']['speculative_algorithm'] == 'EAGLE'
+    assert out['speculation']['resolved']['speculative_num_draft_tokens'] == 2
+    assert out['reboot_required'] is True
+    assert any('running lacks iommu.passthrough=0 iommu.strict=0' in r for r in out['reboot_reasons'])
+    assert {a: g['assigned_to'] for a, g in out['gpu_assignment'].items()} == dict(
+        [(b, 'container') for b in CT_GPUS] + [(b, 'vm') for b in VM_GPUS])
+    assert out['iommu']['running_domain_types'] == ['DMA-FQ']
+    assert len(out['sglang_unit_sha256']) == 64
+
+
+def test_second_up_changes_nothing_and_restarts_nothing(lab, stack):
+    digest, starts = lab.host_digest(), lab.unit_starts()
+    unit = os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')
+    mtimes = [os.stat(p).st_mtime_ns for p in (unit, lab.host.path('etc/kernel/cmdline'),
+                                               lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))]
+    lab.pulumi('preview', '--expect-no-changes', stack=STACK)
+    res = lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+    assert 'unchanged' in res.stdout
+    assert lab.unit_starts() == starts
+    assert lab.host_digest() == digest
+    assert [os.stat(p).st_mtime_ns for p in (unit, lab.host.path('etc/kernel/cmdline'),
+                                             lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))] == mtimes
+
+
+def test_mtp_steps_change_touches_only_the_unit(lab, stack):
+    cfg = lab.stack_config()
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,
+                                            'num_draft_tokens': 3}
+    lab.write_stack(STACK, cfg)
+    plan = lab.preview_json(STACK, '--diff')
+    assert changed(plan) == {'sglang-unit': 'update'}
+    unit_step = steps(plan)['sglang-unit']
+    olds, news = unit_step['oldState']['inputs'], unit_step['newState']['inputs']
+    # The unit, and the settings /server_info must then report: nothing else.
+    assert {k for k in set(olds) | set(news) if olds.get(k) != news.get(k)} == {'unit', 'expect'}
+    old, new = olds['unit'], news['unit']
+    assert '--speculative-num-steps 1' in old and '--speculative-num-steps 2' in new
+    assert '--speculative-num-draft-tokens 3' in new
+    starts, digest, ct = lab.unit_starts(), lab.host_digest(), lab.node().lxc(200).config.get()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.unit_starts() == starts + 1, 'SGLang must restart exactly once'
+    assert lab.host_digest() == digest
+    assert lab.node().lxc(200).config.get()['digest'] == ct['digest']
+    resolved = lab.outputs(STACK)['speculation']['resolved']
+    assert (resolved['speculative_num_steps'], resolved['speculative_num_draft_tokens']) == (2, 3)
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_out_of_band_drift_is_seen_by_refresh_and_repaired_by_up(lab, stack):
+    unit = os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')
+    with open(unit, 'a') as f:
+        f.write('# edited by hand\n')
+    lab.node().lxc(200).config.put(cores=8)
+    lab.node().qemu(300).config.post(delete='hostpci3')
+    # A GPU handed back to nvidia behind Pulumi's back (driverctl unset-override).
+    os.unlink(lab.host.path('etc/driverctl.d/pci-0000:91:00.0'))
+    lab.host.bind('0000:91:00.0', 'nvidia')
+
+    res = lab.pulumi('refresh', '--yes', '--skip-preview', stack=STACK)
+    plan = lab.preview_json(STACK)
+    assert changed(plan) == {'sglang-unit': 'update', 'container-lxc': 'update', 'vm-qemu': 'update',
+                             'host-vfio': 'update'}, res.stdout
+    # The refresh stored what it saw, so the plan shows the drift itself.
+    ct_step = steps(plan)['container-lxc']
+    assert ct_step['oldState']['inputs']['config']['cores'] == 8
+    assert ct_step['newState']['inputs']['config']['cores'] == 32
+
+    starts = lab.unit_starts()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert '# edited by hand' not in open(unit).read()
+    assert lab.node().lxc(200).config.get()['cores'] == 32
+    pending = {i['key']: i for i in lab.node().qemu(300).pending.get()}
+    assert pending['hostpci3'].get('pending', pending['hostpci3'].get('value')) == '0000:f1:00.0,pcie=1'
+    assert lab.host.driver('0000:91:00.0') == 'vfio-pci'
+    assert lab.host.overrides()['0000:91:00.0'] == 'vfio-pci'
+    assert lab.unit_starts() == starts + 1
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_reboot_clears_reboot_required(lab, stack):
+    lab.host.reboot()
+    # --run-program: the refresh also recomputes the stack outputs monitoring reads.
+    lab.pulumi('refresh', '--yes', '--skip-preview', '--run-program', stack=STACK)
+    out = lab.outputs(STACK)
+    assert out['reboot_required'] is False, out['reboot_reasons']
+    assert 'iommu.strict=0' in out['iommu']['running_cmdline']
+    assert all(g['driver'] == ('vfio-pci' if a in VM_GPUS else 'nvidia') for a, g in out['gpu_assignment'].items())
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_destroy_removes_guests_and_keeps_host_settings(lab, stack):
+    lab.pulumi('destroy', '--yes', '--skip-preview', stack=STACK)
+    assert lab.node().lxc.get() == [] and lab.node().qemu.get() == []
+    assert not os.path.exists(lab.ct_root())
+    with pytest.raises(OSError):
+        health(lab)
+    # Host-level settings stay (README, "What destroy does").
+    assert 'iommu.strict=0' in open(lab.host.path('etc/kernel/cmdline')).read()
+    assert os.path.exists(lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))
+    assert lab.host.overrides() == {b: 'vfio-pci' for b in VM_GPUS}
+    assert json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout)['deployment'].get('resources') in (None, [])
