@@ -22,6 +22,14 @@ PASSPHRASE = 'gpuhost-itest'
 PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config.py', 'components', 'templates')
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 class Lab(object):
     """A running lab plus a project copy wired to it. `net` picks the loopback addresses."""
 
@@ -63,6 +71,14 @@ class Lab(object):
     def down(self):
         subprocess.run([sys.executable, '-m', 'lab.labctl', '--lab', self.dir, 'down'], cwd=REPO,
                        stdout=subprocess.DEVNULL)
+
+    def stop_processes(self):
+        """Stop fakepve, sshd and the guests' services but keep the lab's files (keys, CA)."""
+        import signal
+        os.kill(self.info['pid'], signal.SIGTERM)
+        with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
+            sshd = int(f.read().strip())
+        self.wait_for(lambda: not _alive(self.info['pid']) and not _alive(sshd), what='lab processes to stop')
 
     # -- config
 

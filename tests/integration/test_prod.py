@@ -1,0 +1,50 @@
+"""`pulumi preview` of the production stack works with no network at all: the program contacts no
+host during preview, and the production address is a DNS name that does not resolve from here."""
+
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from tests.lablib import PROJECT_FILES, REPO
+
+PROD_EXAMPLE_PASSPHRASE = 'gpuhost-prod-example'
+
+
+@pytest.fixture
+def project(tmp_path):
+    proj = tmp_path / 'project'
+    proj.mkdir()
+    for name in PROJECT_FILES + ('Pulumi.prod.yaml',):
+        src = os.path.join(REPO, name)
+        (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, proj / name)
+    os.symlink(os.path.join(REPO, '.venv'), proj / '.venv')
+    env = dict(os.environ, PULUMI_BACKEND_URL='file://%s' % (tmp_path / 'state'),
+               PULUMI_HOME=str(tmp_path / 'home'), PULUMI_CONFIG_PASSPHRASE=PROD_EXAMPLE_PASSPHRASE,
+               PULUMI_SKIP_UPDATE_CHECK='true')
+    (tmp_path / 'state').mkdir()
+    subprocess.run(['pulumi', 'stack', 'select', '--create', '--secrets-provider', 'passphrase', 'prod'],
+                   cwd=proj, env=env, check=True, capture_output=True)
+    return proj, env
+
+
+def test_prod_address_does_not_resolve_here():
+    with pytest.raises(OSError):
+        socket.getaddrinfo('pve-gpu01.inference.example.internal', 22)
+
+
+def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
+    if os.geteuid() != 0:
+        pytest.skip('unshare -n needs root')
+    proj, env = project
+    # Only a loopback of its own (the CLI talks to its plugins over it); no route anywhere else.
+    res = subprocess.run(['unshare', '-n', 'sh', '-c', 'ip link set lo up && exec pulumi preview --diff'],
+                         cwd=proj, env=env, capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert '12 to create' in out
+    # Secrets stay secrets in the plan.
+    assert 'placeholder-not-the-real-password' not in out
+    assert 'BEGIN OPENSSH PRIVATE KEY' not in out
