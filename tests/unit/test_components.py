@@ -1,0 +1,94 @@
+"""Components under Pulumi mocks: the resource tree (type tokens, names, parents) and the inputs each
+child gets. No engine, no host: these run in milliseconds."""
+
+import pulumi
+import pytest
+
+from tests.unit.test_config import parse
+
+CREATED = []
+
+
+class Mocks(pulumi.runtime.Mocks):
+    def new_resource(self, args):
+        CREATED.append(args)
+        return args.name + '-id', dict(args.inputs)
+
+    def call(self, args):
+        return {}
+
+
+pulumi.runtime.set_mocks(Mocks(), preview=False)
+
+from components.container import GpuContainer  # noqa: E402
+from components.host import ProxmoxHost  # noqa: E402
+from components.sglang import SglangService  # noqa: E402
+from components.vm import SevSnpVm  # noqa: E402
+
+CONN = {'host': 'h', 'port': 22, 'user': 'root', 'private_key': 'k', 'host_key': 'ssh-ed25519 AAAA', 'timeout': 5}
+API = {'host': 'h', 'port': 8006, 'user': 'root@pam', 'password': 'p', 'ca_cert': 'pem', 'timeout': 5}
+
+
+@pytest.fixture(autouse=True)
+def _clear():
+    CREATED.clear()
+
+
+def by_name():
+    return {a.name: a for a in CREATED}
+
+
+@pulumi.runtime.test
+def test_host_children_and_inputs():
+    d = parse()
+    host = ProxmoxHost('host', d, CONN)
+
+    def check(_):
+        r = by_name()
+        assert r['host'].typ == 'gpuhost:index:ProxmoxHost'
+        assert {n: r[n].typ for n in ('host-kernel-cmdline', 'host-nvidia-options', 'host-vfio', 'host-status')} == {
+            'host-kernel-cmdline': 'pulumi-python:dynamic/gpuhost:KernelCmdline',
+            'host-nvidia-options': 'pulumi-python:dynamic/gpuhost:HostFile',
+            'host-vfio': 'pulumi-python:dynamic/gpuhost:VfioBinding',
+            'host-status': 'pulumi-python:dynamic/gpuhost:HostStatus'}
+        assert r['host-kernel-cmdline'].inputs['ensure_args'] == ['iommu.passthrough=0', 'iommu.strict=0']
+        assert 'iommu=pt' in r['host-kernel-cmdline'].inputs['forbid_args']
+        assert r['host-vfio'].inputs['devices'] == ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
+        assert 'NVreg_DmaRemapPeerMmio=1' in r['host-nvidia-options'].inputs['content']
+    return host.reboot_required.apply(check)
+
+
+@pulumi.runtime.test
+def test_no_vm_means_no_vfio_binding():
+    import config
+    data = parse().model_dump(mode='json')
+    data.pop('vm')
+    data['host']['ssh']['private_key'] = 'x'
+    data['host']['ssh'].pop('private_key_file')
+    data['host']['api']['password'] = 'x'
+    data['host']['api'].pop('password_file')
+    d = config.parse(data)
+    host = ProxmoxHost('host', d, CONN)
+    return host.reboot_required.apply(lambda _: 'host-vfio' not in by_name())
+
+
+@pulumi.runtime.test
+def test_guests_and_service():
+    d = parse()
+    ct = GpuContainer('container', d, API, CONN)
+    vm = SevSnpVm('vm', d, API)
+    svc = SglangService('sglang', d, CONN, ct)
+
+    def check(_):
+        r = by_name()
+        lxc, qemu, unit = r['container-lxc'].inputs, r['vm-qemu'].inputs, r['sglang-unit'].inputs
+        assert lxc['kind'] == 'lxc' and lxc['create']['unprivileged'] == 1
+        assert lxc['config']['dev3'] == '/dev/nvidia3,mode=0666'
+        assert lxc['raw_lxc'] == {'lxc.cgroup2.cpuset.cpus': '0-31,64-95'}
+        assert qemu['config']['amd-sev'] == 'type=snp,allow-smt=1' and qemu['config']['bios'] == 'ovmf'
+        assert qemu['config']['hostpci0'] == '0000:81:00.0,pcie=1' and qemu['config']['affinity'] == '32-63,96-127'
+        assert unit['expect'] == {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1,
+                                  'speculative_eagle_topk': 1, 'speculative_num_draft_tokens': 2}
+        assert 'NCCL_P2P_DISABLE=1' in unit['unit']
+        assert r['container-lxc'].custom and r['sglang-unit'].typ == 'pulumi-python:dynamic/gpuhost:SglangUnit'
+    return pulumi.Output.all(ct.status, vm.status, svc.active).apply(check)

@@ -1,0 +1,98 @@
+"""The config model: defaults, derived values, refusals (message names key, value and fix), warnings."""
+
+import copy
+
+import pytest
+import yaml
+
+import config
+from tests.lablib import REPO
+
+
+def lab_data():
+    with open(REPO + '/Pulumi.lab.yaml') as f:
+        cfg = yaml.safe_load(f)['config']
+    return {k.split(':', 1)[1]: v for k, v in cfg.items() if k.startswith('gpuhost:')}
+
+
+def parse(**changes):
+    data = copy.deepcopy(lab_data())
+    for path, value in changes.items():
+        node = data
+        keys = path.split('__')
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return config.parse(data)
+
+
+def test_lab_config_is_valid_and_defaults_come_from_the_model():
+    d = parse()
+    assert d.iommu.kernel_args() == ['iommu.passthrough=0', 'iommu.strict=0']
+    assert d.sglang.tp == 4 and d.sglang.mem_fraction_static == 0.75
+    assert (d.sglang.speculative.num_steps, d.sglang.speculative.eagle_topk,
+            d.sglang.speculative.num_draft_tokens) == (1, 1, 2)
+    assert d.service_environment()['NCCL_P2P_DISABLE'] == '1'
+    assert d.service_environment()['PATH'].startswith('/opt/sglang/venv/bin:')
+    assert d.container_devices()['dev0'] == '/dev/nvidia0,mode=0666'
+    assert d.container_devices()['dev4'] == '/dev/nvidiactl,mode=0666'
+
+
+def test_model_is_frozen():
+    d = parse()
+    with pytest.raises(Exception):
+        d.sglang.tp = 8
+
+
+def test_launch_args_follow_the_version():
+    old = parse(sglang__version='0.5.12', sglang__mamba_radix_cache_strategy='extra_buffer')
+    assert old.launch_args()[old.launch_args().index('--mamba-scheduler-strategy') + 1] == 'extra_buffer'
+    new = parse(sglang__mamba_radix_cache_strategy='extra_buffer_lazy')
+    assert '--mamba-radix-cache-strategy' in new.launch_args()
+    with pytest.raises(config.ConfigError, match='extra_buffer_lazy.*needs SGLang 0.5.14'):
+        parse(sglang__version='0.5.12', sglang__mamba_radix_cache_strategy='extra_buffer_lazy')
+
+
+@pytest.mark.parametrize('changes,message', [
+    ({'sglang__speculative': {'num_steps': 1, 'eagle_topk': 1}}, 'num_draft_tokens missing'),
+    ({'sglang__speculative': {'num_steps': 2, 'eagle_topk': 1, 'num_draft_tokens': 2}}, 'set num_draft_tokens: 3'),
+    ({'sglang__served_model_name': 'a:b'}, 'contains ":"'),
+    ({'sglang__mem_fraction_static': 0}, 'outside (0, 1)'),
+    ({'sglang__version': '0.5'}, 'not a release number'),
+    ({'iommu__domain': 'identity'}, '0x177'),
+    ({'iommu__extra_kernel_args': ['iommu.passthrough=on']}, 'identity (passthrough) domain'),
+    ({'iommu__extra_kernel_args': ['amd_iommu=off']}, 'turns the IOMMU off'),
+    ({'container__ip': '10.0.0.5'}, 'has no prefix length'),
+    ({'host__numa_cpus': {0: '0-31', 1: 'all'}}, "gpuhost:host.numa_cpus.1: 'all' is not a CPU list"),
+    ({'host__ssh': {'host_key': 'nonsense', 'private_key': 'x'}}, 'is not a public key line'),
+    ({'host__ssh': {'host_key': 'ssh-ed25519 AAAA'}}, 'set exactly one of private_key'),
+    ({'host__api': {'password': 'x'}}, 'TLS is always verified'),
+    ({'vm__numa': 2}, 'sits on NUMA node 1 but the vm is placed on NUMA node 2'),
+])
+def test_refusals(changes, message):
+    with pytest.raises(config.ConfigError) as e:
+        parse(**changes)
+    assert message in str(e.value)
+
+
+def test_no_api_token_even_without_vm_when_container_has_gpus():
+    data = copy.deepcopy(lab_data())
+    data.pop('vm')
+    data['host']['api'].update(token_id='root@pam!x', token_secret='s')
+    with pytest.raises(config.ConfigError, match=r'devN \(container GPUs\)'):
+        config.parse(data)
+
+
+def test_warnings():
+    d = parse(iommu__extra_kernel_args=['amd_iommu=on'], sglang__environment={'SGLANG_ENABLE_SPEC_V2': '1'})
+    text = '\n'.join(d.warnings)
+    assert 'amd_iommu=on is not a valid value' in text
+    assert 'SEV-SNP together with PCI passthrough' in text
+    assert 'extra_buffer mamba cache' in text
+    assert 'SGLANG_ENABLE_SPEC_V2 is ignored from SGLang 0.5.22' in text
+    assert not any('extra_buffer mamba' in w for w in parse(sglang__mamba_radix_cache_strategy='extra_buffer_lazy').warnings)
+
+
+def test_schema_lists_every_section():
+    schema = config.Deployment.model_json_schema()
+    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'vfio', 'container', 'vm', 'sglang'}

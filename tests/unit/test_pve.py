@@ -1,0 +1,42 @@
+"""Proxmox value normalisation: what counts as a difference, and the smallest change."""
+
+from components.pve import changes, merge_pending, observed_config, parse_raw, same_value, with_raw
+
+
+def test_proxmox_additions_are_not_differences():
+    assert same_value('net0', 'name=eth0,bridge=vmbr0,ip=10.0.0.20/24',
+                      'name=eth0,bridge=vmbr0,hwaddr=BC:24:11:22:5B:4D,ip=10.0.0.20/24,type=veth')
+    assert same_value('net0', 'virtio,bridge=vmbr0', 'virtio=BC:24:11:00:00:01,bridge=vmbr0')
+    assert same_value('cores', 32, '32') and same_value('onboot', True, 1)
+    assert same_value('dev0', '/dev/nvidia0,mode=0666', 'path=/dev/nvidia0,mode=0666')
+    assert same_value('hostpci0', '0000:81:00.0,pcie=1', '0000:81:00.0,pcie=1,rombar=1')
+
+
+def test_real_differences_are():
+    assert not same_value('net0', 'name=eth0,bridge=vmbr0,ip=10.0.0.20/24', 'name=eth0,bridge=vmbr1,ip=10.0.0.20/24')
+    assert not same_value('hostpci0', '0000:81:00.0,pcie=1', '0000:91:00.0,pcie=1')
+    assert not same_value('cores', 32, 8)
+    assert not same_value('dev0', '/dev/nvidia0,mode=0666', None)
+
+
+def test_smallest_change_sets_only_differences_and_deletes_dropped_keys():
+    desired = {'cores': 32, 'memory': 1024, 'dev0': '/dev/nvidia0,mode=0666'}
+    actual = {'cores': 8, 'memory': 1024, 'dev0': '/dev/nvidia0,mode=0666', 'dev9': '/dev/old', 'ostype': 'debian'}
+    to_set, to_delete = changes(desired, actual, ['cores', 'memory', 'dev0', 'dev9'])
+    assert to_set == {'cores': '32'} and to_delete == ['dev9']
+    assert observed_config(desired, actual) == {'cores': 8, 'memory': 1024, 'dev0': '/dev/nvidia0,mode=0666'}
+
+
+def test_pending_values_count_as_applied_and_are_listed():
+    cfg, pending = merge_pending([{'key': 'cores', 'value': 4}, {'key': 'hostpci3', 'pending': '0000:f1:00.0,pcie=1'},
+                                  {'key': 'hostpci2', 'value': '0000:e1:00.0', 'delete': 1}])
+    assert cfg == {'cores': 4, 'hostpci3': '0000:f1:00.0,pcie=1'} and pending == ['hostpci2', 'hostpci3']
+
+
+def test_raw_lines_replace_only_managed_keys_and_stay_out_of_snapshots():
+    text = ('arch: amd64\nlxc.cgroup2.cpuset.cpus: 1-2\nlxc.apparmor.profile: unconfined\n\n'
+            '[snap1]\nlxc.cgroup2.cpuset.cpus: 9\n')
+    new = with_raw(text, {'lxc.cgroup2.cpuset.cpus': '0-31,64-95'})
+    assert parse_raw(new) == {'lxc.apparmor.profile': 'unconfined', 'lxc.cgroup2.cpuset.cpus': '0-31,64-95'}
+    assert new.endswith('\n[snap1]\nlxc.cgroup2.cpuset.cpus: 9\n')
+    assert with_raw(new, {'lxc.cgroup2.cpuset.cpus': '0-31,64-95'}) == new
