@@ -50,6 +50,12 @@ class ContainerProvider(pve.PveGuestProvider):
         return super().update(id_, olds, news)
 
 
+def raw_lxc_lines(d) -> dict:
+    """cgroup2 cpuset: the container's threads stay on the GPUs' NUMA node. (cpuset.mems is left to
+    the kernel's first-touch policy: untested with Proxmox's cgroup setup.)"""
+    return {'lxc.cgroup2.cpuset.cpus': d.host.numa_cpus[d.container.numa]}
+
+
 class GpuContainer(pulumi.ComponentResource):
     """Outputs: vmid, address, status, devices (devN entries), uid (changes when the container is replaced)."""
 
@@ -70,8 +76,7 @@ class GpuContainer(pulumi.ComponentResource):
             'create': {'ostemplate': c.ostemplate, 'rootfs': '%s:%d' % (c.storage, c.rootfs_gb),
                        'unprivileged': int(c.unprivileged)},
             'config': config, 'start': True,
-            # cgroup2 cpuset: the container's threads stay on the GPUs' NUMA node.
-            'raw_lxc': {'lxc.cgroup2.cpuset.cpus': d.host.numa_cpus[c.numa]},
+            'raw_lxc': raw_lxc_lines(d),
             'gpu_devices': gpu_devices,
             'status': None, 'pending': None, 'uid': None,
         }

@@ -35,6 +35,10 @@ SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
 MODPROBE_FILE = '/etc/modprobe.d/gpuhost-nvidia.conf'
 
 
+FORBIDDEN_NOTE = ('never present: iommu=pt, iommu.passthrough=1 (identity domains brick Blackwell GPUs until a '
+                  'power cycle, FSP error 0x177)')
+
+
 class HostStateError(RuntimeError):
     pass
 

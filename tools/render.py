@@ -1,0 +1,94 @@
+"""make render STACK=<name> OUT=<dir>: every file the stack would put on its hosts, written to a folder
+without contacting any host (and without decrypting secrets: rendering needs none).
+
+    python -m tools.render lab render/lab
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import config  # noqa: E402
+from components.host import FORBIDDEN_NOTE, edit_cmdline, modprobe_content  # noqa: E402
+from components.sglang import unit_text  # noqa: E402
+
+
+def load(stack: str) -> config.Deployment:
+    path = os.path.join(ROOT, 'Pulumi.%s.yaml' % stack)
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    data = {}
+    for key, value in (doc.get('config') or {}).items():
+        ns, _, name = key.partition(':')
+        if ns == 'gpuhost':
+            data[name] = strip_secure(value)
+    return config.parse(data)
+
+
+def strip_secure(value):
+    """secure: leaves become a placeholder: nothing rendered here depends on a secret."""
+    if isinstance(value, dict):
+        if set(value) == {'secure'}:
+            return '<secret>'
+        return {k: strip_secure(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strip_secure(v) for v in value]
+    return value
+
+
+def files(d: config.Deployment) -> dict:
+    """relative path under OUT -> content."""
+    from components.container import raw_lxc_lines
+    from components.vm import vm_config
+    args = d.iommu.kernel_args()
+    out = {
+        'host/etc/modprobe.d/gpuhost-nvidia.conf': modprobe_content(d.nvidia.dma_remap_peer_mmio),
+        'host/kernel-cmdline-args.txt': (
+            '# Arguments the kernel command line must carry (added to /etc/kernel/cmdline on systemd-boot hosts,\n'
+            '# GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub on GRUB hosts); the rest of the line is kept.\n'
+            + '\n'.join(args) + '\n# %s\n' % FORBIDDEN_NOTE),
+        'host/etc/kernel/cmdline.example': ' '.join(edit_cmdline(['root=ZFS=rpool/ROOT/pve-1', 'boot=zfs', 'quiet'],
+                                                                  args, [])) + '\n',
+        'container/etc/systemd/system/%s' % d.sglang.unit: unit_text(d),
+    }
+    if d.vm:
+        out['host/etc/driverctl.d/README'] = 'driverctl set-override <address> vfio-pci, one file per GPU:\n'
+        for bdf in d.vm.gpus:
+            out['host/etc/driverctl.d/pci-%s' % bdf] = 'vfio-pci\n'
+        out['host/etc/pve/qemu-server/%d.conf.api' % d.vm.vmid] = ''.join(
+            '%s: %s\n' % kv for kv in sorted(vm_config(d).items()))
+    ct = d.container
+    out['host/etc/pve/lxc/%d.conf.raw-lines' % ct.vmid] = ''.join('%s: %s\n' % kv for kv in raw_lxc_lines(d).items())
+    out['host/etc/pve/lxc/%d.conf.devices' % ct.vmid] = ''.join(
+        '%s: %s\n' % kv for kv in sorted(d.container_devices().items(), key=lambda kv: int(kv[0][3:])))
+    out['launch_args.json'] = json.dumps(d.launch_args(), indent=2) + '\n'
+    return out
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.exit('usage: python -m tools.render STACK OUT')
+    stack, out_dir = argv
+    try:
+        d = load(stack)
+    except config.ConfigError as e:
+        sys.exit(str(e))
+    for warning in d.warnings:
+        print('warning: ' + warning, file=sys.stderr)
+    for rel, content in sorted(files(d).items()):
+        path = os.path.join(out_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(content)
+        print(path)
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
