@@ -207,6 +207,8 @@ class HostFileProvider(ObservedProvider):
         target = remote.Target.from_inputs(props['connection'])
         current = self.observe(target, props)
         if current['content'] != props['content']:
+            if props.get('inventory'):
+                check_inventory(read_facts(target), props['inventory'], props['blackwell_ids'])
             remote.run(target, 'put_file.sh', [props['path'], props['mode'], current['sha256'] or '-', props['post']],
                        stdin=props['content'].encode())
             current = self.observe(target, props)
@@ -366,7 +368,8 @@ class ProxmoxHost(pulumi.ComponentResource):
             outputs=('boot', 'configured', 'running'))
         self.nvidia = HostFile(HostFileProvider(), '%s-nvidia-options' % name, {
             'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
-            'content': modprobe_content(d.nvidia.dma_remap_peer_mmio)}, child, outputs=('sha256',))
+            'content': modprobe_content(d.nvidia.dma_remap_peer_mmio), 'inventory': inventory,
+            'blackwell_ids': blackwell}, child, outputs=('sha256',))
         resources = [self.kernel, self.nvidia]
         if vfio_devices:
             self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {

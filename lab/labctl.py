@@ -235,7 +235,18 @@ class Lab(object):
                          env=env, stdout=subprocess.DEVNULL, start_new_session=True,
                          stderr=open(os.path.join(self.lab, 'ct', str(vmid), 'boot.log'), 'ab'))
 
+    def control(self):
+        """Fault injection for tests: LAB/control/pve-fail.json holds keyword arguments of fakepve's
+        fail() (method, suffix, status, message, error, times); applied once, then removed."""
+        path = os.path.join(self.lab, 'control', 'pve-fail.json')
+        if os.path.exists(path):
+            with open(path) as f:
+                for spec in json.load(f):
+                    self.pve.fail(**spec)
+            os.unlink(path)
+
     def sync(self):
+        self.control()
         now = {}
         for ct in self.pve.cts:
             now[ct.vmid] = ct.status

@@ -50,6 +50,7 @@ else
   if [ ! -x "$bindir/pulumi" ] || [ ! -x "$bindir/pulumi-language-python" ]; then
     command -v go >/dev/null || { log "go is required to build the Pulumi CLI (no pulumi on PATH)"; exit 1; }
     log "pulumi: building $PULUMI_VERSION from the Go module proxy into $bindir (cold: a few minutes)"
+    mkdir -p "$cache"
     tmp=$(mktemp -d "$cache/build.XXXXXX")
     trap 'rm -rf "$tmp"' EXIT
     ldflags="-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"

@@ -1,0 +1,61 @@
+"""Faults leave no half-written state and a re-run converges: a boot-refresh step that fails after
+the command line was written (the file is put back), a Proxmox API error while creating the
+container, and a Blackwell GPU found in an identity IOMMU group (stop before any change)."""
+
+import json
+import os
+
+STACK = 'faults'
+
+
+def test_failed_boot_refresh_rolls_the_file_back_and_a_rerun_converges(lab):
+    lab.write_stack(STACK, lab.stack_config())
+    before = open(lab.host.path('etc/kernel/cmdline')).read()
+    os.makedirs(lab.host.path('faults'), exist_ok=True)
+    with open(lab.host.path('faults', 'proxmox-boot-tool'), 'w') as f:
+        f.write('E: mount of /dev/disk/by-uuid/7A3B-1C2D failed')
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'boot-systemd failed after writing /etc/kernel/cmdline' in out and 'the old file is back' in out, out[-3000:]
+    assert open(lab.host.path('etc/kernel/cmdline')).read() == before
+    assert not [n for n in os.listdir(lab.host.path('etc/kernel')) if n.startswith('.gpuhost')]
+    os.unlink(lab.host.path('faults', 'proxmox-boot-tool'))
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'iommu.strict=0' in lab.host.installed_cmdline()
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_proxmox_error_on_update_fails_cleanly_and_a_rerun_converges(lab):
+    cfg = lab.stack_config()
+    cfg['gpuhost:container']['cores'] = 16
+    lab.write_stack(STACK, cfg)
+    os.makedirs(os.path.join(lab.dir, 'control'), exist_ok=True)
+    with open(os.path.join(lab.dir, 'control', 'pve-fail.json'), 'w') as f:
+        json.dump([{'method': 'PUT', 'suffix': '/nodes/pve-lab/lxc/200/config', 'status': 500,
+                    'message': 'cfs-lock \'file-lxc_conf\' error: got lock request timeout', 'times': 1}], f)
+    lab.wait_for(lambda: not os.path.exists(os.path.join(lab.dir, 'control', 'pve-fail.json')), what='fault armed')
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'updating container 200 on pve-lab: Proxmox answered 500' in out and 'got lock request timeout' in out
+    assert lab.node().lxc(200).config.get()['cores'] == 32
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.node().lxc(200).config.get()['cores'] == 16
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_blackwell_in_identity_group_stops_before_any_change(lab):
+    cfg = lab.stack_config()
+    cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
+    cfg['gpuhost:iommu'] = {'domain': 'DMA'}
+    lab.write_stack(STACK, cfg)
+    group = lab.host.group('0000:11:00.0')
+    with open(os.path.join(lab.host.group_dir(group), 'type'), 'w') as f:
+        f.write('identity\n')
+    cmdline = open(lab.host.path('etc/kernel/cmdline')).read()
+    res = lab.pulumi('up', '--yes', '--skip-preview', '--parallel', '1', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'Blackwell GPUs in identity IOMMU domains: 0000:11:00.0' in out and '0x177' in out, out[-3000:]
+    assert open(lab.host.path('etc/kernel/cmdline')).read() == cmdline
