@@ -195,9 +195,18 @@ class PveGuestProvider(ObservedProvider):
 
     # -- raw lxc.* lines (over SSH: only the file can hold them)
 
-    def read_conf(self, props):
+    def read_conf(self, props, wait=5.0):
+        """The guest's config file on the host. Right after a create it can take a moment to show up
+        in /etc/pve (the cluster file system), so a missing file is retried briefly."""
         target = remote.Target.from_inputs(props['connection'])
-        return target, remote.run(target, 'read_file.sh', [self.conf_path(props)]).stdout
+        deadline = time.time() + wait
+        while True:
+            res = remote.run(target, 'read_file.sh', [self.conf_path(props)], check=False)
+            if res.exit_code == 0:
+                return target, res.stdout
+            if res.exit_code != 4 or time.time() > deadline:
+                raise pve_error_from(res, target, self.conf_path(props))
+            time.sleep(0.3)
 
     def observe_raw(self, props):
         if not props.get('raw_lxc') and props['kind'] != 'lxc':
@@ -301,6 +310,11 @@ class PveGuestProvider(ObservedProvider):
             return set(observed) == set(desired or {}) and all(
                 same_value(k, v, observed.get(k)) for k, v in (desired or {}).items())
         return observed == desired
+
+
+def pve_error_from(res, target, path):
+    return PveError('%s: reading %s failed (exit %d): %s' % (target.name, path, res.exit_code,
+                                                            res.stderr.strip()[-300:] or '(no stderr)'))
 
 
 class Guest(Resource, module='gpuhost', name='ProxmoxGuest'):

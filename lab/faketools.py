@@ -237,11 +237,13 @@ def main():
         return
     tool = os.path.basename(sys.argv[0])
     host = hostsim.Host(lab_dir())
-    # Fault injection for tests: a file LAB/host/faults/<tool> makes the tool fail with its text.
-    fault = host.path('faults', tool)
-    if os.path.exists(fault):
-        with open(fault) as f:
-            die(f.read() or '%s: injected failure' % tool, 1)
+    # Fault injection for tests: a file LAB/host/faults/<tool> (or <tool>.<subcommand>) makes the
+    # tool fail with the file's text.
+    for name in (tool, '%s.%s' % (tool, sys.argv[1] if len(sys.argv) > 1 else '')):
+        fault = host.path('faults', name)
+        if os.path.exists(fault):
+            with open(fault) as f:
+                die(f.read() or '%s: injected failure' % tool, 1)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     TOOLS[tool](host, sys.argv[1:])
 

@@ -46,7 +46,8 @@ case "$cmd" in
       pulumi stack rm --yes --force --preserve-config lab >/dev/null 2>&1 || true
     fi
     select_stack lab
-    pulumi up --yes --skip-preview --suppress-progress
+    # --refresh: reconcile with what the host runs now (a reboot, a hand edit) before planning.
+    pulumi up --yes --skip-preview --refresh --suppress-progress
     echo
     echo "Stack outputs (lab):"
     pulumi stack output --json

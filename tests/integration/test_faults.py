@@ -12,7 +12,7 @@ def test_failed_boot_refresh_rolls_the_file_back_and_a_rerun_converges(lab):
     lab.write_stack(STACK, lab.stack_config())
     before = open(lab.host.path('etc/kernel/cmdline')).read()
     os.makedirs(lab.host.path('faults'), exist_ok=True)
-    with open(lab.host.path('faults', 'proxmox-boot-tool'), 'w') as f:
+    with open(lab.host.path('faults', 'proxmox-boot-tool.refresh'), 'w') as f:
         f.write('E: mount of /dev/disk/by-uuid/7A3B-1C2D failed')
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
     out = res.stdout + res.stderr
@@ -20,7 +20,7 @@ def test_failed_boot_refresh_rolls_the_file_back_and_a_rerun_converges(lab):
     assert 'boot-systemd failed after writing /etc/kernel/cmdline' in out and 'the old file is back' in out, out[-3000:]
     assert open(lab.host.path('etc/kernel/cmdline')).read() == before
     assert not [n for n in os.listdir(lab.host.path('etc/kernel')) if n.startswith('.gpuhost')]
-    os.unlink(lab.host.path('faults', 'proxmox-boot-tool'))
+    os.unlink(lab.host.path('faults', 'proxmox-boot-tool.refresh'))
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert 'iommu.strict=0' in lab.host.installed_cmdline()
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)

@@ -120,7 +120,8 @@ def test_preview_needs_no_lab_at_all(lab, base):
     lab.write_stack(STACK, base)
     lab.stop_processes()
     try:
-        res = lab.pulumi('preview', stack=STACK)
-        assert '12 to create' in res.stdout
+        plan = lab.preview_json(STACK)
+        ops = {s['urn'].split('::')[-1]: s['op'] for s in plan['steps'] if s['urn'].count('dynamic')}
+        assert set(ops.values()) == {'create'} and len(ops) == 7, ops
     finally:
         lab.up()
