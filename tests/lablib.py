@@ -33,7 +33,7 @@ def _alive(pid):
 class Lab(object):
     """A running lab plus a project copy wired to it. `net` picks the loopback addresses."""
 
-    def __init__(self, base, net):
+    def __init__(self, base, net, **spec_overrides):
         self.base = base
         self.project = os.path.join(base, 'project')
         self.dir = os.path.join(self.project, '.lab')
@@ -45,6 +45,7 @@ class Lab(object):
         os.symlink(os.path.join(REPO, '.venv'), os.path.join(self.project, '.venv'))
         with open(os.path.join(REPO, 'lab', 'spec', 'default.json')) as f:
             spec = json.load(f)
+        spec.update(spec_overrides)
         spec['addresses'] = {'pve': '127.0.%d.2' % net, 'ssh': '127.0.%d.3' % net, 'container': '127.0.%d.4' % net}
         self.spec_path = os.path.join(base, 'spec.json')
         with open(self.spec_path, 'w') as f:
@@ -116,6 +117,18 @@ class Lab(object):
 
     def outputs(self, stack):
         return json.loads(self.pulumi('stack', 'output', '--json', '--show-secrets', stack=stack).stdout)
+
+    def plaintext_secrets_in_state(self, stack):
+        """Which of the lab's credentials appear in plain text in the stack's state."""
+        state = self.pulumi('stack', 'export', stack=stack).stdout
+        found = []
+        with open(self.info['pve']['password_file']) as f:
+            if f.read().strip() in state:
+                found.append('api password')
+        with open(self.info['ssh']['key_file']) as f:
+            if any(line in state for line in f.read().splitlines()[1:-1]):
+                found.append('ssh private key')
+        return found
 
     # -- observing the simulated host
 

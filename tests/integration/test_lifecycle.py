@@ -97,6 +97,7 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
         [(b, 'container') for b in CT_GPUS] + [(b, 'vm') for b in VM_GPUS])
     assert out['iommu']['running_domain_types'] == ['DMA-FQ']
     assert len(out['sglang_unit_sha256']) == 64
+    assert lab.plaintext_secrets_in_state(STACK) == []
 
 
 def test_second_up_changes_nothing_and_restarts_nothing(lab, stack):
@@ -148,6 +149,8 @@ def test_out_of_band_drift_is_seen_by_refresh_and_repaired_by_up(lab, stack):
     lab.host.bind('0000:91:00.0', 'nvidia')
 
     res = lab.pulumi('refresh', '--yes', '--skip-preview', stack=STACK)
+    # read() hands the connection back as an input: it must stay a secret through a refresh.
+    assert lab.plaintext_secrets_in_state(STACK) == []
     plan = lab.preview_json(STACK)
     assert changed(plan) == {'sglang-unit': 'update', 'container-lxc': 'update', 'vm-qemu': 'update',
                              'host-vfio': 'update'}, res.stdout
@@ -176,6 +179,25 @@ def test_reboot_clears_reboot_required(lab, stack):
     assert out['reboot_required'] is False, out['reboot_reasons']
     assert 'iommu.strict=0' in out['iommu']['running_cmdline']
     assert all(g['driver'] == ('vfio-pci' if a in VM_GPUS else 'nvidia') for a, g in out['gpu_assignment'].items())
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_create_only_change_replaces_the_container_and_the_service_follows(lab, stack):
+    cfg = lab.stack_config()
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,
+                                            'num_draft_tokens': 3}
+    cfg['gpuhost:container']['unprivileged'] = False
+    lab.write_stack(STACK, cfg)
+    plan = lab.preview_json(STACK)
+    ct_ops = [s['op'] for s in plan['steps'] if s['urn'].endswith('::container-lxc')]
+    assert 'replace' in ct_ops or 'delete-replaced' in ct_ops, ct_ops
+    # The container goes first (its vmid is fixed), and the unit is written again into the new one.
+    assert changed(plan).get('sglang-unit') == 'update'
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.node().lxc(200).config.get().get('unprivileged', 0) == 0  # PVE omits it when 0
+    assert health(lab) == 200
+    unit = open(os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')).read()
+    assert '--speculative-num-steps 2' in unit
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
