@@ -28,7 +28,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
-from components.state import ObservedProvider
+from components.state import ObservedProvider, OperatorError
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
@@ -39,7 +39,7 @@ FORBIDDEN_NOTE = ('never present: iommu=pt, iommu.passthrough=1 (identity domain
                   'power cycle, FSP error 0x177)')
 
 
-class HostStateError(RuntimeError):
+class HostStateError(OperatorError):
     pass
 
 

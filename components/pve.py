@@ -24,10 +24,10 @@ import uuid
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
-from components.state import ObservedProvider
+from components.state import ObservedProvider, OperatorError
 
 
-class PveError(RuntimeError):
+class PveError(OperatorError):
     pass
 
 

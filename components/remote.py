@@ -22,10 +22,12 @@ import socket
 import time
 from typing import Optional, Sequence
 
+from components.state import OperatorError
+
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
 
 
-class RemoteError(RuntimeError):
+class RemoteError(OperatorError):
     """A remote step failed. The message names the host, the step, the exit code and stderr's tail."""
 
 

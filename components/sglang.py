@@ -19,10 +19,10 @@ from pulumi.dynamic import CreateResult, Resource, UpdateResult
 from components import remote
 from components.pve import wait_http
 from components.render import exec_start, render
-from components.state import ObservedProvider
+from components.state import ObservedProvider, OperatorError
 
 
-class ServiceError(RuntimeError):
+class ServiceError(OperatorError):
     pass
 
 

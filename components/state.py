@@ -17,6 +17,11 @@ from typing import Iterable
 from pulumi.dynamic import DiffResult, ReadResult, ResourceProvider
 
 
+class OperatorError(RuntimeError):
+    """An error whose message is complete for the operator (what, where, current vs desired, next
+    step). Raised from provider methods without the Python frames that led to it."""
+
+
 def numbers(value):
     """Integral floats back to ints: every number crosses the engine as a double, and 200.0 is not a
     vmid Proxmox or pct accepts."""
@@ -33,7 +38,12 @@ def _normalising(fn, positions):
     @functools.wraps(fn)
     def wrapper(self, *args):
         args = [numbers(a) if i in positions else a for i, a in enumerate(args)]
-        return fn(self, *args)
+        try:
+            return fn(self, *args)
+        except OperatorError as e:
+            # The engine prints the traceback of whatever a dynamic provider raises; for these the
+            # message is the whole story, so they are re-raised here without their frames.
+            raise type(e)(str(e)) from None
     wrapper.__wrapped_by_numbers__ = True
     return wrapper
 

@@ -1,0 +1,60 @@
+"""The SSH layer against the lab's real OpenSSH server: values with shell metacharacters arrive
+intact and are never executed, content travels on stdin, a file write is atomic with a compare-and-
+swap, and credentials never appear in error messages."""
+
+import os
+
+import pytest
+
+from components import pve, remote
+from components.host import sha256
+
+ODD = "/tmp/gpuhost odd $(touch gpuhost-pwned); x'y\"z`id`.conf"
+
+
+@pytest.fixture(scope='module')
+def target(lab):
+    with open(lab.info['ssh']['key_file']) as f:
+        key = f.read()
+    yield remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root', private_key=key,
+                        host_key=lab.info['ssh']['host_key'])
+    if os.path.exists(ODD):  # the lab shares the machine's /tmp
+        os.unlink(ODD)
+
+
+def test_metacharacters_in_arguments_are_data_not_code(target):
+    content = 'line one\n$(echo not expanded)\n'
+    res = remote.run(target, 'put_file.sh', [ODD, '0640', '-', 'none'], stdin=content.encode())
+    assert res.stdout.startswith('changed ')
+    assert not any(os.path.exists(d + '/gpuhost-pwned') for d in ('/', '/root', '/tmp'))
+    assert remote.run(target, 'read_file.sh', [ODD]).stdout == content
+    # Same content again: nothing written.
+    assert remote.run(target, 'put_file.sh', [ODD, '0640', sha256(content), 'none'],
+                      stdin=content.encode()).stdout.startswith('unchanged ')
+
+
+def test_compare_and_swap_refuses_a_file_changed_since_it_was_read(target):
+    with pytest.raises(remote.RemoteError) as e:
+        remote.run(target, 'put_file.sh', [ODD, '0640', sha256('what we read earlier'), 'none'], stdin=b'new\n')
+    assert 'changed on pve-lab since it was read' in str(e.value)
+    assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
+    leftovers = remote.run(target, 'read_file.sh', ['/etc/hostname']).stdout
+    assert leftovers.strip() == 'pve-lab'
+
+
+def test_wrong_password_error_names_the_user_not_the_password(lab):
+    api = {'host': lab.info['pve']['host'], 'port': lab.info['pve']['port'], 'user': 'root@pam',
+           'password': 'hunter2-wrong', 'ca_cert': open(lab.info['pve']['cafile']).read()}
+    with pytest.raises(pve.PveError) as e:
+        with pve.client(api):
+            pass
+    assert 'refused the login of root@pam' in str(e.value) and 'hunter2-wrong' not in str(e.value)
+
+
+def test_tls_is_verified_against_the_given_ca(lab, tmp_path):
+    other = os.path.join(lab.project, 'components', '..', 'Pulumi.yaml')  # any non-CA file
+    api = {'host': lab.info['pve']['host'], 'port': lab.info['pve']['port'], 'user': 'root@pam',
+           'password': open(lab.info['pve']['password_file']).read(), 'ca_cert': open(other).read()}
+    with pytest.raises(pve.PveError, match='cannot reach the Proxmox API'):
+        with pve.client(api):
+            pass
