@@ -1,0 +1,36 @@
+"""A different deployment on the same kind of host: no VM, no speculative decoding, strict IOMMU
+flushing (DMA) and DmaRemapPeerMmio=0. The program adapts (no vfio binding, no hostpci, no MTP
+flags) and reports what needs a reboot."""
+
+STACK = 'variant'
+VM_GPUS = ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
+
+
+def test_no_vm_no_mtp_strict_iommu(lab):
+    cfg = lab.stack_config()
+    cfg.pop('gpuhost:vm')
+    cfg['gpuhost:sglang']['speculative'] = None
+    cfg['gpuhost:iommu'] = {'domain': 'DMA'}
+    cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = lab.outputs(STACK)
+    assert 'vm' not in out and lab.node().qemu.get() == []
+    assert lab.host.overrides() == {} and [lab.host.driver(b) for b in VM_GPUS] == ['nvidia'] * 4
+    # (null values are left out of the JSON outputs)
+    assert out['speculation']['requested'].get('speculative_algorithm') is None
+    assert out['speculation']['resolved'].get('speculative_algorithm') is None
+    assert out['speculation']['resolved']['tp_size'] == 4
+    unit = open(lab.ct_root() + '/etc/systemd/system/sglang-qwen.service').read()
+    assert '--speculative' not in unit
+    assert 'iommu.strict=1' in open(lab.host.path('etc/kernel/cmdline')).read()
+    assert set(out['reboot_reasons']) >= {'kernel command line: running lacks iommu.passthrough=0 iommu.strict=1',
+                                          'nvidia NVreg_DmaRemapPeerMmio: running 1, declared 0'}
+    assert {a: g['assigned_to'] for a, g in out['gpu_assignment'].items() if a in VM_GPUS} == {
+        b: 'host' for b in VM_GPUS}
+    lab.host.reboot()
+    lab.pulumi('refresh', '--yes', '--skip-preview', '--run-program', stack=STACK)
+    out = lab.outputs(STACK)
+    assert out['reboot_required'] is False, out['reboot_reasons']
+    assert out['iommu']['running_domain_types'] == ['DMA']
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
