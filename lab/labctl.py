@@ -249,14 +249,17 @@ class Lab(object):
         self.control()
         now = {}
         for ct in self.pve.cts:
-            now[ct.vmid] = ct.status
-            prev = self.seen.get(ct.vmid)
+            # (status, init pid): a reboot keeps "running" but gives the container a new init.
+            now[ct.vmid] = (ct.status, ct.pid)
+            prev = self.seen.get(ct.vmid, (None, None))
             self.make_rootfs(ct.vmid)
             hostsim.write(os.path.join(self.lab, 'ct', str(ct.vmid), 'status'), ct.status + '\n')
             self.write_conf('lxc', ct.vmid, ct.config)
-            if ct.status == 'running' and prev != 'running':
+            if ct.status == 'running' and prev != now[ct.vmid]:
+                if prev[0] == 'running':
+                    self.stop_units(ct.vmid)
                 self.boot_units(ct.vmid)
-            elif ct.status != 'running' and prev == 'running':
+            elif ct.status != 'running' and prev[0] == 'running':
                 self.stop_units(ct.vmid)
         for vmid in set(self.seen) - set(now):
             self.stop_units(vmid)

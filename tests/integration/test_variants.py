@@ -34,3 +34,21 @@ def test_no_vm_no_mtp_strict_iommu(lab):
     assert out['reboot_required'] is False, out['reboot_reasons']
     assert out['iommu']['running_domain_types'] == ['DMA']
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_cpu_pinning_change_rewrites_the_raw_line_and_reboots_the_container(lab):
+    cfg = lab.stack_config()
+    cfg.pop('gpuhost:vm')
+    cfg['gpuhost:sglang']['speculative'] = None
+    cfg['gpuhost:iommu'] = {'domain': 'DMA'}
+    cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
+    cfg['gpuhost:host']['numa_cpus']['0'] = '0-15,64-79'
+    lab.write_stack(STACK, cfg)
+    pid = lab.node().lxc(200).status.current.get()['pid']
+    starts = lab.unit_starts()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    conf = open(lab.host.path('etc/pve/lxc/200.conf')).read()
+    assert 'lxc.cgroup2.cpuset.cpus: 0-15,64-79' in conf and '0-31,64-95' not in conf
+    assert lab.node().lxc(200).status.current.get()['pid'] != pid, 'raw lxc lines need a container restart'
+    lab.wait_for(lambda: lab.unit_starts() == starts + 1, what='SGLang to come back after the reboot')
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
