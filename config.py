@@ -413,6 +413,9 @@ class Deployment(Model):
             if a == 'amd_iommu=on':
                 out.append('gpuhost:iommu.extra_kernel_args: amd_iommu=on is not a valid value (the kernel logs '
                            '"Unknown option - \'on\'"); the AMD IOMMU is on by default, so it does nothing - drop it')
+        if self.vfio.bind == 'id' and self.vm and self.vm.gpus:
+            out.append('gpuhost:vfio.bind: "id" - the VM\'s GPUs are still bound by PCI address (driverctl), which '
+                       'is what "id" would achieve without the risk of catching other GPUs; set bind: address')
         if self.vm and self.vm.sev != 'none' and self.vm.gpus:
             out.append('gpuhost:vm: SEV-%s together with PCI passthrough is listed by Proxmox as not supported '
                        '("very experimental"); this deployment runs it knowingly' % self.vm.sev.upper())

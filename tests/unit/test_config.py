@@ -93,6 +93,16 @@ def test_warnings():
     assert not any('extra_buffer mamba' in w for w in parse(sglang__mamba_radix_cache_strategy='extra_buffer_lazy').warnings)
 
 
+def test_vfio_by_id_with_distinct_ids_is_allowed_but_warned():
+    data = copy.deepcopy(lab_data())
+    for g in data['host']['gpus']:
+        if g['numa'] == 1:
+            g['id'] = '10de:2bb1'
+    data['vfio'] = {'bind': 'id'}
+    d = config.parse(data)
+    assert any('still bound by PCI address' in w for w in d.warnings)
+
+
 def test_schema_lists_every_section():
     schema = config.Deployment.model_json_schema()
     assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'vfio', 'container', 'vm', 'sglang'}
