@@ -178,7 +178,7 @@ class KernelCmdlineProvider(ObservedProvider):
                 path, post = GRUB_FILE, 'boot-grub'
                 old = remote.run(target, 'read_file.sh', [path]).stdout
                 new = grub_with_default(old, wanted)
-            remote.run(target, 'put_file.sh', [path, '0644', sha256(old), post], stdin=new.encode())
+            remote.put_file(target, path, new, '0644', sha256(old), post)
             facts = read_facts(target)
         return dict(props, **self.observe(facts, props))
 
@@ -209,8 +209,8 @@ class HostFileProvider(ObservedProvider):
         if current['content'] != props['content']:
             if props.get('inventory'):
                 check_inventory(read_facts(target), props['inventory'], props['blackwell_ids'])
-            remote.run(target, 'put_file.sh', [props['path'], props['mode'], current['sha256'] or '-', props['post']],
-                       stdin=props['content'].encode())
+            remote.put_file(target, props['path'], props['content'], props['mode'], current['sha256'] or '-',
+                            props['post'])
             current = self.observe(target, props)
         return dict(props, **current)
 

@@ -223,9 +223,7 @@ class PveGuestProvider(ObservedProvider):
         new = with_raw(text, want)
         if new == text:
             return False
-        from components.host import sha256
-        remote.run(target, 'put_file.sh', [self.conf_path(props), '0640', sha256(text), 'none'], stdin=new.encode())
-        return True
+        return remote.put_file(target, self.conf_path(props), new, '0640', remote.sha256_hex(text.encode()))
 
     # -- lifecycle
 

@@ -150,6 +150,27 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     return result
 
 
+def sha256_hex(data: bytes) -> str:
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+def put_file(target: Target, path: str, content: str, mode: str, expected: str, post: str = 'none',
+             client=None) -> bool:
+    """Atomically replace a host file if it differs (compare-and-swap on `expected`, the sha256 the
+    caller read, or '-' for absent / 'any'); True if it changed."""
+    data = content.encode()
+    res = run(target, 'put_file.sh', [path, mode, expected, sha256_hex(data), post], stdin=data, client=client)
+    return res.stdout.startswith('changed')
+
+
+def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644', client=None) -> bool:
+    """Atomically replace a file inside a container if it differs; True if it changed."""
+    data = content.encode()
+    res = run(target, 'ct_put_file.sh', [vmid, path, mode, sha256_hex(data)], stdin=data, client=client)
+    return res.stdout.startswith('changed')
+
+
 # ------------------------------------------------------------------------- facts
 
 @dataclasses.dataclass

@@ -105,9 +105,7 @@ class SglangUnitProvider(ObservedProvider):
                 raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
                                    'are rendered for the declared version - install it or change the config' % (
                                        props['vmid'], before['version'], props['version']))
-            res = remote.run(target, 'ct_put_file.sh', [props['vmid'], props['unit_path'], '0644'],
-                             stdin=props['unit'].encode(), client=client)
-            changed = res.stdout.startswith('changed')
+            changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'], client=client)
             restart = 'yes' if changed or force_restart else 'no'
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart], client=client)
             wait_http(props['endpoint'] + '/health', float(props['health_timeout']),

@@ -1,11 +1,16 @@
 set -euo pipefail
-# ct_put_file.sh VMID PATH MODE  (content on stdin): replace PATH inside container VMID atomically
-# (pct push to a temp name in the same directory, then mv -f inside the container) if it differs.
-vmid=$1 path=$2 mode=$3
+# ct_put_file.sh VMID PATH MODE NEW_SHA256  (content on stdin): replace PATH inside container VMID
+# atomically (pct push to a temp name in the same directory, then mv -f inside the container) if it
+# differs; content that did not arrive whole (hash not NEW_SHA256) is never installed.
+vmid=$1 path=$2 mode=$3 want=$4
 tmp=$(mktemp /tmp/.gpuhost-ct.XXXXXX)
 trap 'rm -f "$tmp"' EXIT
 cat > "$tmp"
 new=$(sha256sum "$tmp" | cut -d' ' -f1)
+if [ "$new" != "$want" ]; then
+  echo "gpuhost: content for $path in CT $vmid arrived incomplete (sha256 $new, sent $want); nothing was changed" >&2
+  exit 6
+fi
 current=$(pct exec "$vmid" -- sh -c 'if [ -f "$1" ]; then sha256sum "$1" | cut -d" " -f1; else echo -; fi' sh "$path")
 if [ "$new" = "$current" ]; then
   echo "unchanged $new"

@@ -1,10 +1,11 @@
 set -euo pipefail
-# put_file.sh PATH MODE EXPECTED_SHA256|any POST   (new content on stdin)
+# put_file.sh PATH MODE EXPECTED_SHA256|any NEW_SHA256 POST   (new content on stdin)
 # Replace PATH atomically (temp file in the same directory, then mv -f) if its content differs,
 # but only if it still has the content the program read (EXPECTED_SHA256): a concurrent edit
-# is reported, never overwritten. Then run POST; if POST fails the old file is put back, so a
-# re-run sees the difference again and retries the whole step.
-path=$1 mode=$2 expected=$3 post=$4
+# is reported, never overwritten. Content whose hash is not NEW_SHA256 (a connection dropped
+# mid-transfer ends stdin early) is never installed. Then run POST; if POST fails the old file is
+# put back, so a re-run sees the difference again and retries the whole step.
+path=$1 mode=$2 expected=$3 want=$4 post=$5
 dir=$(dirname "$path")
 [ -d "$dir" ] || { echo "gpuhost: directory $dir does not exist on $(hostname)" >&2; exit 4; }
 current=-
@@ -20,6 +21,10 @@ trap cleanup EXIT
 cat > "$tmp"
 chmod "$mode" "$tmp"
 new=$(sha256sum "$tmp" | cut -d' ' -f1)
+if [ "$new" != "$want" ]; then
+  echo "gpuhost: content for $path arrived incomplete (sha256 $new, sent $want); nothing was changed" >&2
+  exit 6
+fi
 if [ "$new" = "$current" ]; then
   echo "unchanged $new"
   exit 0

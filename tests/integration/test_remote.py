@@ -24,22 +24,30 @@ def target(lab):
 
 def test_metacharacters_in_arguments_are_data_not_code(target):
     content = 'line one\n$(echo not expanded)\n'
-    res = remote.run(target, 'put_file.sh', [ODD, '0640', '-', 'none'], stdin=content.encode())
-    assert res.stdout.startswith('changed ')
+    assert remote.put_file(target, ODD, content, '0640', '-') is True
     assert not any(os.path.exists(d + '/gpuhost-pwned') for d in ('/', '/root', '/tmp'))
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == content
+    assert oct(os.stat(ODD).st_mode & 0o777) == '0o640'
     # Same content again: nothing written.
-    assert remote.run(target, 'put_file.sh', [ODD, '0640', sha256(content), 'none'],
-                      stdin=content.encode()).stdout.startswith('unchanged ')
+    assert remote.put_file(target, ODD, content, '0640', sha256(content)) is False
 
 
 def test_compare_and_swap_refuses_a_file_changed_since_it_was_read(target):
     with pytest.raises(remote.RemoteError) as e:
-        remote.run(target, 'put_file.sh', [ODD, '0640', sha256('what we read earlier'), 'none'], stdin=b'new\n')
+        remote.put_file(target, ODD, 'new\n', '0640', sha256('what we read earlier'))
     assert 'changed on pve-lab since it was read' in str(e.value)
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
-    leftovers = remote.run(target, 'read_file.sh', ['/etc/hostname']).stdout
-    assert leftovers.strip() == 'pve-lab'
+
+
+def test_content_cut_short_in_transit_is_never_installed(target):
+    """A dropped connection ends stdin early; the script sees fewer bytes than were sent."""
+    whole = 'options nvidia NVreg_DmaRemapPeerMmio=1\n'
+    with pytest.raises(remote.RemoteError) as e:
+        remote.run(target, 'put_file.sh', [ODD, '0640', 'any', remote.sha256_hex(whole.encode()), 'none'],
+                   stdin=whole.encode()[:10])
+    assert 'arrived incomplete' in str(e.value) and 'nothing was changed' in str(e.value)
+    assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
+    assert not [n for n in os.listdir('/tmp') if n.startswith('.gpuhost.')]
 
 
 def test_wrong_password_error_names_the_user_not_the_password(lab):
