@@ -165,20 +165,18 @@ class KernelCmdlineProvider(ObservedProvider):
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
-        facts = read_facts(target)
+        facts = read_facts(target, [SYSTEMD_BOOT_FILE])
         check_inventory(facts, props['inventory'], props['blackwell_ids'])
         current = facts.configured.split()
         wanted = edit_cmdline(current, props['ensure_args'], props['forbid_args'])
         if wanted != current:
             if facts.boot == 'systemd-boot':
-                path, post = SYSTEMD_BOOT_FILE, 'boot-systemd'
-                old = remote.run(target, 'read_file.sh', [path]).stdout
-                new = ' '.join(wanted) + '\n'
+                # One line, all of it ours to write: the facts already carry the file's hash for the CAS.
+                remote.put_file(target, SYSTEMD_BOOT_FILE, ' '.join(wanted) + '\n', '0644',
+                                facts.files.get(SYSTEMD_BOOT_FILE) or '-', 'boot-systemd')
             else:
-                path, post = GRUB_FILE, 'boot-grub'
-                old = remote.run(target, 'read_file.sh', [path]).stdout
-                new = grub_with_default(old, wanted)
-            remote.put_file(target, path, new, '0644', sha256(old), post)
+                old = remote.run(target, 'read_file.sh', [GRUB_FILE]).stdout
+                remote.put_file(target, GRUB_FILE, grub_with_default(old, wanted), '0644', sha256(old), 'boot-grub')
             facts = read_facts(target)
         return dict(props, **self.observe(facts, props))
 

@@ -6,13 +6,17 @@ STACK = 'variant'
 VM_GPUS = ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
 
 
-def test_no_vm_no_mtp_strict_iommu(lab):
+def variant(lab):
     cfg = lab.stack_config()
     cfg.pop('gpuhost:vm')
     cfg['gpuhost:sglang']['speculative'] = None
     cfg['gpuhost:iommu'] = {'domain': 'DMA'}
     cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
-    lab.write_stack(STACK, cfg)
+    return cfg
+
+
+def test_no_vm_no_mtp_strict_iommu(lab):
+    lab.write_stack(STACK, variant(lab))
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     out = lab.outputs(STACK)
     assert 'vm' not in out and lab.node().qemu.get() == []
@@ -37,11 +41,7 @@ def test_no_vm_no_mtp_strict_iommu(lab):
 
 
 def test_cpu_pinning_change_rewrites_the_raw_line_and_reboots_the_container(lab):
-    cfg = lab.stack_config()
-    cfg.pop('gpuhost:vm')
-    cfg['gpuhost:sglang']['speculative'] = None
-    cfg['gpuhost:iommu'] = {'domain': 'DMA'}
-    cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
+    cfg = variant(lab)
     cfg['gpuhost:host']['numa_cpus']['0'] = '0-15,64-79'
     lab.write_stack(STACK, cfg)
     pid = lab.node().lxc(200).status.current.get()['pid']
