@@ -78,7 +78,7 @@ class GpuContainer(pulumi.ComponentResource):
             'config': config, 'start': True,
             'raw_lxc': raw_lxc_lines(d),
             'gpu_devices': gpu_devices,
-            'status': None, 'pending': None, 'uid': None,
+            **dict.fromkeys(pve.PveGuestProvider.OUTPUTS),
         }
         self.guest = pve.Guest(ContainerProvider(), '%s-lxc' % name, props, pulumi.ResourceOptions(parent=self))
         self.vmid = self.guest.vmid

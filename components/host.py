@@ -152,6 +152,7 @@ def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
 
 class KernelCmdlineProvider(ObservedProvider):
     DESIRED = ('ensure_args', 'forbid_args')
+    OUTPUTS = ('boot', 'configured', 'running')
 
     def observe(self, facts, props):
         configured = facts.configured.split()
@@ -195,6 +196,7 @@ class HostFileProvider(ObservedProvider):
     """A whole file on the host; `post` (initramfs, boot-systemd, boot-grub) runs when it changes."""
     DESIRED = ('path', 'content', 'mode', 'post')
     REPLACE = ('path',)
+    OUTPUTS = ('sha256',)
 
     def observe(self, target, props):
         res = remote.run(target, 'read_file.sh', [props['path']], check=False)
@@ -225,6 +227,7 @@ class HostFileProvider(ObservedProvider):
 
 class VfioProvider(ObservedProvider):
     DESIRED = ('driver', 'devices')
+    OUTPUTS = ('overrides', 'bound')
 
     def observe(self, facts, props):
         ok = [b for b in props['devices'] if facts.overrides.get(b) == props['driver']
@@ -257,6 +260,8 @@ class HostStatusProvider(ObservedProvider):
     """Read-only: what the host is running compared with what is declared. `expect` changes whenever
     any declared host setting does, so the status is re-read exactly when something could differ."""
     DESIRED = ('expect',)
+    OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
+               'nvidia_params')
 
     def observe(self, target, props):
         facts = read_facts(target)
@@ -363,16 +368,16 @@ class ProxmoxHost(pulumi.ComponentResource):
         self.kernel = KernelCmdline(KernelCmdlineProvider(), '%s-kernel-cmdline' % name, {
             'connection': connection, 'ensure_args': ensure, 'forbid_args': forbid,
             'inventory': inventory, 'blackwell_ids': blackwell}, child,
-            outputs=('boot', 'configured', 'running'))
+            outputs=KernelCmdlineProvider.OUTPUTS)
         self.nvidia = HostFile(HostFileProvider(), '%s-nvidia-options' % name, {
             'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
             'content': modprobe_content(d.nvidia.dma_remap_peer_mmio), 'inventory': inventory,
-            'blackwell_ids': blackwell}, child, outputs=('sha256',))
+            'blackwell_ids': blackwell}, child, outputs=HostFileProvider.OUTPUTS)
         resources = [self.kernel, self.nvidia]
         if vfio_devices:
             self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
                 'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
-                'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=('overrides', 'bound'))
+                'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=VfioProvider.OUTPUTS)
             resources.append(self.vfio)
         expect = {'ensure_args': ensure, 'forbid_args': forbid, 'domain': d.iommu.domain,
                   'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
@@ -380,8 +385,7 @@ class ProxmoxHost(pulumi.ComponentResource):
         self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
             'connection': connection, 'expect': expect, 'reboot': d.host.reboot},
             pulumi.ResourceOptions(parent=self, depends_on=resources),
-            outputs=('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
-                     'nvidia_params'))
+            outputs=HostStatusProvider.OUTPUTS)
         self.reboot_required = self.status.reboot_required
         self.reboot_reasons = self.status.reboot_reasons
         self.gpus = self.status.gpus

@@ -167,6 +167,7 @@ class PveGuestProvider(ObservedProvider):
     DESIRED = ('node', 'kind', 'vmid', 'create', 'config', 'start', 'raw_lxc')
     REPLACE = ('node', 'kind', 'vmid', 'create')
     CONNECTION = ('api', 'connection')
+    OUTPUTS = ('status', 'pending', 'uid')
     # The vmid is fixed by config, so a replacement must free it first.
     DELETE_BEFORE_REPLACE = True
 

@@ -78,6 +78,7 @@ def mismatches(expected: dict, got: dict) -> list:
 
 class SglangUnitProvider(ObservedProvider):
     DESIRED = ('unit', 'version', 'container_uid', 'active')
+    OUTPUTS = ('resolved', 'invocation_id', 'restarted')
 
     def observe(self, target, client, props):
         facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
@@ -164,7 +165,7 @@ class SglangService(pulumi.ComponentResource):
             'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit, 'unit': self.unit,
             'venv': s.venv, 'version': s.version, 'active': True, 'endpoint': self.endpoint,
             'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s,
-            'resolved': None, 'invocation_id': None, 'restarted': None,
+            **dict.fromkeys(SglangUnitProvider.OUTPUTS),
         }
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container]))

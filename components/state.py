@@ -55,6 +55,7 @@ class ObservedProvider(ResourceProvider):
     DESIRED: tuple = ()
     REPLACE: tuple = ()
     CONNECTION: tuple = ('connection',)
+    OUTPUTS: tuple = ()
     DELETE_BEFORE_REPLACE = False
 
     def __init_subclass__(cls, **kwargs):
@@ -82,7 +83,10 @@ class ObservedProvider(ResourceProvider):
                           delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None)
 
     def read_result(self, id_, outs: dict) -> ReadResult:
-        inputs = {k: outs[k] for k in tuple(self.CONNECTION) + tuple(self.DESIRED) if k in outs}
+        """Inputs after a refresh: every input as it was, except the desired keys, which take the
+        observed values (so the drift is what the next preview shows). OUTPUTS are the extra facts a
+        provider reports; the component passes them in as None placeholders, and None they stay."""
+        inputs = {k: (None if k in self.OUTPUTS else v) for k, v in outs.items()}
         return ReadResult(id_, outs, inputs)
 
 

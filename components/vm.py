@@ -47,7 +47,7 @@ class SevSnpVm(pulumi.ComponentResource):
         config = vm_config(d)
         props = {'api': api, 'connection': None, 'node': d.host.node, 'kind': 'qemu', 'vmid': d.vm.vmid,
                  'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {},
-                 'status': None, 'pending': None, 'uid': None}
+                 **dict.fromkeys(pve.PveGuestProvider.OUTPUTS)}
         self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props, pulumi.ResourceOptions(parent=self))
         self.vmid = self.guest.vmid
         self.status = self.guest.status
