@@ -126,8 +126,11 @@ class SglangUnitProvider(ObservedProvider):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
 
     def update(self, _id, olds, news):
-        # A replaced container (new uid) starts from nothing: write and start everything again.
-        return UpdateResult(self.apply(news, force_restart=olds.get('container_uid') != news.get('container_uid')))
+        # Restart when the unit differs from the last one confirmed healthy - also when an earlier
+        # apply already wrote it but failed before confirming (the file is then "unchanged") - and
+        # when the container was replaced (new uid): it starts from nothing.
+        force = olds.get('unit') != news['unit'] or olds.get('container_uid') != news.get('container_uid')
+        return UpdateResult(self.apply(news, force_restart=force))
 
     def read(self, id_, props):
         target = remote.Target.from_inputs(props['connection'])

@@ -45,6 +45,27 @@ def test_proxmox_error_on_update_fails_cleanly_and_a_rerun_converges(lab):
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
+def test_sglang_resolving_other_speculation_fails_the_update_with_both_values(lab):
+    with open(os.path.join(lab.ct_root(), 'etc/lab-sglang-override.json'), 'w') as f:
+        json.dump({'speculative_num_draft_tokens': 2}, f)
+    cfg = lab.stack_config()
+    cfg['gpuhost:container']['cores'] = 16
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,
+                                            'num_draft_tokens': 3}
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'speculative_num_draft_tokens: unit asked for 3, SGLang resolved 2' in out, out[-3000:]
+    os.unlink(os.path.join(lab.ct_root(), 'etc/lab-sglang-override.json'))
+    # The unit was written but never confirmed: the re-run restarts SGLang and converges.
+    starts = lab.unit_starts()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.unit_starts() == starts + 1
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_draft_tokens'] == 3
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
 def test_blackwell_in_identity_group_stops_before_any_change(lab):
     cfg = lab.stack_config()
     cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}

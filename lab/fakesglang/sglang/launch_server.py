@@ -107,6 +107,10 @@ def main(argv=None):
     if ':' in (args.served_model_name or ''):
         sys.exit('ValueError: served model name must not contain ":"')
     settings = resolve(args, __version__)
+    # Lab knob: report other resolved values, as an SGLang that silently ignores a flag would.
+    if os.path.exists('/etc/lab-sglang-override.json'):
+        with open('/etc/lab-sglang-override.json') as f:
+            settings.update(json.load(f))
     started = time.time()
     accept = 2.0 if args.speculative_algorithm else None
     counters = {'requests': 0}
