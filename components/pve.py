@@ -210,13 +210,11 @@ class PveGuestProvider(ObservedProvider):
             time.sleep(0.3)
 
     def observe_raw(self, props):
-        if not props.get('raw_lxc') and props['kind'] != 'lxc':
-            return props.get('raw_lxc') or {}
-        if not props.get('connection'):
+        want = props.get('raw_lxc') or {}
+        if props['kind'] != 'lxc' or not want:
             return {}
-        _, text = self.read_conf(props)
-        have = parse_raw(text)
-        return {k: have.get(k) for k in (props.get('raw_lxc') or {})}
+        have = parse_raw(self.read_conf(props)[1])
+        return {k: have.get(k) for k in want}
 
     def write_raw(self, props) -> bool:
         want = props.get('raw_lxc') or {}
