@@ -332,6 +332,8 @@ def parse_raw(text: str) -> dict:
 
 def with_raw(text: str, want: dict) -> str:
     """The config with the managed lxc.* keys set to `want` (others untouched), in the main section."""
+    if not want:
+        return text
     lines = text.splitlines()
     end = next((i for i, line in enumerate(lines) if line.startswith('[')), len(lines))
     main = [line for line in lines[:end] if not (line.startswith('lxc.') and line.split(':', 1)[0].strip() in want)]
