@@ -20,12 +20,11 @@ and hands GPUs back to other drivers, which is an operator's decision, not a sid
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 
 import pulumi
-from pulumi.dynamic import CreateResult, Resource, UpdateResult
+from pulumi.dynamic import Resource
 
 from components import remote
 from components.state import ObservedProvider, OperatorError
@@ -151,6 +150,7 @@ def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
 # ------------------------------------------------------------------- providers
 
 class KernelCmdlineProvider(ObservedProvider):
+    ID = 'kernel-cmdline'
     DESIRED = ('ensure_args', 'forbid_args')
     OUTPUTS = ('boot', 'configured', 'running')
 
@@ -177,19 +177,12 @@ class KernelCmdlineProvider(ObservedProvider):
                                 facts.files.get(SYSTEMD_BOOT_FILE) or '-', 'boot-systemd')
             else:
                 old = remote.run(target, 'read_file.sh', [GRUB_FILE]).stdout
-                remote.put_file(target, GRUB_FILE, grub_with_default(old, wanted), '0644', sha256(old), 'boot-grub')
+                remote.put_file(target, GRUB_FILE, grub_with_default(old, wanted), '0644', remote.sha256_hex(old), 'boot-grub')
             facts = read_facts(target)
         return dict(props, **self.observe(facts, props))
 
-    def create(self, props):
-        return CreateResult('kernel-cmdline', self.apply(props))
-
-    def update(self, _id, _olds, news):
-        return UpdateResult(self.apply(news))
-
-    def read(self, id_, props):
-        facts = read_facts(remote.Target.from_inputs(props['connection']))
-        return self.read_result(id_, dict(props, **self.observe(facts, props)))
+    def current(self, props):
+        return self.observe(read_facts(remote.Target.from_inputs(props['connection'])), props)
 
 
 class HostFileProvider(ObservedProvider):
@@ -201,7 +194,7 @@ class HostFileProvider(ObservedProvider):
     def observe(self, target, props):
         res = remote.run(target, 'read_file.sh', [props['path']], check=False)
         content = res.stdout if res.exit_code == 0 else None
-        return {'content': content, 'sha256': sha256(content) if content is not None else None}
+        return {'content': content, 'sha256': remote.sha256_hex(content) if content is not None else None}
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
@@ -214,15 +207,11 @@ class HostFileProvider(ObservedProvider):
             current = self.observe(target, props)
         return dict(props, **current)
 
-    def create(self, props):
-        return CreateResult(props['path'], self.apply(props))
+    def resource_id(self, props):
+        return props['path']
 
-    def update(self, _id, _olds, news):
-        return UpdateResult(self.apply(news))
-
-    def read(self, id_, props):
-        return self.read_result(id_, dict(props, **self.observe(remote.Target.from_inputs(props['connection']),
-                                                                props)))
+    def current(self, props):
+        return self.observe(remote.Target.from_inputs(props['connection']), props)
 
 
 class VfioProvider(ObservedProvider):
@@ -245,20 +234,17 @@ class VfioProvider(ObservedProvider):
             facts = read_facts(target)
         return dict(props, **self.observe(facts, props))
 
-    def create(self, props):
-        return CreateResult('vfio-' + props['driver'], self.apply(props))
+    def resource_id(self, props):
+        return 'vfio-' + props['driver']
 
-    def update(self, _id, _olds, news):
-        return UpdateResult(self.apply(news))
-
-    def read(self, id_, props):
-        facts = read_facts(remote.Target.from_inputs(props['connection']))
-        return self.read_result(id_, dict(props, **self.observe(facts, props)))
+    def current(self, props):
+        return self.observe(read_facts(remote.Target.from_inputs(props['connection'])), props)
 
 
 class HostStatusProvider(ObservedProvider):
     """Read-only: what the host is running compared with what is declared. `expect` changes whenever
     any declared host setting does, so the status is re-read exactly when something could differ."""
+    ID = 'status'
     DESIRED = ('expect',)
     OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
                'nvidia_params')
@@ -288,15 +274,8 @@ class HostStatusProvider(ObservedProvider):
                                      '; '.join(status['reboot_reasons']))
         return dict(props, **status)
 
-    def create(self, props):
-        return CreateResult('status', self.apply(props))
-
-    def update(self, _id, _olds, news):
-        return UpdateResult(self.apply(news))
-
-    def read(self, id_, props):
-        return self.read_result(id_, dict(props, **self.observe(remote.Target.from_inputs(props['connection']),
-                                                                props)))
+    def current(self, props):
+        return self.observe(remote.Target.from_inputs(props['connection']), props)
 
 
 def reboot_and_wait(target: remote.Target, timeout: float = 900.0) -> None:
@@ -318,11 +297,6 @@ def reboot_and_wait(target: remote.Target, timeout: float = 900.0) -> None:
         time.sleep(2)
     raise HostStateError('host %s did not come back over SSH within %d s after reboot' % (target.host, timeout))
 
-
-def sha256(text):
-    if text is None:
-        return '-'
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
 # ------------------------------------------------------------------- resources

@@ -222,7 +222,7 @@ class PveGuestProvider(ObservedProvider):
         new = with_raw(text, want)
         if new == text:
             return False
-        return remote.put_file(target, self.conf_path(props), new, '0640', remote.sha256_hex(text.encode()))
+        return remote.put_file(target, self.conf_path(props), new, '0640', remote.sha256_hex(text))
 
     # -- lifecycle
 
@@ -343,21 +343,3 @@ def with_raw(text: str, want: dict) -> str:
     rest = lines[end:]
     return '\n'.join(main + ([''] if rest else []) + rest) + '\n'
 
-
-def wait_http(url: str, timeout: float, what: str) -> None:
-    import urllib.error
-    import urllib.request
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-                last = 'HTTP %d' % r.status
-        except urllib.error.HTTPError as e:
-            last = 'HTTP %d' % e.code
-        except OSError as e:
-            last = str(e)
-        time.sleep(0.5)
-    raise PveError('%s: %s did not answer 200 within %d s (last: %s)' % (what, url, timeout, last))

@@ -150,9 +150,10 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     return result
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data) -> str:
+    """sha256 of text (UTF-8) or bytes, as sha256sum prints it on the host."""
     import hashlib
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
 def put_file(target: Target, path: str, content: str, mode: str, expected: str, post: str = 'none',

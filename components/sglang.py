@@ -10,6 +10,7 @@ service is restarted only when the unit changed; the step waits for /health and 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -17,13 +18,29 @@ import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
-from components.pve import wait_http
 from components.render import exec_start, render
 from components.state import ObservedProvider, OperatorError
 
 
 class ServiceError(OperatorError):
     pass
+
+
+def wait_http(url: str, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+                last = 'HTTP %d' % r.status
+        except urllib.error.HTTPError as e:
+            last = 'HTTP %d' % e.code
+        except OSError as e:
+            last = str(e)
+        time.sleep(0.5)
+    raise ServiceError('%s: %s did not answer 200 within %d s (last: %s)' % (what, url, timeout, last))
 
 
 def unit_text(d) -> str:

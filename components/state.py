@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable
 
-from pulumi.dynamic import DiffResult, ReadResult, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 
 class OperatorError(RuntimeError):
@@ -60,13 +60,7 @@ class ObservedProvider(ResourceProvider):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # Which arguments carry properties: create(props), update(id, olds, news), read(id, props),
-        # delete(id, props), diff(id, olds, news).
-        for name, positions in (('create', {0}), ('update', {1, 2}), ('read', {1}), ('delete', {1}),
-                                ('diff', {1, 2})):
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, '__wrapped_by_numbers__', False):
-                setattr(cls, name, _normalising(fn, positions))
+        _wrap(cls)
 
     def changed_keys(self, olds: dict, news: dict) -> list:
         return [k for k in self.DESIRED if not self.same(k, olds.get(k), news.get(k))]
@@ -82,6 +76,28 @@ class ObservedProvider(ResourceProvider):
         return DiffResult(changes=bool(changed) or conn_changed, replaces=replaces,
                           delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None)
 
+    # The usual life of a resource: apply() makes the host match and returns the outputs; current()
+    # reads what the host has now. Providers with another shape override create/update/read.
+    ID = None
+
+    def apply(self, props: dict) -> dict:
+        raise NotImplementedError
+
+    def current(self, props: dict) -> dict:
+        raise NotImplementedError
+
+    def resource_id(self, props: dict) -> str:
+        return self.ID
+
+    def create(self, props):
+        return CreateResult(self.resource_id(props), self.apply(props))
+
+    def update(self, _id, _olds, news):
+        return UpdateResult(self.apply(news))
+
+    def read(self, id_, props):
+        return self.read_result(id_, dict(props, **self.current(props)))
+
     def read_result(self, id_, outs: dict) -> ReadResult:
         """Inputs after a refresh: every input as it was, except the desired keys, which take the
         observed values (so the drift is what the next preview shows). OUTPUTS are the extra facts a
@@ -92,3 +108,17 @@ class ObservedProvider(ResourceProvider):
 
 def only(d: dict, keys: Iterable) -> dict:
     return {k: d[k] for k in keys if k in d}
+
+
+def _wrap(cls):
+    """Numbers normalised and operator errors unframed on every provider entry point; the arguments
+    carrying properties: create(props), update(id, olds, news), read(id, props), delete(id, props),
+    diff(id, olds, news)."""
+    for name, positions in (('create', {0}), ('update', {1, 2}), ('read', {1}), ('delete', {1}),
+                            ('diff', {1, 2})):
+        fn = cls.__dict__.get(name)
+        if fn is not None and not getattr(fn, '__wrapped_by_numbers__', False):
+            setattr(cls, name, _normalising(fn, positions))
+
+
+_wrap(ObservedProvider)

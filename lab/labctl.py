@@ -322,7 +322,7 @@ async def serve(lab):
 
 # --------------------------------------------------------------------------- commands
 
-def up(lab, spec, fresh_ok=True):
+def up(lab, spec):
     if running(lab):
         print(json.dumps({'started': False, 'lab': lab}))
         return load(lab)

@@ -7,7 +7,6 @@ import os
 import pytest
 
 from components import pve, remote
-from components.host import sha256
 
 ODD = "/tmp/gpuhost odd $(touch gpuhost-pwned); x'y\"z`id`.conf"
 
@@ -29,12 +28,12 @@ def test_metacharacters_in_arguments_are_data_not_code(target):
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == content
     assert oct(os.stat(ODD).st_mode & 0o777) == '0o640'
     # Same content again: nothing written.
-    assert remote.put_file(target, ODD, content, '0640', sha256(content)) is False
+    assert remote.put_file(target, ODD, content, '0640', remote.sha256_hex(content)) is False
 
 
 def test_compare_and_swap_refuses_a_file_changed_since_it_was_read(target):
     with pytest.raises(remote.RemoteError) as e:
-        remote.put_file(target, ODD, 'new\n', '0640', sha256('what we read earlier'))
+        remote.put_file(target, ODD, 'new\n', '0640', remote.sha256_hex('what we read earlier'))
     assert 'changed on pve-lab since it was read' in str(e.value)
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
 
