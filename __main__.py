@@ -5,21 +5,28 @@ import os
 import pulumi
 
 import config
+from components import outputs, preflight
 from components.container import GpuContainer
 from components.host import ProxmoxHost
 from components.sglang import SglangService
+from components.state import OperatorError
 from components.vm import SevSnpVm
-from components import outputs
 
 try:
     deployment = config.from_pulumi()
     connection, api = config.connection_inputs(deployment, os.getcwd())
-except config.ConfigError as e:
+    for warning in deployment.warnings:
+        pulumi.log.warn(warning)
+    if not pulumi.runtime.is_dry_run():
+        # `up` only (preview contacts no host): the host and Proxmox are what the config describes,
+        # before any step can delete, replace or write anything.
+        preflight.run(deployment, connection, api)
+except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.
     raise pulumi.RunError(str(e)) from None
-
-for warning in deployment.warnings:
-    pulumi.log.warn(warning)
+except Exception as e:  # noqa: BLE001 - never frames for the operator; the traceback goes to a file
+    from components.state import describe_unexpected
+    raise pulumi.RunError(describe_unexpected(e)) from None
 
 connection = pulumi.Output.secret(connection)
 api = pulumi.Output.secret(api)

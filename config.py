@@ -5,20 +5,32 @@ Everything that can be refused without touching a host is refused here, at previ
 that names the config key, the bad value and the fix. Warnings are collected on the model
 (`Deployment.warnings`) and shown by the program with pulumi.log.warn.
 
+Hostile or careless input is the normal case. So:
+  * types are strict (no bool -> int, no "30000" -> 30000, no 1.0 -> 1), unknown keys and config
+    namespaces that look like ours are refused with a "did you mean";
+  * every string that lands in a file, a command, a path, a Proxmox property string or the kernel
+    command line is checked against that grammar here (no control characters anywhere, Proxmox's
+    formats for names, systemd's for the unit name, the kernel's rules for its parameters,
+    SGLang's own argument parser for its flags);
+  * secrets must arrive as Pulumi secrets; keys and certificates are parsed before any host is
+    contacted.
+
 `python -m config schema` prints the JSON schema (docs/config.schema.json is generated from it).
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import os
 import re
-from typing import Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator,
+                      model_validator)
 
-from components import sglang_flags
+from components import cmdline, sglang_flags, systemd
 
 BDF_RE = re.compile(r'^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$')
 PCI_ID_RE = re.compile(r'^[0-9a-f]{4}:[0-9a-f]{4}$')
@@ -29,6 +41,9 @@ FSP_EXPLANATION = ('identity (passthrough) IOMMU domains brick RTX PRO 6000 Blac
                    'cycle: the GPU firmware security processor fails to boot with error 0x177 and no FLR, '
                    'secondary bus reset or CXL reset clears it. SEV-SNP also needs a translating IOMMU')
 NVIDIA_CONTROL_DEVICES = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
+SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'))
+# Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
+FOREIGN_NAMESPACES = ('pulumi', 'command')
 
 
 class ConfigError(ValueError):
@@ -36,31 +51,268 @@ class ConfigError(ValueError):
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra='forbid')
+    model_config = ConfigDict(frozen=True, extra='forbid', strict=True)
+
+
+# ------------------------------------------------------------------ grammars
+# Each returns the value or raises ValueError with "<value> is not <what>; <fix>" - the config key
+# is put in front by format_errors() from pydantic's location of the error.
+
+def show(value, limit=80) -> str:
+    """A value as the operator wrote it, safe to print (control characters escaped, long values cut)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + '...' + text[-1]
+
+
+def no_control(value: str) -> str:
+    bad = sorted({c for c in value if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0})
+    if bad:
+        raise ValueError('%s contains the control character%s %s; a value must stay on one line and hold no '
+                         'control characters - remove %s' % (
+                             show(value), 's' if len(bad) > 1 else '', ', '.join(repr(c) for c in bad),
+                             'them' if len(bad) > 1 else 'it'))
+    return value
+
+
+def grammar(pattern: str, what: str, example: str, maxlen: int = 255):
+    rx = re.compile(pattern)
+
+    def check(value: str) -> str:
+        no_control(value)
+        if len(value) > maxlen or not rx.match(value):
+            raise ValueError('%s is not %s; write e.g. %s' % (show(value), what, example))
+        return value
+    return AfterValidator(check)
+
+
+DNS_LABEL = r'(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)'
+DNS_NAME = r'^%s(?:\.%s)*$' % (DNS_LABEL, DNS_LABEL)
+
+
+def host_or_ip(value: str) -> str:
+    no_control(value)
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if len(value) > 253 or not re.match(DNS_NAME, value):
+        raise ValueError('%s is neither a DNS name nor an IP address; write e.g. pve-gpu01.example.internal'
+                         % show(value))
+    return value
+
+
+def abs_path(value: str) -> str:
+    """An absolute, normalised path of plain characters (it reaches PATH= and ExecStart=)."""
+    no_control(value)
+    if not value.startswith('/') or not re.match(r'^/[A-Za-z0-9._+@/\-]*$', value):
+        raise ValueError('%s is not an absolute path of letters, digits and ._+@-; write e.g. /opt/sglang/venv'
+                         % show(value))
+    parts = value.split('/')[1:]
+    if any(p in ('.', '..') for p in parts) or '//' in value or (len(value) > 1 and value.endswith('/')):
+        raise ValueError('%s is not a normalised path (no ".", "..", "//" or trailing "/"); write e.g. %s' % (
+            show(value), os.path.normpath(value)))
+    return value
+
+
+def model_ref(value: str) -> str:
+    """SGLang's --model-path: a directory in the container or a hub repository id."""
+    no_control(value)
+    if value.startswith('/'):
+        return abs_path(value)
+    if not re.match(r'^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$', value) or '..' in value:
+        raise ValueError('%s is neither an absolute path nor a hub id (org/name); write e.g. '
+                         '/models/Qwen3.5-122B-A10B' % show(value))
+    return value
+
+
+def unit_name(value: str) -> str:
+    no_control(value)
+    if not systemd.valid_unit_name(value):
+        raise ValueError('%s is not a systemd service name (letters, digits and ":_.-", ending in .service, no '
+                         '"/" and no template "@"); write e.g. sglang-qwen.service' % show(value))
+    return value
+
+
+def cpu_list(value: str) -> str:
+    cpus_of(value)
+    return value
+
+
+def cpus_of(value: str) -> set:
+    no_control(value)
+    if not re.match(r'^\d+(-\d+)?(,\d+(-\d+)?)*$', value):
+        raise ValueError('%s is not a CPU list; write e.g. 0-31,64-95' % show(value))
+    out = set()
+    for part in value.split(','):
+        lo, _, hi = part.partition('-')
+        lo, hi = int(lo), int(hi or lo)
+        if hi < lo:
+            raise ValueError('%s: range %s runs backwards; write %d-%d' % (show(value), part, hi, lo))
+        if hi >= 16384:
+            raise ValueError('%s: CPU %d is beyond any host; read the list with lscpu -p=CPU,NODE' % (show(value), hi))
+        both = out & set(range(lo, hi + 1))
+        if both:
+            raise ValueError('%s names CPU %d twice; give each CPU once' % (show(value), min(both)))
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def ipv4_interface(value: str) -> str:
+    no_control(value)
+    try:
+        iface = ipaddress.ip_interface(value)
+    except ValueError:
+        raise ValueError('%s is not an address with prefix; write e.g. 10.0.0.20/24' % show(value)) from None
+    if '/' not in value:
+        raise ValueError('%s has no prefix length; write e.g. %s/24' % (show(value), value))
+    if iface.version != 4 or str(iface) != value:
+        raise ValueError('%s is not an IPv4 address with prefix as Proxmox writes it; write e.g. 10.0.0.20/24'
+                         % show(value))
+    return value
+
+
+def ipv4(value: str) -> str:
+    no_control(value)
+    try:
+        addr = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError('%s is not an IP address; write e.g. 10.0.0.1' % show(value)) from None
+    if addr.version != 4 or str(addr) != value:
+        raise ValueError('%s is not an IPv4 address; write e.g. 10.0.0.1' % show(value))
+    return value
+
+
+def nameservers(value: str) -> str:
+    no_control(value)
+    parts = value.split(' ')
+    for p in parts:
+        try:
+            ipaddress.ip_address(p)
+        except ValueError:
+            raise ValueError('%s is not a space-separated list of IP addresses; write e.g. "10.0.0.53 10.0.0.54"'
+                             % show(value)) from None
+    return value
+
+
+def bind_address(value: str) -> str:
+    no_control(value)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError('%s is not an IP address to listen on; write 0.0.0.0 (all) or the container\'s address'
+                         % show(value)) from None
+    return value
+
+
+def env_key(value: str) -> str:
+    no_control(value)
+    if not re.match(r'^[A-Za-z_][A-Za-z0-9_]*$', value) or len(value) > 128:
+        raise ValueError('%s is not an environment variable name (letters, digits, "_", not starting with a '
+                         'digit); write e.g. NCCL_DEBUG' % show(value))
+    return value
+
+
+def text(value: str) -> str:
+    return no_control(value)
+
+
+Text = Annotated[str, AfterValidator(text)]
+HostName = Annotated[str, AfterValidator(host_or_ip)]
+NodeName = Annotated[str, grammar(r'^[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$', 'a Proxmox node name',
+                                  'pve-gpu01 (hostname -s on the host)', 63)]
+DnsName = Annotated[str, grammar(DNS_NAME, 'a DNS name (what Proxmox accepts for a guest name)', 'sglang', 253)]
+Bridge = Annotated[str, grammar(r'^[A-Za-z][A-Za-z0-9_.\-]{0,14}$', 'a Linux bridge name', 'vmbr0', 15)]
+StorageId = Annotated[str, grammar(r'^[a-z][a-z0-9\-_.]*[a-z0-9]$', 'a Proxmox storage id', 'local-lvm', 64)]
+Template = Annotated[str, grammar(r'^[a-z][a-z0-9\-_.]*[a-z0-9]:vztmpl/[A-Za-z0-9_+\-][A-Za-z0-9._+\-]*'
+                                  r'\.tar\.(?:gz|xz|zst)$', 'a container template volume id',
+                                  'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst')]
+PosixUser = Annotated[str, grammar(r'^[a-z_][a-z0-9_\-]{0,31}$', 'a user name', 'root', 32)]
+PveUser = Annotated[str, grammar(r'^[A-Za-z0-9._\-]+@[A-Za-z0-9._\-]+$', 'a Proxmox user (user@realm)', 'root@pam',
+                                 128)]
+Path = Annotated[str, AfterValidator(abs_path)]
+FilePath = Annotated[str, grammar(r'^[^\x00-\x1f\x7f]+$', 'a file path', '~/.ssh/id_ed25519', 4096)]
+CpuList = Annotated[str, AfterValidator(cpu_list)]
+Bdf = Annotated[str, grammar(BDF_RE.pattern, 'a PCI address (domain:bus:device.function, lowercase hex)',
+                             '0000:01:00.0', 12)]
+PciId = Annotated[str, grammar(PCI_ID_RE.pattern, 'a vendor:device ID as lspci -nn shows it', '10de:2bb5', 9)]
+VmId = Annotated[int, Field(ge=100, le=999999999)]
 
 
 # ----------------------------------------------------------------------------- host
 
+def parse_host_key(value: str) -> str:
+    """'type base64 [comment]' -> 'type base64', checked as paramiko will use it when pinning."""
+    import base64
+    import binascii
+    no_control(value)
+    parts = value.split()
+    fix = 'give the host\'s "ssh-ed25519 AAAA..." line (ssh-keyscan -t ed25519 <host>, verified on the console)'
+    if len(parts) < 2 or not re.match(r'^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.\-]+)$',
+                                      parts[0]):
+        raise ValueError('%s is not a public key line; %s' % (show(value, 60), fix))
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError('%s: the key is not valid base64 (cut short or mistyped?); %s' % (
+            show(value, 60), fix)) from None
+    import struct
+    try:
+        n = struct.unpack('>I', blob[:4])[0]
+        inner = blob[4:4 + n].decode('ascii')
+    except (struct.error, UnicodeDecodeError):
+        inner = None
+    if inner != parts[0]:
+        raise ValueError('%s: the key data is a %s key, not %s (or it is damaged); %s' % (
+            show(value, 60), inner or 'malformed', parts[0], fix))
+    import paramiko
+    try:
+        paramiko.PKey.from_type_string(parts[0], blob)
+    except Exception as e:  # paramiko raises several types for a malformed key blob
+        raise ValueError('%s: not a usable %s key (%s); %s' % (show(value, 60), parts[0], type(e).__name__, fix)) \
+            from None
+    return ' '.join(parts[:2])
+
+
+def check_private_key(text_: str, key: str) -> None:
+    """Parse the client key without ever echoing it."""
+    import io
+    import paramiko
+    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
+        try:
+            cls.from_private_key(io.StringIO(text_))
+            return
+        except paramiko.PasswordRequiredException:
+            raise ConfigError('%s: the private key is encrypted; give an unencrypted key (this program cannot '
+                              'prompt for its passphrase)' % key) from None
+        except (paramiko.SSHException, ValueError, IndexError, TypeError):
+            continue
+    raise ConfigError('%s: not an ed25519, ECDSA or RSA private key in OpenSSH or PEM form (the value is a secret '
+                      'and not shown); set it with: pulumi config set --secret --path %s < ~/.ssh/<key>'
+                      % (key, key))
+
+
+def check_ca(pem: str, key: str) -> None:
+    from cryptography import x509
+    try:
+        certs = x509.load_pem_x509_certificates(pem.encode())
+    except ValueError:
+        certs = []
+    if not certs:
+        raise ConfigError('%s: not a PEM certificate (-----BEGIN CERTIFICATE----- ...); copy '
+                          '/etc/pve/pve-root-ca.pem from the host' % key)
+
+
 class Ssh(Model):
     port: int = Field(22, ge=1, le=65535)
-    user: str = 'root'
-    host_key: Optional[str] = Field(None, description='The host\'s public key, "ssh-ed25519 AAAA..." '
-                                                      '(authorized_keys form); pinned: a different key fails')
-    host_key_file: Optional[str] = Field(None, description='Or: path of the host\'s .pub key file')
+    user: PosixUser = 'root'
+    host_key: Optional[Annotated[str, AfterValidator(parse_host_key)]] = Field(
+        None, description='The host\'s public key, "ssh-ed25519 AAAA..." (authorized_keys form); pinned: a '
+                          'different key fails')
+    host_key_file: Optional[FilePath] = Field(None, description='Or: path of the host\'s .pub key file')
     private_key: Optional[SecretStr] = Field(None, description='Client private key (PEM/OpenSSH); a secret')
-    private_key_file: Optional[str] = Field(None, description='Or: path of the client private key file')
-    connect_timeout: float = Field(10.0, gt=0)
-
-    @field_validator('host_key')
-    @classmethod
-    def _host_key(cls, v):
-        if v is None:
-            return v
-        parts = v.split()
-        if len(parts) < 2 or not parts[0].startswith(('ssh-', 'ecdsa-')):
-            raise ValueError('gpuhost:host.ssh.host_key: %r is not a public key line; give the host\'s '
-                             '"ssh-ed25519 AAAA..." line (ssh-keyscan -t ed25519 <host>)' % v[:40])
-        return ' '.join(parts[:2])
+    private_key_file: Optional[FilePath] = Field(None, description='Or: path of the client private key file')
+    connect_timeout: float = Field(10.0, gt=0, le=600)
 
     @model_validator(mode='after')
     def _one_key(self):
@@ -74,65 +326,73 @@ class Ssh(Model):
 
 
 class Api(Model):
-    address: Optional[str] = Field(None, description='API address if not gpuhost:host.address')
+    address: Optional[HostName] = Field(None, description='API address if not gpuhost:host.address')
     port: int = Field(8006, ge=1, le=65535)
-    user: str = 'root@pam'
+    user: PveUser = 'root@pam'
     password: Optional[SecretStr] = Field(None, description='root@pam password; a secret')
-    password_file: Optional[str] = None
-    token_id: Optional[str] = Field(None, description='API token id (user@realm!name); refused for this '
-                                                      'program, see README')
+    password_file: Optional[FilePath] = None
+    token_id: Optional[Text] = Field(None, description='API token id (user@realm!name); refused for this '
+                                                       'program, see README')
     token_secret: Optional[SecretStr] = None
     ca_cert: Optional[str] = Field(None, description='PEM of the CA that signed the API certificate')
-    ca_file: Optional[str] = None
-    timeout: float = Field(30.0, gt=0)
+    ca_file: Optional[FilePath] = None
+    timeout: float = Field(30.0, gt=0, le=600)
 
     @model_validator(mode='after')
     def _auth(self):
-        if self.ca_cert is None and self.ca_file is None:
-            raise ValueError('gpuhost:host.api: set ca_cert (PEM) or ca_file; TLS is always verified '
+        if (self.ca_cert is None) == (self.ca_file is None):
+            raise ValueError('gpuhost:host.api: set exactly one of ca_cert (PEM) or ca_file; TLS is always verified '
                              '(Proxmox\'s CA is /etc/pve/pve-root-ca.pem on the host)')
+        if self.ca_cert is not None:
+            try:
+                check_ca(self.ca_cert, 'gpuhost:host.api.ca_cert')
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        if self.password is not None and self.password_file is not None:
+            raise ValueError('gpuhost:host.api: set one of password (secret) or password_file, not both')
         return self
 
 
 class GpuInfo(Model):
-    address: str = Field(description='PCI address, 0000:01:00.0 (lowercase hex)')
-    numa: int = Field(ge=0)
-    id: str = Field(description='vendor:device as `lspci -nn` shows it, 10de:2bb5')
-
-    @field_validator('address')
-    @classmethod
-    def _bdf(cls, v):
-        if not BDF_RE.match(v):
-            raise ValueError('gpuhost:host.gpus[].address: %r is not a PCI address; write it as '
-                             'domain:bus:device.function in lowercase hex, e.g. 0000:01:00.0' % v)
-        return v
-
-    @field_validator('id')
-    @classmethod
-    def _id(cls, v):
-        if not PCI_ID_RE.match(v):
-            raise ValueError('gpuhost:host.gpus[].id: %r is not a vendor:device ID; write e.g. 10de:2bb5' % v)
-        return v
+    address: Bdf = Field(description='PCI address, 0000:01:00.0 (lowercase hex)')
+    numa: int = Field(ge=0, le=63)
+    id: PciId = Field(description='vendor:device as `lspci -nn` shows it, 10de:2bb5')
 
 
 class Host(Model):
-    address: str = Field(description='DNS name (or address) of the Proxmox host, for SSH and the API')
-    node: str = Field(description='Proxmox node name')
+    address: HostName = Field(description='DNS name (or address) of the Proxmox host, for SSH and the API')
+    node: NodeName = Field(description='Proxmox node name')
     ssh: Ssh
     api: Api
-    gpus: list[GpuInfo] = Field(description='The host\'s GPU inventory; checked against the host at apply')
-    numa_cpus: dict[int, str] = Field(description='Host CPUs of each NUMA node, "0-31,64-95"')
+    gpus: list[GpuInfo] = Field(min_length=1, description='The host\'s GPU inventory; checked against the host '
+                                                          'on every up')
+    numa_cpus: dict[int, CpuList] = Field(description='Host CPUs of each NUMA node, "0-31,64-95"')
     reboot: Literal['never', 'when-required'] = Field(
         'never', description='when-required: reboot the host after a change that needs it, wait for SSH '
                              'and re-read the facts. Off by default: a reboot stops every guest')
 
     @field_validator('numa_cpus')
     @classmethod
-    def _cpus(cls, v):
-        for node, cpus in v.items():
-            if not re.match(r'^\d+(-\d+)?(,\d+(-\d+)?)*$', cpus):
-                raise ValueError('gpuhost:host.numa_cpus.%s: %r is not a CPU list; write e.g. 0-31,64-95'
-                                 % (node, cpus))
+    def _disjoint(cls, v):
+        seen = {}
+        for node in sorted(v):
+            if node < 0 or node > 63:
+                raise ValueError('NUMA node %d is not a node number (0-63)' % node)
+            for cpu in sorted(cpus_of(v[node])):
+                if cpu in seen:
+                    raise ValueError('CPU %d is listed for NUMA node %d and node %d; each CPU belongs to one node '
+                                     '(lscpu -p=CPU,NODE on the host)' % (cpu, seen[cpu], node))
+                seen[cpu] = node
+        return v
+
+    @field_validator('gpus')
+    @classmethod
+    def _unique(cls, v):
+        seen = set()
+        for g in v:
+            if g.address in seen:
+                raise ValueError('%s is listed twice; list each GPU once' % g.address)
+            seen.add(g.address)
         return v
 
     @property
@@ -145,29 +405,24 @@ class Host(Model):
 
 # ---------------------------------------------------------------------------- iommu
 
-FORBIDDEN_IOMMU_ARGS = {
-    'iommu=pt': 'puts every device in an identity (passthrough) domain',
-    'iommu.passthrough=1': 'puts every device in an identity (passthrough) domain',
-    'iommu.passthrough=on': 'puts every device in an identity (passthrough) domain',
-    'iommu.passthrough=y': 'puts every device in an identity (passthrough) domain',
-}
-
-
 class Iommu(Model):
     domain: Literal['DMA-FQ', 'DMA', 'identity'] = Field(
         'DMA-FQ', description='Default IOMMU domain type: DMA-FQ (translated, lazy flush; the default), DMA '
-                              '(translated, strict flush). identity is refused on Blackwell hosts')
-    extra_kernel_args: list[str] = Field(default_factory=list,
-                                         description='More kernel command-line arguments to keep present')
+                              '(translated, strict flush). identity is refused on Blackwell hosts and with SEV-SNP')
+    extra_kernel_args: list[Text] = Field(default_factory=list, max_length=64,
+                                          description='More kernel command-line parameters to keep present, one '
+                                                      'per item (checked with the kernel\'s own rules)')
+
+    def managed_args(self):
+        return {'DMA-FQ': ['iommu.passthrough=0', 'iommu.strict=0'],
+                'DMA': ['iommu.passthrough=0', 'iommu.strict=1'],
+                'identity': ['iommu.passthrough=1']}[self.domain]
 
     def kernel_args(self):
         """The arguments the host's command line must carry (order kept, duplicates dropped)."""
-        base = {'DMA-FQ': ['iommu.passthrough=0', 'iommu.strict=0'],
-                'DMA': ['iommu.passthrough=0', 'iommu.strict=1'],
-                'identity': ['iommu.passthrough=1']}[self.domain]
         out = []
-        for a in base + list(self.extra_kernel_args):
-            if a not in out:
+        for a in self.managed_args() + list(self.extra_kernel_args):
+            if not any(cmdline.same(a, o) for o in out):
                 out.append(a)
         return out
 
@@ -178,42 +433,32 @@ class Nvidia(Model):
                        'and diffable). No fix for P2P under translation: NCCL_P2P_DISABLE=1 is')
 
 
-class Vfio(Model):
-    bind: Literal['address', 'id'] = Field(
-        'address', description='address: bind the VM\'s GPUs to vfio-pci by PCI address (driverctl). id '
-                               '(vfio-pci.ids=) is refused when the container\'s GPUs share the ID')
-
-
 # ---------------------------------------------------------------------- guests
 
-class Container(Model):
-    vmid: int = Field(ge=100, le=999999999)
-    hostname: str = 'sglang'
-    gpus: list[str] = Field(description='PCI addresses of the container\'s GPUs (stay on nvidia)')
-    numa: int = Field(0, ge=0, description='NUMA node of the container\'s GPUs and CPUs')
-    ostemplate: str
-    storage: str = 'local-lvm'
-    rootfs_gb: int = Field(200, ge=1)
-    unprivileged: bool = True
-    cores: int = Field(32, ge=1)
-    memory_mb: int = Field(262144, ge=512)
-    swap_mb: int = Field(0, ge=0)
-    bridge: str = 'vmbr0'
-    ip: str = Field(description='Container address with prefix, 10.0.0.20/24')
-    gateway: Optional[str] = None
-    nameserver: Optional[str] = None
-    onboot: bool = True
+PROTECT_DOC = ('Pulumi protect: while true, a change that would delete or replace this guest (and its disk) is '
+               'refused at preview. Set false for one `pulumi up` to allow it')
 
-    @field_validator('ip')
-    @classmethod
-    def _ip(cls, v):
-        try:
-            ipaddress.ip_interface(v)
-        except ValueError:
-            raise ValueError('gpuhost:container.ip: %r is not an address with prefix; write e.g. 10.0.0.20/24' % v)
-        if '/' not in v:
-            raise ValueError('gpuhost:container.ip: %r has no prefix length; write e.g. %s/24' % (v, v))
-        return v
+
+class Container(Model):
+    vmid: VmId
+    hostname: DnsName = 'sglang'
+    gpus: list[Bdf] = Field(min_length=1, max_length=16,
+                            description='PCI addresses of the container\'s GPUs (stay on nvidia)')
+    numa: int = Field(0, ge=0, le=63, description='NUMA node of the container\'s GPUs and CPUs')
+    ostemplate: Template
+    storage: StorageId = 'local-lvm'
+    rootfs_gb: int = Field(200, ge=1, le=1048576)
+    unprivileged: bool = True
+    cores: int = Field(32, ge=1, le=8192)
+    memory_mb: int = Field(262144, ge=512, le=1 << 30)
+    swap_mb: int = Field(0, ge=0, le=1 << 30)
+    bridge: Bridge = 'vmbr0'
+    ip: Annotated[str, AfterValidator(ipv4_interface)] = Field(
+        description='Container address with prefix, 10.0.0.20/24')
+    gateway: Optional[Annotated[str, AfterValidator(ipv4)]] = None
+    nameserver: Optional[Annotated[str, AfterValidator(nameservers)]] = None
+    onboot: bool = True
+    protect: bool = Field(True, description=PROTECT_DOC)
 
     @property
     def address(self):
@@ -226,37 +471,38 @@ class Snp(Model):
 
 
 class Vm(Model):
-    vmid: int = Field(ge=100, le=999999999)
-    name: str = 'snp-gpu'
-    gpus: list[str] = Field(description='PCI addresses of the VM\'s GPUs (bound to vfio-pci)')
-    numa: int = Field(1, ge=0)
-    cores: int = Field(32, ge=1)
-    memory_mb: int = Field(262144, ge=1024)
+    vmid: VmId
+    name: DnsName = 'snp-gpu'
+    gpus: list[Bdf] = Field(max_length=16, description='PCI addresses of the VM\'s GPUs (bound to vfio-pci)')
+    numa: int = Field(1, ge=0, le=63)
+    cores: int = Field(32, ge=1, le=8192)
+    memory_mb: int = Field(262144, ge=1024, le=1 << 30)
     sev: Literal['snp', 'none'] = 'snp'
     snp: Snp = Snp()
-    bridge: str = 'vmbr0'
+    bridge: Bridge = 'vmbr0'
     start: bool = True
+    protect: bool = Field(True, description=PROTECT_DOC)
 
 
 # ---------------------------------------------------------------------- sglang
 
 class Speculative(Model):
     algorithm: Literal['NEXTN', 'EAGLE', 'EAGLE3'] = 'NEXTN'
-    num_steps: Optional[int] = Field(None, ge=1)
-    eagle_topk: Optional[int] = Field(None, ge=1)
-    num_draft_tokens: Optional[int] = Field(None, ge=1)
+    num_steps: Optional[int] = Field(None, ge=1, le=16)
+    eagle_topk: Optional[int] = Field(None, ge=1, le=64)
+    num_draft_tokens: Optional[int] = Field(None, ge=1, le=256)
 
     @model_validator(mode='after')
     def _triple(self):
         triple = {'num_steps': self.num_steps, 'eagle_topk': self.eagle_topk,
                   'num_draft_tokens': self.num_draft_tokens}
         unset = [k for k, v in triple.items() if v is None]
-        if unset and len(unset) < 3:
-            raise ValueError('gpuhost:sglang.speculative: %s set but %s missing; set all three (MTP on this '
-                             'model: num_steps 1, eagle_topk 1, num_draft_tokens 2) or none' % (
-                                 ', '.join('%s=%s' % (k, v) for k, v in triple.items() if v is not None),
-                                 ', '.join(unset)))
-        if not unset and self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+        if unset:
+            given = ', '.join('%s=%s' % (k, v) for k, v in triple.items() if v is not None)
+            raise ValueError('gpuhost:sglang.speculative: %s%s missing; set all three (MTP on this model: num_steps '
+                             '1, eagle_topk 1, num_draft_tokens 2), or speculative: null to run without speculative '
+                             'decoding' % (given + ' set but ' if given else '', ', '.join(unset)))
+        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
             raise ValueError('gpuhost:sglang.speculative.num_draft_tokens: %d with eagle_topk 1 and num_steps %d; '
                              'SGLang forces draft tokens = steps + 1 when topk is 1, so set num_draft_tokens: %d'
                              % (self.num_draft_tokens, self.num_steps, self.num_steps + 1))
@@ -264,48 +510,68 @@ class Speculative(Model):
 
 
 class Sglang(Model):
-    version: str = Field('0.5.23', description='The SGLang version installed in the container\'s virtualenv; '
-                                               'flags are rendered and checked for it')
-    venv: str = '/opt/sglang/venv'
-    cuda_home: str = '/usr/local/cuda-13.0'
-    unit: str = 'sglang-qwen.service'
-    model_path: str
+    version: Annotated[str, grammar(r'^\d+\.\d+\.\d+(\.post\d+)?$', 'a release number', '0.5.23', 24)] = Field(
+        '0.5.23', description='The SGLang version installed in the container\'s virtualenv; flags are rendered and '
+                              'checked with that version\'s own argument parser')
+    venv: Path = '/opt/sglang/venv'
+    cuda_home: Path = '/usr/local/cuda-13.0'
+    unit: Annotated[str, AfterValidator(unit_name)] = 'sglang-qwen.service'
+    model_path: Annotated[str, AfterValidator(model_ref)]
     served_model_name: str = 'qwen3.5-122b-a10b'
-    tp: int = Field(4, ge=1)
+    tp: int = Field(4, ge=1, le=64)
     port: int = Field(30000, ge=1, le=65535)
-    host: str = '0.0.0.0'
+    host: Annotated[str, AfterValidator(bind_address)] = '0.0.0.0'
     mem_fraction_static: float = 0.75
     speculative: Optional[Speculative] = Speculative(num_steps=1, eagle_topk=1, num_draft_tokens=2)
     mamba_radix_cache_strategy: Optional[Literal['auto', 'no_buffer', 'extra_buffer', 'extra_buffer_lazy']] = None
     disable_custom_all_reduce: bool = Field(True, description='RTX PRO 6000 owners report custom all-reduce '
                                                               'trouble without P2P')
-    extra_args: list[str] = Field(default_factory=list, description='More launch_server flags, checked '
-                                                                    'against the declared version')
-    environment: dict[str, str] = Field(default_factory=dict)
-    health_timeout_s: float = Field(900.0, gt=0, description='How long a (re)start may take to pass /health')
+    extra_args: list[Text] = Field(default_factory=list, max_length=256,
+                                   description='More launch_server flags, parsed with the declared version\'s '
+                                               'own argument parser; flags this program sets are refused')
+    environment: dict[Annotated[str, AfterValidator(env_key)], Text] = Field(default_factory=dict)
+    health_timeout_s: float = Field(900.0, gt=0, le=86400,
+                                    description='How long a (re)start may take to pass /health')
 
     @field_validator('version')
     @classmethod
     def _version(cls, v):
-        if not re.match(r'^\d+\.\d+\.\d+$', v):
-            raise ValueError('gpuhost:sglang.version: %r is not a release number; write e.g. 0.5.23' % v)
+        if v not in sglang_flags.supported_versions():
+            raise ValueError('SGLang %s has no flag table here; supported: %s (tools/sglang_flags_gen.py adds a '
+                             'release)' % (v, ', '.join(sglang_flags.supported_versions())))
         return v
 
     @field_validator('served_model_name')
     @classmethod
     def _name(cls, v):
+        no_control(v)
         if ':' in v:
-            raise ValueError('gpuhost:sglang.served_model_name: %r contains ":", which SGLang refuses; use e.g. %r'
-                             % (v, v.replace(':', '-')))
-        return v
+            raise ValueError('%s contains ":", which SGLang refuses; use e.g. %s' % (show(v), show(v.replace(':', '-'))))
+        return _served_name(v)
 
     @field_validator('mem_fraction_static')
     @classmethod
     def _mem(cls, v):
         if not 0 < v < 1:
-            raise ValueError('gpuhost:sglang.mem_fraction_static: %r is outside (0, 1); 0.75 leaves room for '
-                             'the MTP draft model' % v)
+            raise ValueError('%r is outside (0, 1); 0.75 leaves room for the MTP draft model' % v)
         return v
+
+    @field_validator('environment')
+    @classmethod
+    def _env(cls, v):
+        for key in v:
+            why = sglang_flags.MANAGED_ENV.get(key)
+            if why:
+                raise ValueError('%s is set by this program (%s); remove it from gpuhost:sglang.environment' % (key, why))
+        return v
+
+
+def _served_name(v):
+    rx = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._/+\-]{0,127}$')
+    if not rx.match(v):
+        raise ValueError('%s is not a model name SGLang serves (letters, digits, ._/+-, up to 128); write e.g. '
+                         'qwen3.5-122b-a10b' % show(v))
+    return v
 
 
 # ------------------------------------------------------------------ deployment
@@ -314,7 +580,6 @@ class Deployment(Model):
     host: Host
     iommu: Iommu = Iommu()
     nvidia: Nvidia = Nvidia()
-    vfio: Vfio = Vfio()
     container: Container
     vm: Optional[Vm] = None
     sglang: Sglang
@@ -323,12 +588,12 @@ class Deployment(Model):
     def _cross(self):
         host = self.host
         sides = [('container', self.container)] + ([('vm', self.vm)] if self.vm else [])
+        if self.vm and self.vm.vmid == self.container.vmid:
+            raise ValueError('gpuhost:vm.vmid: %d is the container\'s vmid too; each guest needs its own (e.g. vm.vmid: '
+                             '%d)' % (self.vm.vmid, self.container.vmid + 100))
         seen = {}
         for side, guest in sides:
             for addr in guest.gpus:
-                if not BDF_RE.match(addr):
-                    raise ValueError('gpuhost:%s.gpus: %r is not a PCI address; write it as domain:bus:device.'
-                                     'function in lowercase hex, e.g. 0000:01:00.0' % (side, addr))
                 if addr in seen:
                     raise ValueError('gpuhost:%s.gpus: %s is already given to the %s; a GPU goes to one side only '
                                      '- remove it from one of the lists' % (side, addr, seen[addr]))
@@ -349,36 +614,36 @@ class Deployment(Model):
                              'every container GPU - set tp: %d' % (self.sglang.tp, len(self.container.gpus),
                                                                    len(self.container.gpus)))
         self._check_iommu()
-        if self.vfio.bind == 'id' and self.vm:
-            vm_ids = {host.gpu(a).id for a in self.vm.gpus}
-            shared = sorted(vm_ids & {host.gpu(a).id for a in self.container.gpus})
-            if shared:
-                raise ValueError('gpuhost:vfio.bind: "id" would bind every %s GPU to vfio-pci, including the '
-                                 'container\'s; set bind: address (driverctl by PCI address)' % ', '.join(shared))
         self._check_api_auth()
-        sglang_flags.check(self.sglang.version, self.launch_args(), self.sglang.environment)
+        try:
+            sglang_flags.check(self.sglang.version, self.managed_launch_args(), list(self.sglang.extra_args))
+        except sglang_flags.FlagError as e:
+            raise ValueError(str(e)) from None
         return self
+
+    def kernel_policy(self):
+        """What decides which kernel parameters are dangerous on this host (components/cmdline.py)."""
+        return {'blackwell': self.host.has_blackwell, 'snp': bool(self.vm and self.vm.sev == 'snp'),
+                'vfio': bool(self.vm and self.vm.gpus)}
 
     def _check_iommu(self):
         host = self.host
-        args = self.iommu.kernel_args()
-        bad = [(a, FORBIDDEN_IOMMU_ARGS[a]) for a in args if a in FORBIDDEN_IOMMU_ARGS]
+        policy = self.kernel_policy()
+        managed = self.iommu.managed_args()
+        for i, arg in enumerate(self.iommu.extra_kernel_args):
+            why = cmdline.check_extra(arg, managed, policy)
+            if why:
+                raise ValueError('gpuhost:iommu.extra_kernel_args[%d]: %s %s%s' % (
+                    i, show(arg), why, '' if 'identity' not in why else '. Use gpuhost:iommu.domain: DMA-FQ (the '
+                    'default) and drop it'))
         if self.iommu.domain == 'identity':
-            bad.insert(0, ('domain: identity', 'asks for identity domains'))
-        if bad and host.has_blackwell:
-            what, why = bad[0]
-            raise ValueError('gpuhost:iommu: %s %s, but the host has Blackwell GPUs (%s): %s. Use domain: DMA-FQ '
-                             '(the default) and drop passthrough arguments' % (
-                                 what, why, ', '.join(sorted({g.id for g in host.gpus} & BLACKWELL_IDS)),
-                                 FSP_EXPLANATION))
-        for a in args:
-            if a.startswith('amd_iommu=') and 'pgtbl_v2' in a.split('=', 1)[1].split(',') and self.vm \
-                    and self.vm.sev == 'snp':
-                raise ValueError('gpuhost:iommu.extra_kernel_args: %s disables SEV-SNP on the host, which the VM '
-                                 'needs; drop it' % a)
-            if a.startswith('amd_iommu=') and a.split('=', 1)[1] in ('off',) and self.vm:
-                raise ValueError('gpuhost:iommu.extra_kernel_args: %s turns the IOMMU off; vfio-pci and SEV-SNP '
-                                 'need it - drop it' % a)
+            if host.has_blackwell:
+                raise ValueError('gpuhost:iommu.domain: identity asks for identity (passthrough) domains, but the host '
+                                 'has Blackwell GPUs (%s): %s. Use domain: DMA-FQ (the default)' % (
+                                     ', '.join(sorted({g.id for g in host.gpus} & BLACKWELL_IDS)), FSP_EXPLANATION))
+            if self.vm and self.vm.sev == 'snp':
+                raise ValueError('gpuhost:iommu.domain: identity disables SEV-SNP on the host ("SNP: IOMMU disabled or '
+                                 'configured in passthrough mode"), which gpuhost:vm.sev: snp needs; use DMA-FQ')
 
     def _check_api_auth(self):
         api = self.host.api
@@ -391,15 +656,13 @@ class Deployment(Model):
             root_only.append('amd-sev')
         if self.vm:
             root_only.append('affinity')
-        if not root_only:
-            return
         if api.token_id or api.token_secret:
-            raise ValueError('gpuhost:host.api.token_id: %r - Proxmox lets only root@pam with a password ticket set '
+            raise ValueError('gpuhost:host.api.token_id: %s - Proxmox lets only root@pam with a password ticket set '
                              '%s; an API token, even root\'s, is refused. Remove token_id/token_secret and set '
-                             'host.api.password (secret) for root@pam' % (api.token_id, ', '.join(root_only)))
+                             'host.api.password (secret) for root@pam' % (show(api.token_id), ', '.join(root_only)))
         if api.user != 'root@pam':
-            raise ValueError('gpuhost:host.api.user: %r - only root@pam may set %s; set user: root@pam' % (
-                api.user, ', '.join(root_only)))
+            raise ValueError('gpuhost:host.api.user: %s - only root@pam may set %s; set user: root@pam' % (
+                show(api.user), ', '.join(root_only)))
         if api.password is None and api.password_file is None:
             raise ValueError('gpuhost:host.api: no password for root@pam; set host.api.password as a secret '
                              '(pulumi config set --secret --path gpuhost:host.api.password)')
@@ -410,17 +673,19 @@ class Deployment(Model):
     def warnings(self):
         out = []
         for a in self.iommu.kernel_args():
-            if a == 'amd_iommu=on':
-                out.append('gpuhost:iommu.extra_kernel_args: amd_iommu=on is not a valid value (the kernel logs '
-                           '"Unknown option - \'on\'"); the AMD IOMMU is on by default, so it does nothing - drop it')
-        if self.vfio.bind == 'id' and self.vm and self.vm.gpus:
-            out.append('gpuhost:vfio.bind: "id" - the VM\'s GPUs are still bound by PCI address (driverctl), which '
-                       'is what "id" would achieve without the risk of catching other GPUs; set bind: address')
+            name, value = cmdline.param(a)
+            if cmdline.norm(name) == 'amd_iommu' and any(i == 'on' for i in cmdline.items(value)):
+                out.append('gpuhost:iommu.extra_kernel_args: %s is not a valid value (the kernel logs "Unknown option '
+                           '- \'on\'"); the AMD IOMMU is on by default, so it does nothing - drop it' % a)
         if self.vm and self.vm.sev != 'none' and self.vm.gpus:
             out.append('gpuhost:vm: SEV-%s together with PCI passthrough is listed by Proxmox as not supported '
                        '("very experimental"); this deployment runs it knowingly' % self.vm.sev.upper())
+        for side, guest in (('container', self.container), ('vm', self.vm)):
+            if guest is not None and not guest.protect:
+                out.append('gpuhost:%s.protect: false - this `up` may delete or replace %s %d and its disk; set it '
+                           'back to true afterwards' % (side, side, guest.vmid))
         out.extend(sglang_flags.warnings(self.sglang.version, self.launch_args(), self.sglang.environment,
-                                         bool(self.sglang.speculative and self.sglang.speculative.num_steps)))
+                                         bool(self.sglang.speculative)))
         return out
 
     @property
@@ -428,23 +693,30 @@ class Deployment(Model):
         """Translated IOMMU: GPU peer-to-peer DMA does not work, so NCCL must not try it."""
         return self.iommu.domain != 'identity'
 
-    def launch_args(self):
-        """`python -m sglang.launch_server` arguments for the declared version (a list, never a string)."""
+    def managed_launch_args(self):
+        """The flags this program sets (a list, never a string); extra_args may not touch them."""
         s = self.sglang
         args = ['--model-path', s.model_path, '--served-model-name', s.served_model_name,
                 '--host', s.host, '--port', str(s.port), '--tp-size', str(s.tp),
                 '--mem-fraction-static', repr(s.mem_fraction_static), '--enable-metrics']
         spec = s.speculative
-        if spec and spec.num_steps is not None:
+        if spec:
             args += ['--speculative-algorithm', spec.algorithm,
                      '--speculative-num-steps', str(spec.num_steps),
                      '--speculative-eagle-topk', str(spec.eagle_topk),
                      '--speculative-num-draft-tokens', str(spec.num_draft_tokens)]
         if s.mamba_radix_cache_strategy:
-            args += sglang_flags.mamba_strategy_args(s.version, s.mamba_radix_cache_strategy)
+            try:
+                args += sglang_flags.mamba_strategy_args(s.version, s.mamba_radix_cache_strategy)
+            except sglang_flags.FlagError as e:
+                raise ValueError(str(e)) from None
         if s.disable_custom_all_reduce:
             args.append('--disable-custom-all-reduce')
-        return args + list(s.extra_args)
+        return args
+
+    def launch_args(self):
+        """`python -m sglang.launch_server` arguments for the declared version."""
+        return self.managed_launch_args() + list(self.sglang.extra_args)
 
     def service_environment(self):
         s = self.sglang
@@ -464,35 +736,63 @@ class Deployment(Model):
         return {'dev%d' % i: '%s,mode=0666' % path for i, path in enumerate(nodes)}
 
 
+# ------------------------------------------------------------------ loading
+
 def read_file(path: str, root: str, what: str) -> str:
-    full = path if os.path.isabs(path) else os.path.join(root, path)
+    full = os.path.expanduser(path)
+    full = full if os.path.isabs(full) else os.path.join(root, full)
     try:
         with open(full) as f:
             return f.read()
     except OSError as e:
         raise ConfigError('%s: cannot read %s: %s' % (what, full, e.strerror)) from None
+    except UnicodeDecodeError:
+        raise ConfigError('%s: %s is not a text file' % (what, full)) from None
 
 
 def connection_inputs(d: Deployment, root: str) -> tuple:
-    """(ssh connection, api) as plain dicts for the resources; the caller wraps them as secrets."""
+    """(ssh connection, api) as plain dicts for the resources; the caller wraps them as secrets.
+    Files named in the config are read and parsed here, at preview."""
     ssh, api = d.host.ssh, d.host.api
-    key = ssh.private_key.get_secret_value() if ssh.private_key else read_file(
-        ssh.private_key_file, root, 'gpuhost:host.ssh.private_key_file')
-    host_key = ssh.host_key or ' '.join(read_file(ssh.host_key_file, root, 'gpuhost:host.ssh.host_key_file').split()[:2])
-    password = api.password.get_secret_value() if api.password else read_file(
-        api.password_file, root, 'gpuhost:host.api.password_file').strip()
-    ca = api.ca_cert or read_file(api.ca_file, root, 'gpuhost:host.api.ca_file')
+    if ssh.private_key:
+        key = ssh.private_key.get_secret_value()
+        check_private_key(key, 'gpuhost:host.ssh.private_key')
+    else:
+        key = read_file(ssh.private_key_file, root, 'gpuhost:host.ssh.private_key_file')
+        check_private_key(key, 'gpuhost:host.ssh.private_key_file (%s)' % ssh.private_key_file)
+    if ssh.host_key:
+        host_key = ssh.host_key
+    else:
+        raw = read_file(ssh.host_key_file, root, 'gpuhost:host.ssh.host_key_file')
+        try:
+            host_key = parse_host_key(raw.strip())
+        except ValueError as e:
+            raise ConfigError('gpuhost:host.ssh.host_key_file (%s): %s' % (ssh.host_key_file, e)) from None
+    if api.password:
+        password = api.password.get_secret_value()
+    else:
+        password = read_file(api.password_file, root, 'gpuhost:host.api.password_file').strip()
+    if not password or any(ord(c) < 0x20 for c in password):
+        raise ConfigError('gpuhost:host.api.password: empty or holds control characters (not shown)')
+    if api.ca_cert:
+        ca = api.ca_cert
+    else:
+        ca = read_file(api.ca_file, root, 'gpuhost:host.api.ca_file')
+        check_ca(ca, 'gpuhost:host.api.ca_file (%s)' % api.ca_file)
     connection = {'host': d.host.address, 'port': ssh.port, 'user': ssh.user, 'private_key': key,
                   'host_key': host_key, 'timeout': ssh.connect_timeout}
-    api_in = {'host': api.address or d.host.address, 'port': api.port, 'user': api.user, 'password': password, 'ca_cert': ca,
-              'timeout': api.timeout}
+    api_in = {'host': api.address or d.host.address, 'port': api.port, 'user': api.user, 'password': password,
+              'ca_cert': ca, 'timeout': api.timeout}
     return connection, api_in
 
 
 def from_pulumi() -> Deployment:
     """The model from the running stack's `gpuhost:*` config (secure leaves arrive decrypted and go
     into SecretStr fields; the program hands them to resources only as Pulumi secrets)."""
-    from pulumi.runtime.config import get_config
+    from pulumi.runtime.config import get_config, is_config_secret
+    import pulumi
+    keys = _all_config_keys()
+    check_namespaces(keys)
     data = {}
     for key in Deployment.model_fields:
         raw = get_config('gpuhost:' + key)
@@ -502,11 +802,7 @@ def from_pulumi() -> Deployment:
             data[key] = json.loads(raw)
         except ValueError:
             data[key] = raw
-    unknown = sorted(k for k in _all_config_keys() if k.startswith('gpuhost:') and
-                     k.split(':', 1)[1] not in Deployment.model_fields)
-    if unknown:
-        raise ConfigError('unknown config keys %s; the keys are %s' % (
-            ', '.join(unknown), ', '.join('gpuhost:' + k for k in Deployment.model_fields)))
+    check_secrets(data, is_config_secret, stack_file_secure_paths(pulumi.get_stack()))
     return parse(data)
 
 
@@ -515,26 +811,166 @@ def _all_config_keys():
     return list(rc.CONFIG.get())
 
 
+def did_you_mean(word: str, choices) -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return ' (did you mean %s?)' % match[0] if match else ''
+
+
+def check_namespaces(keys) -> None:
+    """Unknown gpuhost: keys, and keys in a namespace that looks like ours (gpuhots:vm), are refused:
+    ignoring them once meant an `up` that deleted the VM and exited 0."""
+    ours = list(Deployment.model_fields)
+    problems = []
+    for k in sorted(keys):
+        ns, sep, name = k.partition(':')
+        if not sep:
+            continue
+        if ns == 'gpuhost':
+            if name not in ours:
+                hint = did_you_mean(name.split('.')[-1] if name.startswith('gpuhost.') else name, ours)
+                if name == 'vfio':
+                    hint = (' (removed: the VM\'s GPUs are always bound to vfio-pci by PCI address; drop '
+                            'gpuhost:vfio from the stack config)')
+                problems.append('gpuhost:%s is not a setting of this program%s' % (name, hint))
+        elif ns not in FOREIGN_NAMESPACES:
+            close = difflib.SequenceMatcher(None, ns.lower(), 'gpuhost').ratio() >= 0.6
+            if close or name.split('.')[0] in ours:
+                problems.append('%s: namespace %r is not this program\'s; did you mean gpuhost:%s? (pulumi config '
+                                'rm %s, then set it under gpuhost:)' % (k, ns, name, k))
+    if problems:
+        raise ConfigError('invalid stack configuration:\n  - ' + '\n  - '.join(problems) +
+                          '\n  The settings are: ' + ', '.join('gpuhost:' + k for k in ours))
+
+
+def stack_file_secure_paths(stack: str) -> Optional[set]:
+    """Paths of `secure:` leaves in Pulumi.<stack>.yaml ({('host','api','password'), ...}), or None if
+    the file cannot be read (config then comes from elsewhere and only the engine's flag counts)."""
+    import yaml
+    try:
+        with open('Pulumi.%s.yaml' % stack) as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    out = set()
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if set(node) == {'secure'}:
+                out.add(path)
+                return
+            for k, v in node.items():
+                walk(v, path + (str(k),))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, path + (str(i),))
+    for key, value in (doc.get('config') or {}).items():
+        ns, _, name = str(key).partition(':')
+        if ns == 'gpuhost':
+            walk(value, (name,))
+    return out
+
+
+def check_secrets(data: dict, is_secret, secure_paths: Optional[set]) -> None:
+    """A password or key written as plain config ends up in plain text in the state: refuse it."""
+    for path in SECRET_PATHS:
+        node = data
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        key = 'gpuhost:' + '.'.join(path)
+        plain = not is_secret('gpuhost:' + path[0])
+        if not plain and secure_paths is not None:
+            plain = not any(path[:len(s)] == s for s in secure_paths)
+        if plain:
+            raise ConfigError('%s is set as plain text, so it would be stored unencrypted in the stack\'s config and '
+                              'state. Make it a secret: pulumi config rm --path %s && pulumi config set --secret '
+                              '--path %s%s' % (key, key, key, ' < ~/.ssh/<key>' if 'key' in path[-1] else ''))
+
+
 def parse(data: dict) -> Deployment:
     """Build the model from the `gpuhost` config namespace; raises ConfigError with readable messages."""
     try:
-        return Deployment.model_validate(data)
+        return Deployment.model_validate_json(json.dumps(data), strict=True)
     except ValidationError as e:
         raise ConfigError(format_errors(e)) from None
+    except (TypeError, ValueError) as e:  # a value json cannot carry
+        raise ConfigError('invalid stack configuration: %s' % e) from None
+
+
+TYPE_NAMES = {'int_type': 'a whole number', 'int_parsing': 'a whole number', 'float_type': 'a number',
+              'float_parsing': 'a number', 'bool_type': 'true or false', 'bool_parsing': 'true or false',
+              'string_type': 'a string', 'list_type': 'a list', 'dict_type': 'a mapping', 'model_type': 'a mapping',
+              'model_attributes_type': 'a mapping', 'int_from_float': 'a whole number'}
+
+
+def _field_model(loc):
+    """The model class at a location (for 'did you mean' on unknown keys)."""
+    import typing
+    model = Deployment
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part) if hasattr(model, 'model_fields') else None
+        if field is None:
+            return model
+        ann = field.annotation
+        nxt = None
+        for cand in [ann] + list(typing.get_args(ann)):
+            for c in [cand] + list(typing.get_args(cand)):
+                if isinstance(c, type) and issubclass(c, BaseModel):
+                    nxt = c
+        model = nxt
+    return model
+
+
+def _secret_loc(loc) -> bool:
+    return any(str(p) in ('password', 'private_key', 'token_secret') for p in loc)
+
+
+def _loc(loc) -> str:
+    out = ''
+    for p in loc:
+        if isinstance(p, int):
+            out += '[%d]' % p
+        elif p == '[key]':
+            out += '(key)'
+        else:
+            out += ('.' if out else '') + str(p)
+    return out
 
 
 def format_errors(e: ValidationError) -> str:
     lines = []
-    for err in e.errors(include_url=False, include_input=False):
-        msg = err['msg']
+    for err in e.errors(include_url=False):
+        msg, kind, loc = err['msg'], err['type'], tuple(err['loc'])
+        value = err.get('input')
         if msg.startswith('Value error, '):
             msg = msg[len('Value error, '):]
-        loc = '.'.join(str(x) for x in err['loc'])
         if msg.startswith('gpuhost:'):
             lines.append(msg)
+            continue
+        where = 'gpuhost:' + _loc(loc)
+        shown = 'a secret value (not shown)' if _secret_loc(loc) else show(value)
+        if kind == 'extra_forbidden':
+            parent = _field_model(loc[:-1])
+            known = list(parent.model_fields) if parent is not None else []
+            lines.append('%s is not a setting here%s; the settings of gpuhost:%s are: %s' % (
+                where, did_you_mean(str(loc[-1]), known), _loc(loc[:-1]) or '', ', '.join(known)))
+        elif kind == 'missing':
+            lines.append('%s is required and not set' % where)
+        elif kind in TYPE_NAMES:
+            lines.append('%s: %s is not %s%s' % (where, shown, TYPE_NAMES[kind],
+                                                 ' (write it without quotes)' if isinstance(value, str) and
+                                                 kind.startswith(('int', 'float', 'bool')) else
+                                                 ' (write it in quotes)' if kind == 'string_type' else ''))
+        elif kind == 'literal_error':
+            lines.append('%s: %s is not one of the allowed values: %s' % (
+                where, shown, msg.split('Input should be ', 1)[-1]))
+        elif kind in ('greater_than_equal', 'less_than_equal', 'greater_than', 'less_than', 'too_short', 'too_long'):
+            lines.append('%s: %s - %s' % (where, shown, msg.lower()))
         else:
-            top, _, rest = loc.partition('.')
-            lines.append('gpuhost:%s%s: %s' % (top, '.' + rest if rest else '', msg))
+            lines.append('%s: %s' % (where, msg))
     return 'invalid stack configuration:\n  - ' + '\n  - '.join(lines)
 
 

@@ -75,12 +75,13 @@ class GpuContainer(pulumi.ComponentResource):
             'api': api, 'connection': connection, 'node': d.host.node, 'kind': 'lxc', 'vmid': c.vmid,
             'create': {'ostemplate': c.ostemplate, 'rootfs': '%s:%d' % (c.storage, c.rootfs_gb),
                        'unprivileged': int(c.unprivileged)},
-            'config': config, 'start': True,
+            'config': config, 'start': True, 'protect': c.protect,
             'raw_lxc': raw_lxc_lines(d),
             'gpu_devices': gpu_devices,
             **dict.fromkeys(pve.PveGuestProvider.OUTPUTS),
         }
-        self.guest = pve.Guest(ContainerProvider(), '%s-lxc' % name, props, pulumi.ResourceOptions(parent=self))
+        self.guest = pve.Guest(ContainerProvider(), '%s-lxc' % name, props,
+                               pulumi.ResourceOptions(parent=self, protect=c.protect))
         self.vmid = self.guest.vmid
         self.status = self.guest.status
         self.uid = self.guest.uid

@@ -26,16 +26,12 @@ import time
 import pulumi
 from pulumi.dynamic import Resource
 
-from components import remote
+from components import cmdline, remote
 from components.state import ObservedProvider, OperatorError
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
 MODPROBE_FILE = '/etc/modprobe.d/gpuhost-nvidia.conf'
-
-
-FORBIDDEN_NOTE = ('never present: iommu=pt, iommu.passthrough=1 (identity domains brick Blackwell GPUs until a '
-                  'power cycle, FSP error 0x177)')
 
 
 class HostStateError(OperatorError):
@@ -44,39 +40,52 @@ class HostStateError(OperatorError):
 
 # ------------------------------------------------------------------ pure logic
 
-def arg_key(arg: str) -> str:
-    return arg.split('=', 1)[0]
+GRUB_VAR_RE = r'^\s*(?:export\s+)?%s='
 
 
-def edit_cmdline(args: list, ensure: list, forbid: list) -> list:
-    """The command line with every `ensure` argument present (replacing other values of the same
-    key) and every `forbid` argument gone; everything else kept in place and order."""
-    ensure_keys = {arg_key(a): a for a in ensure}
-    out = []
-    for a in args:
-        if a in forbid:
-            continue
-        k = arg_key(a)
-        if k in ensure_keys and a != ensure_keys[k]:
-            continue
-        if a in out:
-            continue
-        out.append(a)
-    out += [a for a in ensure if a not in out]
-    return out
+def grub_quote(value: str) -> str:
+    """A value for a double-quoted assignment in a shell-sourced file: \\ " $ ` escaped."""
+    return '"%s"' % re.sub(r'([\\"$`])', r'\\\1', value)
 
 
-def grub_with_default(text: str, args: list) -> str:
-    """/etc/default/grub with GRUB_CMDLINE_LINUX_DEFAULT set to args (the last assignment wins in
-    shell, so that is the one replaced; one is appended if there is none)."""
-    value = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % ' '.join(args)
+def grub_with(text: str, values: dict) -> str:
+    """/etc/default/grub with each variable in `values` set (the last assignment wins in shell, so
+    that is the one replaced; one is appended if there is none). Other lines stay as they are."""
     lines = text.splitlines()
-    idx = [i for i, line in enumerate(lines) if re.match(r'^\s*GRUB_CMDLINE_LINUX_DEFAULT=', line)]
-    if idx:
-        lines[idx[-1]] = value
-    else:
-        lines.append(value)
+    for var, value in values.items():
+        line = '%s=%s' % (var, grub_quote(value))
+        idx = [i for i, x in enumerate(lines) if re.match(GRUB_VAR_RE % re.escape(var), x)]
+        if idx:
+            lines[idx[-1]] = line
+        else:
+            lines.append(line)
     return '\n'.join(lines) + '\n'
+
+
+def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
+    """What the configured command line must become: {file-level edits} or {} when it is right.
+    systemd-boot: {'line': ...}; GRUB: {'GRUB_CMDLINE_LINUX': ..., 'GRUB_CMDLINE_LINUX_DEFAULT': ...}
+    (both variables are checked: the kernel gets LINUX followed by DEFAULT). Raises HostStateError
+    when a dangerous parameter comes from a file this program does not edit (/etc/default/grub.d)."""
+    if facts.boot == 'systemd-boot':
+        words = cmdline.split(facts.configured)
+        new = cmdline.edit(words, ensure, policy)
+        return {} if new == words else {'line': cmdline.join(new)}
+    lw, dw = cmdline.split(facts.grub_linux), cmdline.split(facts.grub_default)
+    elsewhere = [w for w, _ in cmdline.dangers(cmdline.split(facts.configured), policy) if w not in lw + dw]
+    if elsewhere:
+        raise HostStateError('the GRUB command line gets %s from a file under /etc/default/grub.d/ (sourced after '
+                             '/etc/default/grub): %s. Remove it there, then re-run; nothing was changed.' % (
+                                 ' '.join(elsewhere), cmdline.dangers(cmdline.split(facts.configured), policy)[0][1]))
+    new_l = cmdline.edit(lw, ensure, policy, add=False)
+    new_d = cmdline.edit(dw, ensure, policy, add=False)
+    new_d += [a for a in ensure if not cmdline.has(new_l + new_d, a)]
+    out = {}
+    if new_l != lw:
+        out['GRUB_CMDLINE_LINUX'] = cmdline.join(new_l)
+    if new_d != dw:
+        out['GRUB_CMDLINE_LINUX_DEFAULT'] = cmdline.join(new_d)
+    return out
 
 
 def check_inventory(facts: remote.HostFacts, inventory: list, blackwell_ids: list) -> None:
@@ -109,10 +118,10 @@ def reboot_reasons(facts: remote.HostFacts, expect: dict) -> list:
     """Why the running host differs from its declared state (each a sentence for monitoring)."""
     reasons = []
     running = facts.running_args()
-    missing = [a for a in expect['ensure_args'] if a not in running]
+    missing = [a for a in expect['ensure_args'] if not cmdline.has(running, a)]
     if missing:
         reasons.append('kernel command line: running lacks %s' % ' '.join(missing))
-    present = [a for a in expect['forbid_args'] if a in running]
+    present = [w for w, _ in cmdline.dangers(running, expect['policy'])]
     if present:
         reasons.append('kernel command line: running still has %s' % ' '.join(present))
     for key, value in sorted(expect['nvidia_params'].items()):
@@ -150,15 +159,18 @@ def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
 # ------------------------------------------------------------------- providers
 
 class KernelCmdlineProvider(ObservedProvider):
+    """The configured command line (what the next boot uses) carries every `ensure_args` parameter
+    with its value and no dangerous parameter (components/cmdline.py, in any spelling the kernel
+    accepts). Observed: which ensured parameters are in effect, which dangerous ones are present."""
     ID = 'kernel-cmdline'
-    DESIRED = ('ensure_args', 'forbid_args')
+    DESIRED = ('ensure_args', 'dangerous_args')
     OUTPUTS = ('boot', 'configured', 'running')
 
     def observe(self, facts, props):
-        configured = facts.configured.split()
+        configured = cmdline.split(facts.configured)
         return {
-            'ensure_args': [a for a in props['ensure_args'] if a in configured],
-            'forbid_args': [a for a in props['forbid_args'] if a not in configured],
+            'ensure_args': [a for a in props['ensure_args'] if cmdline.has(configured, a)],
+            'dangerous_args': [w for w, _ in cmdline.dangers(configured, props['policy'])],
             'boot': facts.boot,
             'configured': facts.configured,
             'running': facts.running,
@@ -166,20 +178,23 @@ class KernelCmdlineProvider(ObservedProvider):
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
-        facts = read_facts(target, [SYSTEMD_BOOT_FILE])
+        facts = read_facts(target, [SYSTEMD_BOOT_FILE, GRUB_FILE])
         check_inventory(facts, props['inventory'], props['blackwell_ids'])
-        current = facts.configured.split()
-        wanted = edit_cmdline(current, props['ensure_args'], props['forbid_args'])
-        if wanted != current:
+        plan = plan_cmdline(facts, props['ensure_args'], props['policy'])
+        if plan:
             if facts.boot == 'systemd-boot':
-                # One line, all of it ours to write: the facts already carry the file's hash for the CAS.
-                remote.put_file(target, SYSTEMD_BOOT_FILE, ' '.join(wanted) + '\n', '0644',
+                # One line, all of it ours to write: the facts carry the file's hash for the CAS.
+                remote.put_file(target, SYSTEMD_BOOT_FILE, plan['line'] + '\n', '0644',
                                 facts.files.get(SYSTEMD_BOOT_FILE) or '-', 'boot-systemd')
             else:
                 old = remote.run(target, 'read_file.sh', [GRUB_FILE]).stdout
-                remote.put_file(target, GRUB_FILE, grub_with_default(old, wanted), '0644', remote.sha256_hex(old), 'boot-grub')
+                remote.put_file(target, GRUB_FILE, grub_with(old, plan), '0644', remote.sha256_hex(old), 'boot-grub')
             facts = read_facts(target)
-        return dict(props, **self.observe(facts, props))
+        out = dict(props, **self.observe(facts, props))
+        if out['dangerous_args'] or len(out['ensure_args']) != len(props['ensure_args']):
+            raise HostStateError('the configured kernel command line is still not as declared after the edit '
+                                 '(%s): %s' % (facts.boot, facts.configured))
+        return out
 
     def current(self, props):
         return self.observe(read_facts(remote.Target.from_inputs(props['connection'])), props)
@@ -333,14 +348,14 @@ class ProxmoxHost(pulumi.ComponentResource):
         d = deployment
         child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
         inventory = [g.model_dump() for g in d.host.gpus]
-        from config import BLACKWELL_IDS, FORBIDDEN_IOMMU_ARGS
+        from config import BLACKWELL_IDS
         blackwell = sorted(BLACKWELL_IDS)
         ensure = d.iommu.kernel_args()
-        forbid = sorted(a for a in FORBIDDEN_IOMMU_ARGS if a not in ensure)
+        policy = d.kernel_policy()
         vfio_devices = list(d.vm.gpus) if d.vm else []
 
         self.kernel = KernelCmdline(KernelCmdlineProvider(), '%s-kernel-cmdline' % name, {
-            'connection': connection, 'ensure_args': ensure, 'forbid_args': forbid,
+            'connection': connection, 'ensure_args': ensure, 'dangerous_args': [], 'policy': policy,
             'inventory': inventory, 'blackwell_ids': blackwell}, child,
             outputs=KernelCmdlineProvider.OUTPUTS)
         self.nvidia = HostFile(HostFileProvider(), '%s-nvidia-options' % name, {
@@ -353,7 +368,7 @@ class ProxmoxHost(pulumi.ComponentResource):
                 'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
                 'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=VfioProvider.OUTPUTS)
             resources.append(self.vfio)
-        expect = {'ensure_args': ensure, 'forbid_args': forbid, 'domain': d.iommu.domain,
+        expect = {'ensure_args': ensure, 'policy': policy, 'domain': d.iommu.domain,
                   'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
                   'vfio_devices': vfio_devices, 'container_devices': list(d.container.gpus)}
         self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {

@@ -54,6 +54,9 @@ def scalar(value) -> str:
 
 LIST_KEYS = ('net', 'dev', 'hostpci', 'numa', 'amd-sev', 'features', 'rootfs', 'mp', 'scsi', 'efidisk',
              'virtio', 'sata', 'ide')
+# Sub-keys Proxmox fills in itself (a generated MAC, the interface type); any other sub-key the config
+# does not set is a difference, so a property smuggled in once does not stay forever.
+PROXMOX_ADDED = {'net': {'hwaddr', 'type'}, 'rootfs': {'size'}}
 # The positional part of these values has a key name when written as k=v.
 POSITIONAL = {'dev': 'path', 'hostpci': 'host', 'amd-sev': 'type', 'numa': 'cpus'}
 
@@ -82,6 +85,8 @@ def same_value(key: str, desired, actual) -> bool:
         a_first = d_first
         a_props = {k: v for k, v in a_props.items() if k != d_first}
     if d_first is not None and (a_first or '').lower() != d_first.lower():
+        return False
+    if set(a_props) - set(d_props) - PROXMOX_ADDED.get(base, set()):
         return False
     return all(scalar(a_props.get(k)) == scalar(v) for k, v in d_props.items())
 
@@ -168,8 +173,36 @@ class PveGuestProvider(ObservedProvider):
     REPLACE = ('node', 'kind', 'vmid', 'create')
     CONNECTION = ('api', 'connection')
     OUTPUTS = ('status', 'pending', 'uid')
-    # The vmid is fixed by config, so a replacement must free it first.
-    DELETE_BEFORE_REPLACE = True
+
+    # What each create-only input is called in the stack config, for the refusal below.
+    REPLACE_KEYS = {'node': 'gpuhost:host.node', 'vmid': 'gpuhost:{side}.vmid', 'kind': 'gpuhost:{side}',
+                    'ostemplate': 'gpuhost:container.ostemplate', 'rootfs': 'gpuhost:container.storage/rootfs_gb',
+                    'unprivileged': 'gpuhost:container.unprivileged'}
+
+    def diff(self, id_, olds, news):
+        result = super().diff(id_, olds, news)
+        if result.replaces:
+            # The vmid is fixed by config: a replacement with the same vmid must free it first. With a
+            # new vmid the new guest is created first, so a taken vmid fails before anything is lost.
+            result.delete_before_replace = olds.get('vmid') == news.get('vmid')
+        if result.replaces and news.get('protect', True):
+            side = 'container' if olds.get('kind', news.get('kind')) == 'lxc' else 'vm'
+            what = []
+            for k in result.replaces:
+                if k == 'create':
+                    old, new = olds.get('create') or {}, news.get('create') or {}
+                    what += [(self.REPLACE_KEYS.get(c, c), old.get(c), new.get(c)) for c in sorted(set(old) | set(new))
+                             if old.get(c) != new.get(c)]
+                else:
+                    what.append((self.REPLACE_KEYS.get(k, k).format(side=side), olds.get(k), news.get(k)))
+            raise OperatorError(
+                '%s: changing %s would destroy %s %s on %s and create a new one - its disk and everything on it '
+                'is lost (Proxmox cannot change this in place). The %s is protected. If that is really wanted, set '
+                'gpuhost:%s.protect: false for one `pulumi up`; otherwise put the old value back.' % (
+                    ', '.join(k for k, _, _ in what),
+                    '; '.join('%s from %s to %s' % (k, o, n) for k, o, n in what),
+                    'container' if side == 'container' else 'VM', olds.get('vmid'), olds.get('node'), side, side))
+        return result
 
     def guest(self, prox, props):
         return getattr(prox.nodes(props['node']), props['kind'])(props['vmid'])
@@ -278,24 +311,25 @@ class PveGuestProvider(ObservedProvider):
 
     def read(self, id_, props):
         with client(props['api']) as prox:
-            import proxmoxer
             try:
                 outs = dict(props, **self.observe(prox, props))
             except PveError as e:
-                if ' 500 ' in str(e) and 'does not exist' in str(e):
+                if gone(e):
                     return self.read_result(None, {})
                 raise
-            except proxmoxer.ResourceException:
-                return self.read_result(None, {})
         return self.read_result(id_, outs)
 
     def delete(self, _id, props):
         with client(props['api']) as prox:
             g = self.guest(prox, props)
             try:
-                status = g.status.current.get()['status']
-            except Exception:
-                return  # already gone
+                status = api_call('reading %s' % self.label(props), g.status.current.get)['status']
+            except PveError as e:
+                # Only Proxmox's own "does not exist" means gone; an auth, TLS or network error says
+                # nothing about the guest, and dropping it from the state would orphan it.
+                if gone(e):
+                    return
+                raise
             if status == 'running':
                 self.power(prox, props, 'stop')
             upid = api_call('destroying %s' % self.label(props), g.delete, purge=1)
@@ -307,6 +341,11 @@ class PveGuestProvider(ObservedProvider):
             return set(observed) == set(desired or {}) and all(
                 same_value(k, v, observed.get(k)) for k, v in (desired or {}).items())
         return observed == desired
+
+
+def gone(e: Exception) -> bool:
+    """Proxmox's answer for a guest that does not exist (500, "Configuration file ... does not exist")."""
+    return ' 500 ' in str(e) and 'does not exist' in str(e)
 
 
 def pve_error_from(res, target, path):

@@ -189,7 +189,9 @@ class Gpu:
 @dataclasses.dataclass
 class HostFacts:
     boot: str = 'grub'
-    configured: str = ''
+    configured: str = ''          # the effective configured line (GRUB: LINUX + DEFAULT incl. grub.d)
+    grub_linux: str = ''          # GRUB only: the two variables as /etc/default/grub alone sets them
+    grub_default: str = ''
     running: str = ''
     gpus: dict = dataclasses.field(default_factory=dict)
     params: dict = dataclasses.field(default_factory=dict)
@@ -197,7 +199,8 @@ class HostFacts:
     files: dict = dataclasses.field(default_factory=dict)
 
     def running_args(self):
-        return [w for w in self.running.split() if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
+        from components import cmdline
+        return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
 
 
 def parse_facts(text: str) -> HostFacts:
@@ -211,7 +214,11 @@ def parse_facts(text: str) -> HostFacts:
         if kind == 'boot':
             facts.boot = fields[0]
         elif kind == 'configured':
-            facts.configured = unquote_grub(rest) if facts.boot == 'grub' else rest.strip()
+            facts.configured = rest.strip()
+        elif kind == 'grub_linux':
+            facts.grub_linux = rest.strip()
+        elif kind == 'grub_default':
+            facts.grub_default = rest.strip()
         elif kind == 'running':
             facts.running = rest.strip()
         elif kind == 'gpu':
@@ -230,15 +237,6 @@ def parse_facts(text: str) -> HostFacts:
         elif kind == 'file':
             facts.files[fields[0]] = None if fields[1] == '-' else fields[1]
     return facts
-
-
-def unquote_grub(value: str) -> str:
-    value = value.strip()
-    try:
-        words = shlex.split(value)
-    except ValueError:
-        return value.strip('"\'')
-    return words[0] if words else ''
 
 
 def parse_kv(text: str) -> dict:

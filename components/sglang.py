@@ -94,7 +94,10 @@ def mismatches(expected: dict, got: dict) -> list:
 
 
 class SglangUnitProvider(ObservedProvider):
-    DESIRED = ('unit', 'version', 'container_uid', 'active')
+    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid')
+    # A new unit name or container: the old unit is stopped and removed first (it holds the port).
+    REPLACE = ('unit_name', 'vmid')
+    DELETE_BEFORE_REPLACE = True
     OUTPUTS = ('resolved', 'invocation_id', 'restarted')
 
     def observe(self, target, client, props):
@@ -106,8 +109,8 @@ class SglangUnitProvider(ObservedProvider):
             res = remote.run(target, 'ct_read_file.sh', [props['vmid'], props['unit_path']], check=False, client=client)
             unit = res.stdout if res.exit_code == 0 else None
         return {'unit': unit, 'version': facts.get('sglang') if running else None,
-                'active': facts.get('ActiveState') == 'active', 'invocation_id': facts.get('InvocationID') or None,
-                'container_uid': props.get('container_uid')}
+                'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
+                'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid')}
 
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
@@ -183,7 +186,7 @@ class SglangService(pulumi.ComponentResource):
         props = {
             'connection': connection, 'vmid': d.container.vmid, 'container_uid': container.uid,
             'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit, 'unit': self.unit,
-            'venv': s.venv, 'version': s.version, 'active': True, 'endpoint': self.endpoint,
+            'venv': s.venv, 'version': s.version, 'active': True, 'enabled': True, 'endpoint': self.endpoint,
             'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s,
             **dict.fromkeys(SglangUnitProvider.OUTPUTS),
         }

@@ -1,73 +1,131 @@
-"""What each SGLang version accepts, from SYSTEM.md's history of renamed and removed flags.
+"""SGLang's launch flags, checked with each version's own argument parser.
 
-Every launch flag the program renders (and every `extra_args` flag) is checked against the declared
-version before any host is touched: a flag SGLang would reject at start-up is refused at preview.
+The parser tables (components/sglang_flags_data/<version>.json) are generated from SGLang's real
+argparse definitions by tools/sglang_flags_gen.py; components/sglang_argparse.py rebuilds the parser
+from them. So every unknown, mistyped, ambiguous or removed flag is refused at preview exactly as
+`python -m sglang.launch_server` would refuse it at start-up - and a prefix SGLang's argparse would
+accept (`--tp 8`) is recognised as the flag it abbreviates.
+
+The flags this program renders itself (model, parallelism, speculation, ...) may not be set again
+through `extra_args`, in any spelling: argparse lets the last occurrence win, so a second
+`--speculative-algorithm` or `--tp-size 8` would silently override the declared state.
 """
+
+from __future__ import annotations
+
+from components import sglang_argparse as sa
+
+
+class FlagError(ValueError):
+    pass
+
+
+# Destinations (argparse dest names) this program decides; `extra_args` may not set them. Besides
+# the flags it renders: anything that changes which GPUs or how many are used, which model is
+# served, where, or that loads settings from elsewhere.
+MANAGED_DESTS = {
+    'model_path': 'gpuhost:sglang.model_path', 'served_model_name': 'gpuhost:sglang.served_model_name',
+    'host': 'gpuhost:sglang.host', 'port': 'gpuhost:sglang.port', 'tp_size': 'gpuhost:sglang.tp',
+    'dp_size': 'gpuhost:sglang.tp (every container GPU serves one tensor-parallel group)',
+    'pp_size': 'gpuhost:sglang.tp (every container GPU serves one tensor-parallel group)',
+    'ep_size': 'gpuhost:sglang.tp', 'nnodes': 'one node: the container', 'node_rank': 'one node: the container',
+    'base_gpu_id': 'gpuhost:container.gpus', 'gpu_id_step': 'gpuhost:container.gpus',
+    'mem_fraction_static': 'gpuhost:sglang.mem_fraction_static', 'enable_metrics': 'always on (monitoring)',
+    'disable_custom_all_reduce': 'gpuhost:sglang.disable_custom_all_reduce',
+    'mamba_radix_cache_strategy': 'gpuhost:sglang.mamba_radix_cache_strategy',
+    'mamba_scheduler_strategy': 'gpuhost:sglang.mamba_radix_cache_strategy',
+    'config': 'the unit\'s flags (a config file would override them unseen)',
+    'tokenizer_path': 'gpuhost:sglang.model_path',
+}
+MANAGED_PREFIXES = {'speculative_': 'gpuhost:sglang.speculative'}
+# Environment variables the unit sets from other settings.
+MANAGED_ENV = {
+    'CUDA_HOME': 'gpuhost:sglang.cuda_home',
+    'PATH': 'gpuhost:sglang.venv and cuda_home',
+    'NCCL_P2P_DISABLE': 'the IOMMU translates, so GPU peer-to-peer DMA must stay off (SYSTEM.md)',
+    'NCCL_P2P_LEVEL': 'the IOMMU translates, so GPU peer-to-peer DMA must stay off (SYSTEM.md)',
+    'CUDA_VISIBLE_DEVICES': 'the container sees exactly its GPUs, gpuhost:container.gpus',
+}
 
 
 def v(text):
     return tuple(int(x) for x in text.split('.')[:3])
 
 
-# flag -> (first version accepting it or None, first version rejecting it or None, advice when refused)
-FLAG_RANGES = {
-    '--mamba-scheduler-strategy': (None, '0.5.20', 'use --mamba-radix-cache-strategy (gpuhost:sglang.'
-                                                   'mamba_radix_cache_strategy), which replaced it in 0.5.14'),
-    '--mamba-radix-cache-strategy': ('0.5.14', None, 'before 0.5.14 the flag is --mamba-scheduler-strategy; '
-                                                     'gpuhost:sglang.mamba_radix_cache_strategy renders it'),
-    '--cuda-graph-max-bs': (None, '0.5.23', '0.5.23 has --cuda-graph-max-bs-decode and -prefill, so the old '
-                                            'name is ambiguous: use --cuda-graph-max-bs-decode'),
-    '--cuda-graph-max-bs-decode': ('0.5.23', None, 'before 0.5.23 the flag is --cuda-graph-max-bs'),
-}
-# Deprecated aliases: accepted, but worth a warning.
-ALIASES = {'--mamba-scheduler-strategy': ('0.5.14', '--mamba-radix-cache-strategy')}
+def supported_versions():
+    return sa.supported_versions()
 
 
-def flags(args):
-    return [a.split('=', 1)[0] for a in args if a.startswith('--')]
+def option_strings(version):
+    return {o for a in sa.table(version)['actions'] for o in a['option_strings']}
 
 
-def check(version, args, environment):
-    """Raise ValueError naming the flag, the version and the fix, for a flag this version rejects."""
-    ver = v(version)
-    for flag in flags(args):
-        if flag not in FLAG_RANGES:
-            continue
-        since, until, advice = FLAG_RANGES[flag]
-        if (since and ver < v(since)) or (until and ver >= v(until)):
-            raise ValueError('gpuhost:sglang: flag %s is not accepted by SGLang %s (gpuhost:sglang.version)%s; %s'
-                             % (flag, version, ' - rejected from %s on' % until if until and ver >= v(until)
-                                else ' - added in %s' % since, advice))
-    if '--served-model-name' in args:
-        name = args[args.index('--served-model-name') + 1]
-        if ':' in name:
-            raise ValueError('gpuhost:sglang.extra_args: served model name %r contains ":"' % name)
+def managed_by(dest):
+    if dest in MANAGED_DESTS:
+        return MANAGED_DESTS[dest]
+    for prefix, key in MANAGED_PREFIXES.items():
+        if dest.startswith(prefix):
+            return key
+    return None
+
+
+def check(version, managed_args, extra_args):
+    """Raise FlagError naming the flag, the version and the fix for what SGLang `version` would reject,
+    and for any extra_args flag that sets what the program manages."""
+    try:
+        _, given = sa.parse(version, list(extra_args))
+    except sa.FlagError as e:
+        raise FlagError('gpuhost:sglang.extra_args: %s (SGLang %s, gpuhost:sglang.version)' % (e, version)) from None
+    for token, dest in given:
+        action = _action(version, dest)
+        if action and action.get('action') in ('help', 'version'):
+            raise FlagError('gpuhost:sglang.extra_args: %s prints and exits; SGLang would never serve - remove it'
+                            % token)
+        key = managed_by(dest)
+        if key:
+            raise FlagError('gpuhost:sglang.extra_args: %s sets %s, which this program manages (%s); set it there '
+                            'and remove it from extra_args' % (token, dest, key))
+    try:
+        sa.parse(version, list(managed_args) + list(extra_args))
+    except sa.FlagError as e:
+        raise FlagError('gpuhost:sglang: SGLang %s would refuse the launch flags: %s' % (version, e)) from None
+
+
+def _action(version, dest):
+    return next((a for a in sa.table(version)['actions'] if a['dest'] == dest), None)
 
 
 def mamba_strategy_args(version, strategy):
-    if v(version) >= v('0.5.14'):
+    opts = option_strings(version)
+    if '--mamba-radix-cache-strategy' in opts:
         return ['--mamba-radix-cache-strategy', strategy]
-    if strategy not in ('no_buffer', 'extra_buffer'):
-        raise ValueError('gpuhost:sglang.mamba_radix_cache_strategy: %r needs SGLang 0.5.14 or later (declared %s);'
-                         ' use extra_buffer or no_buffer' % (strategy, version))
-    return ['--mamba-scheduler-strategy', strategy]
+    if '--mamba-scheduler-strategy' in opts:
+        choices = (_action(version, 'mamba_scheduler_strategy') or {}).get('choices') or []
+        if choices and strategy not in choices:
+            raise FlagError('gpuhost:sglang.mamba_radix_cache_strategy: %r needs a newer SGLang than %s, which only '
+                            'knows --mamba-scheduler-strategy {%s}; use one of those' % (
+                                strategy, version, ','.join(choices)))
+        return ['--mamba-scheduler-strategy', strategy]
+    raise FlagError('gpuhost:sglang.mamba_radix_cache_strategy: SGLang %s has no mamba cache strategy flag; leave it '
+                    'unset' % version)
 
 
 def warnings(version, args, environment, speculative):
-    ver = v(version)
     out = []
-    fl = flags(args)
-    for flag, (since, new) in ALIASES.items():
-        if flag in fl and ver >= v(since):
-            out.append('gpuhost:sglang: %s is a deprecated alias in SGLang %s and is rejected from 0.5.20; use %s'
-                       % (flag, version, new))
+    opts = option_strings(version)
+    try:
+        parsed, given = sa.parse(version, list(args))
+    except sa.FlagError:
+        return out
+    given_tokens = {dest for _, dest in given}
+    if 'mamba_scheduler_strategy' in given_tokens and '--mamba-radix-cache-strategy' in opts:
+        out.append('gpuhost:sglang: --mamba-scheduler-strategy is a deprecated alias in SGLang %s; use '
+                   'gpuhost:sglang.mamba_radix_cache_strategy (--mamba-radix-cache-strategy)' % version)
     if speculative:
-        strategy = None
-        for name in ('--mamba-radix-cache-strategy', '--mamba-scheduler-strategy'):
-            if name in args:
-                strategy = args[args.index(name) + 1]
-        # auto resolves to extra_buffer for Qwen3.5's hybrid Mamba layers.
-        if strategy in (None, 'auto', 'extra_buffer') and ver >= v('0.5.14'):
+        strategy = parsed.get('mamba_radix_cache_strategy') or parsed.get('mamba_scheduler_strategy')
+        lazy = any('extra_buffer_lazy' in (a.get('choices') or []) for a in sa.table(version)['actions'])
+        if strategy in (None, 'auto', 'extra_buffer') and lazy:
+            # auto resolves to extra_buffer for Qwen3.5's hybrid Mamba layers.
             out.append('gpuhost:sglang: NEXTN speculative decoding with the extra_buffer mamba cache (%s) has an '
                        'open upstream report of drift at high KV usage; consider mamba_radix_cache_strategy: '
                        'extra_buffer_lazy' % ('auto picks it for this model' if strategy in (None, 'auto')
@@ -77,9 +135,7 @@ def warnings(version, args, environment, speculative):
                        'no extra_buffer_lazy - consider upgrading' % version)
         out.append('gpuhost:sglang: NEXTN on Blackwell has an open upstream report of silently choosing a slow '
                    'attention backend; check the resolved attention backend in /server_info after start-up')
-    if 'SGLANG_ENABLE_SPEC_V2' in environment and ver >= v('0.5.22'):
+    if 'SGLANG_ENABLE_SPEC_V2' in environment and v(version) >= v('0.5.22'):
         out.append('gpuhost:sglang.environment: SGLANG_ENABLE_SPEC_V2 is ignored from SGLang 0.5.22 (declared %s);'
                    ' drop it' % version)
     return out
-
-

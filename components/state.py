@@ -22,6 +22,32 @@ class OperatorError(RuntimeError):
     step). Raised from provider methods without the Python frames that led to it."""
 
 
+class Failed(Exception):
+    """What a provider entry point raises to the engine: the message alone. The Python dynamic-provider
+    host formats every exception with traceback.format_exc(); with sys.tracebacklimit = 0 that is
+    just "gpuhost: <message>", no frames (see _normalising)."""
+
+
+Failed.__module__ = 'builtins'
+Failed.__qualname__ = Failed.__name__ = 'gpuhost'
+
+
+def describe_unexpected(e: BaseException) -> str:
+    """One line for an exception no layer turned into an OperatorError (a bug, or a library error we
+    did not foresee): its type and text, without frames, plus where the full traceback went."""
+    import os
+    import tempfile
+    import traceback
+    path = os.path.join(tempfile.gettempdir(), 'gpuhost-last-error.txt')
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'w') as f:
+            f.write(''.join(traceback.format_exception(type(e), e, e.__traceback__)))
+        where = ' (Python traceback in %s)' % path
+    except OSError:
+        where = ''
+    return 'unexpected %s: %s%s' % (type(e).__name__, str(e)[:500] or '(no message)', where)
+
+
 def numbers(value):
     """Integral floats back to ints: every number crosses the engine as a double, and 200.0 is not a
     vmid Proxmox or pct accepts."""
@@ -37,13 +63,20 @@ def numbers(value):
 def _normalising(fn, positions):
     @functools.wraps(fn)
     def wrapper(self, *args):
+        import sys
         args = [numbers(a) if i in positions else a for i, a in enumerate(args)]
         try:
             return fn(self, *args)
+        except Failed:
+            raise
         except OperatorError as e:
             # The engine prints the traceback of whatever a dynamic provider raises; for these the
-            # message is the whole story, so they are re-raised here without their frames.
-            raise type(e)(str(e)) from None
+            # message is the whole story, so it goes out alone.
+            sys.tracebacklimit = 0
+            raise Failed(str(e)) from None
+        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never frames
+            sys.tracebacklimit = 0
+            raise Failed(describe_unexpected(e)) from None
     wrapper.__wrapped_by_numbers__ = True
     return wrapper
 

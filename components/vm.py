@@ -46,9 +46,10 @@ class SevSnpVm(pulumi.ComponentResource):
         d = deployment
         config = vm_config(d)
         props = {'api': api, 'connection': None, 'node': d.host.node, 'kind': 'qemu', 'vmid': d.vm.vmid,
-                 'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {},
+                 'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {}, 'protect': d.vm.protect,
                  **dict.fromkeys(pve.PveGuestProvider.OUTPUTS)}
-        self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props, pulumi.ResourceOptions(parent=self))
+        self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props,
+                               pulumi.ResourceOptions(parent=self, protect=d.vm.protect))
         self.vmid = self.guest.vmid
         self.status = self.guest.status
         self.pending = self.guest.pending

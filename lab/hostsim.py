@@ -20,7 +20,6 @@ Stdlib only: the fake tools run under the host's system python3.
 import json
 import os
 import re
-import shlex
 import shutil
 import stat
 import tempfile
@@ -184,12 +183,24 @@ class Host(object):
             if '\n' in line:
                 raise SystemExit('E: /etc/kernel/cmdline must be a single line')
         else:
-            values = grub_values(read(self.path('etc/default/grub')))
+            values = self.grub_values()
             line = ' '.join(x for x in (read(self.path('etc/gpuhost-lab-grub-root')).strip(),
                                         values.get('GRUB_CMDLINE_LINUX', ''),
                                         values.get('GRUB_CMDLINE_LINUX_DEFAULT', '')) if x)
         write(self.path('boot/cmdline'), line + '\n')
         return line
+
+    def grub_values(self):
+        """GRUB_CMDLINE_LINUX(_DEFAULT) as grub-mkconfig sees them: /etc/default/grub, then
+        /etc/default/grub.d/*.cfg, sourced by a shell."""
+        import glob
+        import subprocess
+        files = [self.path('etc/default/grub')] + sorted(glob.glob(self.path('etc/default/grub.d/*.cfg')))
+        out = subprocess.run(['env', '-i', '/bin/bash', '-c', 'for f in "$@"; do . "$f"; done >/dev/null 2>&1; '
+                              'printf "%s\\0%s" "${GRUB_CMDLINE_LINUX-}" "${GRUB_CMDLINE_LINUX_DEFAULT-}"',
+                              'grub'] + files, capture_output=True, text=True).stdout
+        linux, _, default = out.partition('\0')
+        return {'GRUB_CMDLINE_LINUX': ' '.join(linux.split()), 'GRUB_CMDLINE_LINUX_DEFAULT': ' '.join(default.split())}
 
     def update_initramfs(self):
         """Snapshot /etc/modprobe.d into the initramfs, which is what the next boot loads modules with."""
@@ -238,28 +249,40 @@ def split_grub_default(cmdline):
     return ' '.join(root), ' '.join(rest)
 
 
-def grub_values(text):
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'^\s*([A-Z_]+)=(.*)$', line)
-        if m:
-            words = shlex.split(m.group(2), comments=True)
-            out[m.group(1)] = words[0] if words else ''
-    return out
+def kstrtobool(value):
+    """lib/kstrtox.c: the first character decides (1yYtT / 0nNfF), "on"/"off" by the second."""
+    if not value:
+        return None
+    if value[0] in '1yYtT':
+        return True
+    if value[0] in '0nNfF':
+        return False
+    if value[0] in 'oO' and len(value) > 1:
+        return {'n': True, 'N': True, 'f': False, 'F': False}.get(value[1])
+    return None
 
 
 def domain_type(cmdline):
-    """The default IOMMU domain type the kernel picks for this command line."""
-    words = cmdline.split()
-    mode = 'DMA-FQ'
-    for w in words:
-        if w in ('iommu=pt', 'iommu.passthrough=1', 'iommu.passthrough=on', 'iommu.passthrough=y'):
-            mode = 'identity'
-        elif w in ('iommu=nopt', 'iommu.passthrough=0', 'iommu.passthrough=off', 'iommu.passthrough=n'):
-            mode = 'DMA-FQ' if mode == 'identity' else mode
-    if mode != 'identity' and any(w in ('iommu.strict=1', 'iommu.strict=on', 'iommu.strict=y') for w in words):
-        mode = 'DMA'
-    return mode
+    """The default IOMMU domain type the kernel picks for this command line (what a boot with it
+    writes to /sys/kernel/iommu_groups/*/type): x86 iommu= items match by prefix, iommu.passthrough and
+    iommu.strict are kstrtobool, parameter names treat - and _ alike, and the last setting wins."""
+    identity, strict = False, False
+    for word in cmdline.split():
+        if word == '--':
+            break
+        name, _, value = word.partition('=')
+        name = name.replace('-', '_')
+        if name == 'iommu':
+            for item in value.split(','):
+                if item.startswith('pt'):
+                    identity = True
+                elif item.startswith('nopt'):
+                    identity = False
+        elif name == 'iommu.passthrough' and kstrtobool(value) is not None:
+            identity = kstrtobool(value)
+        elif name == 'iommu.strict' and kstrtobool(value) is not None:
+            strict = kstrtobool(value)
+    return 'identity' if identity else 'DMA' if strict else 'DMA-FQ'
 
 
 def modprobe_nvidia_params(text):

@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import config  # noqa: E402
-from components.host import FORBIDDEN_NOTE, edit_cmdline, modprobe_content  # noqa: E402
+from components import cmdline  # noqa: E402
+from components.host import modprobe_content  # noqa: E402
 from components.sglang import unit_text  # noqa: E402
 
 
@@ -53,9 +54,10 @@ def files(d: config.Deployment) -> dict:
         'host/kernel-cmdline-args.txt': (
             '# Arguments the kernel command line must carry (added to /etc/kernel/cmdline on systemd-boot hosts,\n'
             '# GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub on GRUB hosts); the rest of the line is kept.\n'
-            + '\n'.join(args) + '\n# %s\n' % FORBIDDEN_NOTE),
-        'host/etc/kernel/cmdline.example': ' '.join(edit_cmdline(['root=ZFS=rpool/ROOT/pve-1', 'boot=zfs', 'quiet'],
-                                                                  args, [])) + '\n',
+            + '\n'.join(args) + '\n# Removed wherever found, in any spelling the kernel accepts: identity/passthrough\n'
+            '# (iommu=pt, iommu.passthrough=<true>), IOMMU off, vfio-pci.ids/pci-stub.ids, blacklisted GPU modules.\n'),
+        'host/etc/kernel/cmdline.example': cmdline.join(cmdline.edit(['root=ZFS=rpool/ROOT/pve-1', 'boot=zfs', 'quiet'],
+                                                                     args, d.kernel_policy())) + '\n',
         'container/etc/systemd/system/%s' % d.sglang.unit: unit_text(d),
     }
     if d.vm:

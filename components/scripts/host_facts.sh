@@ -2,16 +2,34 @@ set -euo pipefail
 # Read-only: the host facts the program decides from, one tab-separated record per line
 # (parsed by components/remote.py:parse_facts). Changes nothing.
 tab=$'\t'
-if [ -f /etc/kernel/proxmox-boot-uuids ] && [ -f /etc/kernel/cmdline ] &&
-   proxmox-boot-tool status 2>/dev/null | grep -q 'configured with: uefi'; then
-  echo "boot${tab}systemd-boot"
-  echo "configured${tab}$(head -n1 /etc/kernel/cmdline)"
-else
-  echo "boot${tab}grub"
-  line=$(grep -E '^GRUB_CMDLINE_LINUX_DEFAULT=' /etc/default/grub | tail -n1 || true)
-  echo "configured${tab}${line#GRUB_CMDLINE_LINUX_DEFAULT=}"
+oneline() { tr '\t\n\r' '   '; }
+# The boot method: proxmox-boot-tool's answer is read whole first (a `| grep -q` under pipefail can
+# kill the writer with SIGPIPE on a long answer and misreport the boot method).
+pbt=
+if [ -f /etc/kernel/proxmox-boot-uuids ] && [ -f /etc/kernel/cmdline ] && command -v proxmox-boot-tool >/dev/null; then
+  pbt=$(proxmox-boot-tool status 2>/dev/null || true)
 fi
-echo "running${tab}$(cat /proc/cmdline)"
+case "$pbt" in
+  *'configured with: uefi'*)
+    echo "boot${tab}systemd-boot"
+    echo "configured${tab}$(head -n1 /etc/kernel/cmdline | oneline)"
+    ;;
+  *)
+    echo "boot${tab}grub"
+    # What update-grub itself does: source /etc/default/grub, then /etc/default/grub.d/*.cfg, in a
+    # clean shell. The kernel gets GRUB_CMDLINE_LINUX followed by GRUB_CMDLINE_LINUX_DEFAULT.
+    grubvars() {
+      env -i /bin/bash -c 'for f in "$@"; do [ -f "$f" ] && . "$f"; done >/dev/null 2>&1 </dev/null
+        printf "%s\n%s\n" "${GRUB_CMDLINE_LINUX-}" "${GRUB_CMDLINE_LINUX_DEFAULT-}"' grubvars "$@" || true
+    }
+    own=$(grubvars /etc/default/grub)
+    all=$(grubvars /etc/default/grub /etc/default/grub.d/*.cfg)
+    echo "grub_linux${tab}$(printf '%s\n' "$own" | sed -n 1p | oneline)"
+    echo "grub_default${tab}$(printf '%s\n' "$own" | sed -n 2p | oneline)"
+    echo "configured${tab}$(printf '%s\n' "$all" | sed -n 1,2p | oneline)"
+    ;;
+esac
+echo "running${tab}$(oneline < /proc/cmdline)"
 for dev in /sys/bus/pci/devices/*; do
   [ "$(cat "$dev/vendor")" = 0x10de ] || continue
   case "$(cat "$dev/class" 2>/dev/null || echo 0x03)" in 0x03*) ;; *) continue ;; esac
@@ -36,7 +54,10 @@ if [ -f /proc/driver/nvidia/params ]; then
   done < /proc/driver/nvidia/params
 fi
 if command -v driverctl >/dev/null; then
-  driverctl list-overrides 2>/dev/null | while read -r bdf drv; do echo "override${tab}${bdf}${tab}${drv}"; done
+  overrides=$(driverctl list-overrides 2>/dev/null || true)
+  printf '%s\n' "$overrides" | while read -r bdf drv; do
+    [ -n "$bdf" ] && echo "override${tab}${bdf}${tab}${drv}"
+  done
 fi
 for f in "$@"; do
   if [ -f "$f" ]; then echo "file${tab}${f}${tab}$(sha256sum "$f" | cut -d' ' -f1)"; else echo "file${tab}${f}${tab}-"; fi

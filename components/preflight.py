@@ -1,0 +1,98 @@
+"""Checks made at the start of every `pulumi up` (never at preview, which contacts no host), before
+any resource step runs - so before anything is deleted, replaced or written:
+
+  * the host is the one the config describes: every GPU of the inventory at its address, with its
+    vendor:device ID and NUMA node (also when no host-level setting changed);
+  * no Blackwell GPU sits in an identity IOMMU domain, and no container GPU is bound to vfio-pci
+    (both mean the host is in a state where changing anything may brick or misassign a GPU);
+  * what the guests need exists on the Proxmox side: the node (online), the container's storage,
+    its OS template, and the bridges.
+
+Each failure is one ConfigError-like message naming the config key, what was found and what to do.
+"""
+
+from __future__ import annotations
+
+from components import host as host_mod
+from components import pve, remote
+from components.state import OperatorError
+
+
+class PreflightError(OperatorError):
+    pass
+
+
+def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> list:
+    return [b for b in container_gpus if facts.gpus.get(b) is not None and facts.gpus[b].driver == 'vfio-pci']
+
+
+def vfio_recovery(bdfs: list, vmid) -> str:
+    return ('container GPU%s %s %s bound to vfio-pci on the host, not nvidia: something re-bound %s out of band '
+            '(driverctl set-override, a VM\'s hostpci). Stopping before any change - a VM started now could take '
+            '%s, and the container\'s /dev/nvidiaN numbering no longer matches. To recover: check no VM uses %s '
+            '(qm config <vmid> | grep hostpci), then on the host run `%s`, confirm with `readlink '
+            '/sys/bus/pci/devices/<address>/driver` (nvidia), restart container %s (pct reboot %s) and re-run.' % (
+                's' if len(bdfs) > 1 else '', ', '.join(bdfs), 'are' if len(bdfs) > 1 else 'is',
+                'them' if len(bdfs) > 1 else 'it', 'them' if len(bdfs) > 1 else 'it',
+                'them' if len(bdfs) > 1 else 'it', ' && '.join('driverctl unset-override %s' % b for b in bdfs),
+                vmid, vmid))
+
+
+def check_host(d, connection: dict) -> remote.HostFacts:
+    from config import BLACKWELL_IDS
+    target = remote.Target.from_inputs(connection)
+    facts = host_mod.read_facts(target)
+    host_mod.check_inventory(facts, [g.model_dump() for g in d.host.gpus], sorted(BLACKWELL_IDS))
+    on_vfio = container_gpus_on_vfio(facts, list(d.container.gpus))
+    if on_vfio:
+        raise PreflightError(vfio_recovery(on_vfio, d.container.vmid))
+    return facts
+
+
+def check_proxmox(d, api: dict) -> None:
+    node = d.host.node
+    with pve.client(api) as prox:
+        nodes = pve.api_call('listing the cluster\'s nodes', prox.nodes.get)
+        names = {n.get('node'): n for n in nodes}
+        if node not in names:
+            raise PreflightError('gpuhost:host.node: %r is not a node of the Proxmox cluster at %s (nodes: %s); fix '
+                                 'the node name (hostname -s on the host)' % (node, api['host'],
+                                                                             ', '.join(sorted(names)) or 'none'))
+        if names[node].get('status') not in (None, 'online'):
+            raise PreflightError('gpuhost:host.node: node %s is %s; bring it back (or wait for it) and re-run'
+                                 % (node, names[node].get('status')))
+        n = prox.nodes(node)
+        stores = {s.get('storage'): s for s in pve.api_call('listing the storages of %s' % node, n.storage.get)}
+        c = d.container
+        need = [(c.storage, 'rootdir', 'gpuhost:container.storage')]
+        tmpl_store = c.ostemplate.split(':', 1)[0]
+        need.append((tmpl_store, 'vztmpl', 'gpuhost:container.ostemplate'))
+        for sid, content, key in need:
+            s = stores.get(sid)
+            if s is None:
+                raise PreflightError('%s: storage %r does not exist on node %s (storages: %s)' % (
+                    key, sid, node, ', '.join(sorted(stores))))
+            if str(s.get('active', 1)) not in ('1', 'True', 'true'):
+                raise PreflightError('%s: storage %r is not active on node %s; activate it and re-run' % (key, sid, node))
+            if content not in str(s.get('content', content)).split(','):
+                raise PreflightError('%s: storage %r does not hold %s content on node %s (it has: %s)' % (
+                    key, sid, content, node, s.get('content')))
+        vols = pve.api_call('listing the templates on %s' % tmpl_store, n.storage(tmpl_store).content.get,
+                            content='vztmpl')
+        if c.ostemplate not in {v.get('volid') for v in vols}:
+            raise PreflightError('gpuhost:container.ostemplate: %s is not on storage %s of node %s (templates there: %s);'
+                                 ' download it (pveam download %s <template>) or fix the name' % (
+                                     c.ostemplate, tmpl_store, node,
+                                     ', '.join(sorted(v.get('volid') for v in vols)) or 'none', tmpl_store))
+        bridges = {i.get('iface') for i in pve.api_call('listing the network of %s' % node, n.network.get,
+                                                        type='any_bridge')}
+        for key, bridge in (('gpuhost:container.bridge', c.bridge),) + (
+                (('gpuhost:vm.bridge', d.vm.bridge),) if d.vm else ()):
+            if bridge not in bridges:
+                raise PreflightError('%s: bridge %r does not exist on node %s (bridges: %s)' % (
+                    key, bridge, node, ', '.join(sorted(b for b in bridges if b)) or 'none'))
+
+
+def run(d, connection: dict, api: dict) -> None:
+    check_host(d, connection)
+    check_proxmox(d, api)

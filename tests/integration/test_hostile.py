@@ -1,0 +1,258 @@
+"""Hostile and careless stack configs, each run through the real `pulumi preview` against the lab.
+
+Every case is either refused at preview - the CLI's own output names the config key and the fix, shows
+no Python frames, and nothing on the host changed (no SSH session, same host digest, no guest) - or
+accepted because it is harmless. The classes: values that would inject lines into the systemd unit,
+paths built from names, kernel parameters in other spellings, SGLang flags that override managed
+ones, silent loss (typos in namespaces and keys), coercion and smuggled properties, unreadable keys
+and certificates, secrets given as plain text.
+"""
+
+import copy
+
+import pytest
+
+STACK = 'hostile'
+DELETE = object()
+H, C, V, S, I = 'gpuhost:host', 'gpuhost:container', 'gpuhost:vm', 'gpuhost:sglang', 'gpuhost:iommu'
+RSA_BLOB = ('AAAAB3NzaC1yc2EAAAADAQABAAABAQC7kAp3gJkFhwTHOQ0i5NaFvwn3zVlVb5y4ej2WQXQm9bZx3lLxw6QkMOz2qGgdKvyH2vQh'
+            'Zb0t5S8gw6nB1P9p3Xo0eCzO1n0gCdyp3I8ijgqVvP4C2E1Z6Tk5nD0Oq6gkQFvQd7PCmG6KbXcFGbcrBg6K1Q3Jh8M0Ht4xA0v3'
+            'q2oqv1VvKqYbLkYlV5e1vKcD6I3Nq4lG8ZhT4y2v9jEkX2Hn5tJcR6P1gx0T1cZGkO8yq3cE0mR4vKc2d4vQdQxF2yWj2oT7mHqz'
+            'ZtP0g3hYB7ZyW1wR8cT5yVqC1Zk3D0n8eGq2pH4tJv5wXx9rS1uY3bL0dQ6fM8aE2kR7nTzP')
+
+
+def m(*changes):
+    """(path, value) pairs; a path is a tuple of keys into the stack config."""
+    return list(changes)
+
+
+CASES = [
+    # 1. Unit-file injection: control characters anywhere a string reaches the unit.
+    ('extra_args newline', m(((S, 'extra_args'), ['--context-length', '4096\nExecStartPre=/bin/touch /tmp/pwned'])),
+     ['gpuhost:sglang.extra_args[1]', 'control character']),
+    ('extra_args carriage return', m(((S, 'extra_args'), ['--context-length\r'])), ['extra_args[0]', 'control']),
+    ('extra_args tab', m(((S, 'extra_args'), ['--context-length\t4096'])), ['extra_args[0]', 'control']),
+    ('environment value newline', m(((S, 'environment'), {'FOO': 'x\nExecStartPre=/bin/sh -c id'})),
+     ['gpuhost:sglang.environment.FOO', 'control character']),
+    ('environment value NUL', m(((S, 'environment'), {'FOO': 'a\x00b'})), ['environment.FOO', 'control']),
+    ('environment value escape', m(((S, 'environment'), {'FOO': '\x1b[31mred'})), ['environment.FOO', 'control']),
+    ('environment key newline', m(((S, 'environment'), {'FOO\nExecStart': 'x'})),
+     ['gpuhost:sglang.environment', 'control character']),
+    ('environment key with =', m(((S, 'environment'), {'A=B': 'x'})), ['not an environment variable name']),
+    ('environment key with space', m(((S, 'environment'), {'A B': 'x'})), ['not an environment variable name']),
+    ('environment overrides NCCL_P2P_DISABLE', m(((S, 'environment'), {'NCCL_P2P_DISABLE': '0'})),
+     ['NCCL_P2P_DISABLE is set by this program', 'peer-to-peer']),
+    ('environment overrides PATH', m(((S, 'environment'), {'PATH': '/tmp'})), ['PATH is set by this program']),
+    ('environment hides GPUs', m(((S, 'environment'), {'CUDA_VISIBLE_DEVICES': '0'})),
+     ['CUDA_VISIBLE_DEVICES is set by this program']),
+    ('served_model_name newline', m(((S, 'served_model_name'), 'qwen\nExecStartPre=/bin/id')),
+     ['gpuhost:sglang.served_model_name', 'control character']),
+    ('served_model_name quote', m(((S, 'served_model_name'), 'qwen"x')),
+     ['gpuhost:sglang.served_model_name', 'not a model name']),
+    ('served_model_name colon', m(((S, 'served_model_name'), 'qwen:122b')), ['contains ":"', 'qwen-122b']),
+    ('served_model_name specifier', m(((S, 'served_model_name'), 'q%n')), ['served_model_name', 'not a model name']),
+    ('cuda_home newline', m(((S, 'cuda_home'), '/usr/local/cuda\nExecStartPre=/bin/id')),
+     ['gpuhost:sglang.cuda_home', 'control character']),
+    ('cuda_home with PATH separator', m(((S, 'cuda_home'), '/usr/local/cuda:/tmp/evil')),
+     ['gpuhost:sglang.cuda_home', 'not an absolute path']),
+    ('venv with space', m(((S, 'venv'), '/opt/sg lang')), ['gpuhost:sglang.venv', 'not an absolute path']),
+    ('model_path newline', m(((S, 'model_path'), '/models/q\nExecStartPre=/bin/id')),
+     ['gpuhost:sglang.model_path', 'control character']),
+    ('version with shell', m(((S, 'version'), '0.5.23; reboot')), ['gpuhost:sglang.version', 'not a release number']),
+    ('version unknown', m(((S, 'version'), '9.9.9')), ['gpuhost:sglang.version', 'no flag table', 'supported']),
+    ('listen host not an address', m(((S, 'host'), 'localhost\n')), ['gpuhost:sglang.host']),
+    # 2. Paths from names.
+    ('unit path traversal', m(((S, 'unit'), '../../../etc/passwd')),
+     ['gpuhost:sglang.unit', 'not a systemd service name']),
+    ('unit with slash', m(((S, 'unit'), 'a/b.service')), ['gpuhost:sglang.unit', 'not a systemd service name']),
+    ('unit without suffix', m(((S, 'unit'), 'sglang')), ['gpuhost:sglang.unit']),
+    ('unit template', m(((S, 'unit'), 'sglang@.service')), ['gpuhost:sglang.unit']),
+    ('unit socket', m(((S, 'unit'), 'sglang.socket')), ['gpuhost:sglang.unit']),
+    ('venv relative', m(((S, 'venv'), '../opt/venv')), ['gpuhost:sglang.venv', 'absolute path']),
+    ('venv dotdot', m(((S, 'venv'), '/opt/sglang/../../etc')), ['gpuhost:sglang.venv', 'normalised']),
+    ('model_path traversal', m(((S, 'model_path'), '../../etc/shadow')), ['gpuhost:sglang.model_path']),
+    ('cuda_home trailing slash', m(((S, 'cuda_home'), '/usr/local/cuda-13.0/')),
+     ['gpuhost:sglang.cuda_home', '/usr/local/cuda-13.0']),
+    # 3. Kernel parameters by meaning, not by string.
+    ('passthrough=true', m(((I, 'extra_kernel_args'), ['iommu.passthrough=true'])),
+     ['gpuhost:iommu.extra_kernel_args[0]', 'identity', '0x177']),
+    ('passthrough=yes', m(((I, 'extra_kernel_args'), ['iommu.passthrough=yes'])), ['identity']),
+    ('passthrough=On', m(((I, 'extra_kernel_args'), ['iommu.passthrough=On'])), ['identity']),
+    ('two parameters in one item', m(((I, 'extra_kernel_args'), ['quiet iommu=pt'])), ['iommu=pt', 'identity']),
+    ('iommu=pt in a list', m(((I, 'extra_kernel_args'), ['iommu=force,pt'])), ['identity']),
+    ('iommu=pt', m(((I, 'extra_kernel_args'), ['iommu=pt'])), ['gpuhost:iommu', 'iommu=pt', '0x177']),
+    ('iommu.passthrough=1', m(((I, 'extra_kernel_args'), ['iommu.passthrough=1'])), ['0x177']),
+    ('vfio-pci.ids', m(((I, 'extra_kernel_args'), ['vfio-pci.ids=10de:2bb5'])), ['vendor:device ID', 'PCI address']),
+    ('vfio_pci.ids', m(((I, 'extra_kernel_args'), ['vfio_pci.ids=10de:2bb5'])), ['vendor:device ID']),
+    ('nvidia option on the command line', m(((I, 'extra_kernel_args'), ['nvidia.NVreg_DmaRemapPeerMmio=0'])),
+     ['gpuhost:nvidia.dma_remap_peer_mmio']),
+    ('strict contradicts the domain', m(((I, 'extra_kernel_args'), ['iommu.strict=1'])), ['gpuhost:iommu.domain']),
+    ('amd_iommu=off', m(((I, 'extra_kernel_args'), ['amd_iommu=off'])), ['AMD IOMMU off']),
+    ('iommu=off', m(((I, 'extra_kernel_args'), ['iommu=off'])), ['IOMMU off']),
+    ('pgtbl_v2 with SNP', m(((I, 'extra_kernel_args'), ['amd_iommu=pgtbl_v2'])), ['SEV-SNP']),
+    ('blacklisted nvidia', m(((I, 'extra_kernel_args'), ['modprobe.blacklist=nvidia'])), ['blacklists']),
+    ('SEV off in KVM', m(((I, 'extra_kernel_args'), ['kvm_amd.sev=0'])), ['SEV']),
+    ('root= replaced', m(((I, 'extra_kernel_args'), ['root=/dev/sdb1'])), ['boot setup']),
+    ('command substitution', m(((I, 'extra_kernel_args'), ['x=$(reboot)'])), ['plain name']),
+    ('newline into GRUB', m(((I, 'extra_kernel_args'), ['quiet\nGRUB_TIMEOUT=0'])), ['control character']),
+    ('init args separator', m(((I, 'extra_kernel_args'), ['--'])), ['boot setup']),
+    ('identity domain', m(((I, 'domain'), 'identity')), ['gpuhost:iommu.domain', '0x177', 'power']),
+    # 4. Flags the program manages, in any spelling SGLang's parser accepts.
+    ('--tp-size 8', m(((S, 'extra_args'), ['--tp-size', '8'])), ['--tp-size', 'gpuhost:sglang.tp']),
+    ('--tp 8', m(((S, 'extra_args'), ['--tp', '8'])), ['--tp', 'gpuhost:sglang.tp']),
+    ('--tp=8', m(((S, 'extra_args'), ['--tp=8'])), ['gpuhost:sglang.tp']),
+    ('second speculative algorithm', m(((S, 'extra_args'), ['--speculative-algorithm', 'EAGLE'])),
+     ['gpuhost:sglang.speculative']),
+    ('speculative prefix', m(((S, 'extra_args'), ['--speculative-algo', 'EAGLE'])), ['gpuhost:sglang.speculative']),
+    ('--port', m(((S, 'extra_args'), ['--port', '1'])), ['gpuhost:sglang.port']),
+    ('--model-path', m(((S, 'extra_args'), ['--model-path', '/x'])), ['gpuhost:sglang.model_path']),
+    ('--served-model-name', m(((S, 'extra_args'), ['--served-model-name', 'x'])), ['served_model_name']),
+    ('--mem-fraction-static', m(((S, 'extra_args'), ['--mem-fraction-static', '0.9'])), ['mem_fraction_static']),
+    ('--dp-size', m(((S, 'extra_args'), ['--dp-size', '2'])), ['gpuhost:sglang.tp']),
+    ('--host', m(((S, 'extra_args'), ['--host', '127.0.0.1'])), ['gpuhost:sglang.host']),
+    ('unknown flag', m(((S, 'extra_args'), ['--contxt-length', '4096'])), ['--contxt-length', 'did you mean']),
+    ('bad value type', m(((S, 'extra_args'), ['--context-length', 'abc'])), ['abc']),
+    ('positional', m(((S, 'extra_args'), ['serve'])), ['serve']),
+    ('--help', m(((S, 'extra_args'), ['--help'])), ['--help']),
+    ('removed flag', m(((S, 'extra_args'), ['--mamba-scheduler-strategy', 'extra_buffer'])),
+     ['--mamba-scheduler-strategy']),
+    ('too new for the version', m(((S, 'version'), '0.5.12'), ((S, 'extra_args'), ['--cuda-graph-max-bs-decode', '64'])),
+     ['--cuda-graph-max-bs-decode', '0.5.12']),
+    # 5. Silent loss.
+    ('namespace typo', m((('gpuhots:vm',), {'vmid': 300})), ['gpuhots:vm', 'did you mean gpuhost:vm']),
+    ('other namespace, our key', m((('gpu-host:sglang',), {'tp': 4})), ['gpu-host:sglang', 'gpuhost:sglang']),
+    ('unknown top-level key', m((('gpuhost:vms',), {'vmid': 300})), ['gpuhost:vms', 'did you mean vm']),
+    ('dotted key without namespace', m((('gpuhost:gpuhost.vm',), {'vmid': 300})), ['did you mean vm']),
+    ('unknown nested key', m(((C, 'cpus'), 8)), ['gpuhost:container.cpus', 'did you mean cores']),
+    ('unknown deep key', m(((S, 'speculative', 'num_step'), 1)), ['num_step', 'did you mean num_steps']),
+    ('removed vfio section', m((('gpuhost:vfio',), {'bind': 'id'})), ['gpuhost:vfio', 'PCI address']),
+    ('same vmid for both guests', m(((V, 'vmid'), 200)), ['gpuhost:vm.vmid', '200']),
+    ('half a speculation setting', m(((S, 'speculative'), {'algorithm': 'NEXTN'})),
+     ['gpuhost:sglang.speculative', 'speculative: null']),
+    # 6. Coercion and smuggled properties.
+    ('port true', m(((S, 'port'), True)), ['gpuhost:sglang.port', 'True is not a whole number']),
+    ('port as string', m(((S, 'port'), '30000')), ['gpuhost:sglang.port', 'without quotes']),
+    ('port as float', m(((S, 'port'), 30000.5)), ['gpuhost:sglang.port']),
+    ('tp as string', m(((S, 'tp'), '4')), ['gpuhost:sglang.tp']),
+    ('vmid as string', m(((C, 'vmid'), '200')), ['gpuhost:container.vmid']),
+    ('onboot as string', m(((C, 'onboot'), 'yes')), ['gpuhost:container.onboot', 'true or false']),
+    ('onboot as number', m(((C, 'onboot'), 1)), ['gpuhost:container.onboot', 'true or false']),
+    ('mem fraction bool', m(((S, 'mem_fraction_static'), True)), ['gpuhost:sglang.mem_fraction_static']),
+    ('mem fraction out of range', m(((S, 'mem_fraction_static'), 1.2)), ['mem_fraction_static', 'outside (0, 1)']),
+    ('bridge with comma', m(((C, 'bridge'), 'vmbr0,rate=1')), ['gpuhost:container.bridge', 'not a Linux bridge']),
+    ('hostname with comma', m(((C, 'hostname'), 'sglang,foo=1')), ['gpuhost:container.hostname']),
+    ('ip with comma', m(((C, 'ip'), '127.0.21.4/8,gw=1.1.1.1')), ['gpuhost:container.ip']),
+    ('gateway with comma', m(((C, 'gateway'), '1.1.1.1,x')), ['gpuhost:container.gateway']),
+    ('nameserver junk', m(((C, 'nameserver'), '8.8.8.8,x')), ['gpuhost:container.nameserver']),
+    ('storage with comma', m(((C, 'storage'), 'local-lvm,size=1')), ['gpuhost:container.storage']),
+    ('template traversal', m(((C, 'ostemplate'), 'local:vztmpl/../../etc/passwd')), ['gpuhost:container.ostemplate']),
+    ('vm name with space', m(((V, 'name'), 'snp gpu')), ['gpuhost:vm.name']),
+    ('vm bridge with comma', m(((V, 'bridge'), 'vmbr0,tag=5')), ['gpuhost:vm.bridge']),
+    ('overlapping numa cpus', m(((H, 'numa_cpus'), {'0': '0-31', '1': '16-47'})),
+     ['gpuhost:host.numa_cpus', 'CPU 16', 'node 0 and node 1']),
+    ('reversed cpu range', m(((H, 'numa_cpus'), {'0': '31-0', '1': '32-63'})), ['runs backwards', '0-31']),
+    ('cpu list garbage', m(((H, 'numa_cpus'), {'0': 'all', '1': '32-63'})), ['not a CPU list']),
+    ('gpus as a string', m(((C, 'gpus'), '0000:01:00.0')), ['gpuhost:container.gpus', 'not a list']),
+    ('health timeout zero', m(((S, 'health_timeout_s'), 0)), ['gpuhost:sglang.health_timeout_s']),
+    ('rootfs size bool', m(((C, 'rootfs_gb'), True)), ['gpuhost:container.rootfs_gb']),
+    ('host address with shell', m(((H, 'address'), 'pve;rm -rf /')), ['gpuhost:host.address']),
+    ('ssh user newline', m(((H, 'ssh', 'user'), 'root\n')), ['gpuhost:host.ssh.user', 'control']),
+    ('api user without realm', m(((H, 'api', 'user'), 'root')), ['gpuhost:host.api.user']),
+    ('api port zero', m(((H, 'api', 'port'), 0)), ['gpuhost:host.api.port']),
+    ('numa as string', m(((V, 'numa'), '1')), ['gpuhost:vm.numa']),
+    ('duplicate inventory entry', m(((H, 'gpus'), 'DUP')), ['gpuhost:host.gpus', 'listed twice']),
+    # 7. Keys and certificates parsed at preview; clear messages.
+    ('host key bad padding', m(((H, 'ssh', 'host_key_file'), DELETE), ((H, 'ssh', 'host_key'), 'ssh-ed25519 AAAA')),
+     ['gpuhost:host.ssh.host_key', 'base64']),
+    ('host key of another type', m(((H, 'ssh', 'host_key_file'), DELETE),
+                                   ((H, 'ssh', 'host_key'), 'ssh-ed25519 ' + RSA_BLOB)),
+     ['gpuhost:host.ssh.host_key', 'not ssh-ed25519']),
+    ('host key garbage', m(((H, 'ssh', 'host_key_file'), DELETE), ((H, 'ssh', 'host_key'), 'not a key')),
+     ['gpuhost:host.ssh.host_key', 'not a public key line']),
+    ('ca cert garbage', m(((H, 'api', 'ca_file'), DELETE), ((H, 'api', 'ca_cert'), 'garbage')),
+     ['gpuhost:host.api.ca_cert', 'not a PEM certificate']),
+    ('ca file missing', m(((H, 'api', 'ca_file'), '/nonexistent/ca.pem')),
+     ['gpuhost:host.api.ca_file', 'cannot read', '/nonexistent/ca.pem']),
+    ('ca file not a cert', m(((H, 'api', 'ca_file'), '.lab/ssh/id_ed25519.pub')), ['ca_file', 'not a PEM certificate']),
+    ('private key file not a key', m(((H, 'ssh', 'private_key_file'), '.lab/pve/fakepve.crt')),
+     ['gpuhost:host.ssh.private_key_file', 'not an ed25519, ECDSA or RSA private key']),
+    ('host key file missing', m(((H, 'ssh', 'host_key_file'), '/nonexistent.pub')),
+     ['gpuhost:host.ssh.host_key_file', 'cannot read']),
+    ('both key forms', m(((H, 'ssh', 'host_key'), 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIlXMOnzn+VUtUJ2HPp/GySToF/fuDXoovapSPPhSllC')),
+     ['gpuhost:host.ssh', 'exactly one']),
+    ('api token', m(((H, 'api', 'token_id'), 'root@pam!deploy')), ['gpuhost:host.api.token_id', 'only root@pam']),
+    # 8. Secrets given as plain config.
+    ('plain password', m(((H, 'api', 'password_file'), DELETE), ((H, 'api', 'password'), 'hunter2-not-secret')),
+     ['gpuhost:host.api.password is set as plain text', 'pulumi config set --secret --path gpuhost:host.api.password']),
+    ('plain private key', m(((H, 'ssh', 'private_key_file'), DELETE), ((H, 'ssh', 'private_key'), 'PRIVATE')),
+     ['gpuhost:host.ssh.private_key is set as plain text', 'pulumi config set --secret']),
+]
+
+# Accepted: hostile-looking but harmless; preview succeeds and nothing changes.
+ACCEPTED = [
+    ('environment with quotes, $, % and backslash',
+     m(((S, 'environment'), {'NCCL_DEBUG': 'INFO', 'ODD': 'a b "c" $HOME ${X} %n \\ ; \' end'}))),
+    ('extra flag', m(((S, 'extra_args'), ['--context-length', '32768', '--chunked-prefill-size=8192']))),
+    ('served name with slash', m(((S, 'served_model_name'), 'Qwen/Qwen3.5-122B-A10B'))),
+    ('harmless kernel argument', m(((I, 'extra_kernel_args'), ['pcie_aspm=off', 'amd_iommu=force_isolation']))),
+    ('hub model id', m(((S, 'model_path'), 'Qwen/Qwen3.5-122B-A10B'))),
+    ('speculation off', m(((S, 'speculative'), None))),
+]
+
+
+def apply(cfg, changes):
+    cfg = copy.deepcopy(cfg)
+    for path, value in changes:
+        if path == (H, 'gpus') and value == 'DUP':
+            cfg[H]['gpus'] = cfg[H]['gpus'] + [cfg[H]['gpus'][0]]
+            continue
+        node = cfg
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(path[-1], None)
+        else:
+            node[path[-1]] = value
+    return cfg
+
+
+@pytest.fixture(scope='module')
+def base(lab):
+    cfg = lab.stack_config()
+    lab.write_stack(STACK, cfg)
+    return cfg
+
+
+def preview(lab, cfg):
+    lab.write_stack(STACK, cfg)
+    sessions, digest = lab.ssh_sessions(), lab.host_digest()
+    res = lab.pulumi('preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert 'Traceback' not in out and 'File "' not in out, out[-3000:]
+    assert lab.ssh_sessions() == sessions, 'preview ran a command on the host'
+    assert lab.host_digest() == digest
+    return res, out
+
+
+@pytest.mark.parametrize('name,changes,messages', CASES, ids=[c[0] for c in CASES])
+def test_refused_at_preview(lab, base, name, changes, messages):
+    res, out = preview(lab, apply(base, changes))
+    assert res.returncode != 0, 'accepted:\n' + out[-3000:]
+    for text in messages:
+        assert text in out, 'missing %r in:\n%s' % (text, out[-3000:])
+    assert lab.node().lxc.get() == [] and lab.node().qemu.get() == []
+
+
+@pytest.mark.parametrize('name,changes', ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_accepted_harmless(lab, base, name, changes):
+    res, out = preview(lab, apply(base, changes))
+    assert res.returncode == 0, out[-3000:]
+
+
+def test_a_password_set_as_a_secret_is_accepted(lab, base):
+    cfg = apply(base, [((H, 'api', 'password_file'), DELETE)])
+    lab.write_stack(STACK, cfg)
+    with open(lab.info['pve']['password_file']) as f:
+        lab.pulumi('config', 'set', '--secret', '--path', 'gpuhost:host.api.password', f.read(), stack=STACK)
+    res = lab.pulumi('preview', stack=STACK, check=False)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
