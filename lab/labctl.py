@@ -205,6 +205,14 @@ class Lab(object):
         pkg = os.path.join(root, SGLANG_VENV, 'lib/python/sglang')
         shutil.copytree(os.path.join(HERE, 'fakesglang', 'sglang'), pkg)
         hostsim.write(os.path.join(pkg, 'VERSION'), self.info['sglang_version'] + '\n')
+        # Its parser: the program's sglang_argparse and the table generated from that version's argparse
+        # (a version without a table makes the simulated launch_server fail, naming the supported ones).
+        components = os.path.join(os.path.dirname(HERE), 'components')
+        shutil.copyfile(os.path.join(components, 'sglang_argparse.py'), os.path.join(pkg, 'sglang_argparse.py'))
+        os.makedirs(os.path.join(pkg, 'sglang_flags_data'))
+        table = os.path.join(components, 'sglang_flags_data', self.info['sglang_version'] + '.json')
+        if os.path.exists(table):
+            shutil.copyfile(table, os.path.join(pkg, 'sglang_flags_data', os.path.basename(table)))
         shim = os.path.join(root, SGLANG_VENV, 'bin/python')
         hostsim.write(shim, '#!/bin/sh\nPYTHONPATH=/%s/lib/python exec /usr/bin/python3 "$@"\n' % SGLANG_VENV)
         os.chmod(shim, 0o755)

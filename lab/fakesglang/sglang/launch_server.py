@@ -1,9 +1,12 @@
 """Simulated `python -m sglang.launch_server` for lab containers.
 
-Parses the real command line with the flags the installed version accepts (so a flag renamed or
-removed in that version fails start-up exactly like SGLang does), then serves the endpoints the
-program and monitoring use: /health (503 while "loading"), /ready, /server_info (the resolved
-settings), /get_server_info, /v1/models and /metrics. Stdlib only.
+Parses the real command line with the parser of the installed SGLang version, rebuilt by
+sglang_argparse (a copy of components/sglang_argparse.py) from the table generated from that
+version's own argparse (sglang_flags_data/<version>.json, copied in by labctl): an unknown, removed,
+mistyped or ambiguous flag fails start-up exactly like SGLang does (argparse's usage and
+"<prog>: error: ..." on stderr, exit status 2). Then it serves the endpoints the program and
+monitoring use: /health (503 while "loading"), /ready, /server_info (the resolved settings),
+/get_server_info, /v1/models and /metrics. Stdlib only.
 """
 
 import argparse
@@ -14,74 +17,70 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sglang import __version__
+from sglang import __version__, sglang_argparse
 
 STARTUP_SECONDS = float(os.environ.get('LAB_SGLANG_STARTUP', '1.0'))
 
 
-def vtuple(v):
-    return tuple(int(x) for x in v.split('.')[:3])
+def parse_args(version, argv):
+    """SGLang's argparse for `version`: the namespace, or usage + error on stderr and exit 2 (0 for
+    --help, after the usage), as argparse's parse_args does."""
+    prog = sglang_argparse.table(version)['parser'].get('prog') or 'launch_server.py'
+    parser = sglang_argparse.build_parser(version, prog=prog)
+    try:
+        return parser.parse_args(argv)
+    except sglang_argparse.FlagError as e:
+        if e.kind == 'help':
+            parser.print_usage(sys.stdout)
+            sys.exit(0)
+        if e.raises not in (None, 'parser.error'):
+            # One of SGLang's own actions raised: it dies with a traceback ending in the exception.
+            sys.exit('%s: %s' % (e.raises, e))
+        message = str(e)
+    except argparse.ArgumentError as e:  # a bad or missing value
+        message = str(e)
+    parser.print_usage(sys.stderr)
+    sys.stderr.write('%s: error: %s\n' % (prog, message))
+    sys.exit(2)
 
 
-def parser(version):
-    v = vtuple(version)
-    p = argparse.ArgumentParser(prog='sglang.launch_server', allow_abbrev=True)
-    p.add_argument('--model-path', required=True)
-    p.add_argument('--served-model-name')
-    p.add_argument('--host', default='127.0.0.1')
-    p.add_argument('--port', type=int, default=30000)
-    p.add_argument('--tp-size', '--tp', type=int, default=1)
-    p.add_argument('--mem-fraction-static', type=float)
-    p.add_argument('--context-length', type=int)
-    p.add_argument('--trust-remote-code', action='store_true')
-    p.add_argument('--enable-metrics', action='store_true')
-    p.add_argument('--disable-custom-all-reduce', action='store_true')
-    p.add_argument('--attention-backend')
-    p.add_argument('--speculative-algorithm', choices=['EAGLE', 'EAGLE3', 'NEXTN', 'STANDALONE'])
-    p.add_argument('--speculative-draft-model-path')
-    p.add_argument('--speculative-num-steps', type=int)
-    p.add_argument('--speculative-eagle-topk', type=int)
-    p.add_argument('--speculative-num-draft-tokens', type=int)
-    strategies = ['auto', 'no_buffer', 'extra_buffer', 'extra_buffer_lazy']
-    if v < (0, 5, 20):
-        p.add_argument('--mamba-scheduler-strategy', choices=['no_buffer', 'extra_buffer'])
-    if v >= (0, 5, 14):
-        p.add_argument('--mamba-radix-cache-strategy', choices=strategies, default='auto')
-    if v >= (0, 5, 23):
-        # Two flags now share the old name as a prefix, so argparse calls it ambiguous.
-        p.add_argument('--cuda-graph-max-bs-decode', type=int)
-        p.add_argument('--cuda-graph-max-bs-prefill', type=int)
-    else:
-        p.add_argument('--cuda-graph-max-bs', type=int)
-    return p
+def setting(args, version, field, default=None):
+    """A ServerArgs field from the namespace (0.5.1-0.5.13 parse --tp-size into tensor_parallel_size)."""
+    for dest, name in sglang_argparse.table(version)['parser'].get('dest_to_field', {}).items():
+        if name == field and hasattr(args, dest):
+            return getattr(args, dest)
+    return getattr(args, field, default)
 
 
 def resolve(args, version):
     """The settings as SGLang reports them after its own adjustments."""
-    algo = args.speculative_algorithm
+    algo = setting(args, version, 'speculative_algorithm')
+    steps = setting(args, version, 'speculative_num_steps')
+    topk = setting(args, version, 'speculative_eagle_topk')
     spec = {
         'speculative_algorithm': 'EAGLE' if algo == 'NEXTN' else algo,
-        'speculative_num_steps': args.speculative_num_steps,
-        'speculative_eagle_topk': args.speculative_eagle_topk,
-        'speculative_num_draft_tokens': args.speculative_num_draft_tokens,
+        'speculative_num_steps': steps,
+        'speculative_eagle_topk': topk,
+        'speculative_num_draft_tokens': setting(args, version, 'speculative_num_draft_tokens'),
     }
-    if algo and args.speculative_eagle_topk == 1 and args.speculative_num_steps is not None:
+    if algo and topk == 1 and steps is not None:
         # SGLang forces draft tokens = steps + 1 when topk is 1.
-        spec['speculative_num_draft_tokens'] = args.speculative_num_steps + 1
-    strategy = getattr(args, 'mamba_radix_cache_strategy', None) or getattr(args, 'mamba_scheduler_strategy', None)
+        spec['speculative_num_draft_tokens'] = steps + 1
+    strategy = setting(args, version, 'mamba_radix_cache_strategy') or setting(args, version, 'mamba_scheduler_strategy')
     if strategy == 'auto':
         strategy = 'extra_buffer'
+    model_path = setting(args, version, 'model_path')
     settings = {
         'version': version,
-        'model_path': args.model_path,
-        'served_model_name': args.served_model_name or args.model_path,
-        'tp_size': args.tp_size,
-        'host': args.host,
-        'port': args.port,
-        'mem_fraction_static': args.mem_fraction_static,
-        'enable_metrics': args.enable_metrics,
+        'model_path': model_path,
+        'served_model_name': setting(args, version, 'served_model_name') or model_path,
+        'tp_size': setting(args, version, 'tp_size'),
+        'host': setting(args, version, 'host'),
+        'port': setting(args, version, 'port'),
+        'mem_fraction_static': setting(args, version, 'mem_fraction_static'),
+        'enable_metrics': setting(args, version, 'enable_metrics', False),
         'mamba_radix_cache_strategy': strategy,
-        'disable_custom_all_reduce': args.disable_custom_all_reduce,
+        'disable_custom_all_reduce': setting(args, version, 'disable_custom_all_reduce', False),
     }
     settings.update(spec)
     return settings
@@ -99,7 +98,7 @@ def bind_address(host):
 
 
 def main(argv=None):
-    args = parser(__version__).parse_args(argv)
+    args = parse_args(__version__, sys.argv[1:] if argv is None else argv)
     triple = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
     if args.speculative_algorithm and None in triple:
         sys.exit('ValueError: speculative decoding needs --speculative-num-steps, --speculative-eagle-topk '
