@@ -267,10 +267,11 @@ def parse_host_key(value: str) -> str:
             show(value, 60), inner or 'malformed', parts[0], fix))
     import paramiko
     try:
-        paramiko.PKey.from_type_string(parts[0], blob)
-    except Exception as e:  # paramiko raises several types for a malformed key blob
-        raise ValueError('%s: not a usable %s key (%s); %s' % (show(value, 60), parts[0], type(e).__name__, fix)) \
-            from None
+        ok = paramiko.PKey.from_type_string(parts[0], blob).asbytes() == blob
+    except Exception:  # noqa: BLE001 - paramiko raises several types for a malformed key blob
+        ok = False
+    if not ok:
+        raise ValueError('%s: not a complete %s key (cut short or damaged); %s' % (show(value, 60), parts[0], fix))
     return ' '.join(parts[:2])
 
 
@@ -811,8 +812,19 @@ def _all_config_keys():
     return list(rc.CONFIG.get())
 
 
+# Names operators reach for that this program spells differently.
+SYNONYMS = {'cpus': 'cores', 'cpu': 'cores', 'vcpus': 'cores', 'memory': 'memory_mb', 'mem': 'memory_mb',
+            'ram': 'memory_mb', 'swap': 'swap_mb', 'disk': 'rootfs_gb', 'rootfs': 'rootfs_gb', 'disk_gb': 'rootfs_gb',
+            'template': 'ostemplate', 'id': 'vmid', 'tensor_parallel': 'tp', 'tp_size': 'tp', 'model': 'model_path',
+            'spec': 'speculative', 'speculative_decoding': 'speculative', 'env': 'environment', 'args': 'extra_args',
+            'kernel_args': 'extra_kernel_args', 'gpu': 'gpus', 'address': 'address'}
+
+
 def did_you_mean(word: str, choices) -> str:
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    choices = list(choices)
+    if SYNONYMS.get(word) in choices:
+        return ' (did you mean %s?)' % SYNONYMS[word]
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return ' (did you mean %s?)' % match[0] if match else ''
 
 

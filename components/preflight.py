@@ -85,7 +85,8 @@ def check_proxmox(d, api: dict) -> None:
                                      c.ostemplate, tmpl_store, node,
                                      ', '.join(sorted(v.get('volid') for v in vols)) or 'none', tmpl_store))
         bridges = {i.get('iface') for i in pve.api_call('listing the network of %s' % node, n.network.get,
-                                                        type='any_bridge')}
+                                                        type='any_bridge')
+                   if i.get('type') in ('bridge', 'OVSBridge')}
         for key, bridge in (('gpuhost:container.bridge', c.bridge),) + (
                 (('gpuhost:vm.bridge', d.vm.bridge),) if d.vm else ()):
             if bridge not in bridges:

@@ -54,9 +54,11 @@ def scalar(value) -> str:
 
 LIST_KEYS = ('net', 'dev', 'hostpci', 'numa', 'amd-sev', 'features', 'rootfs', 'mp', 'scsi', 'efidisk',
              'virtio', 'sata', 'ide')
-# Sub-keys Proxmox fills in itself (a generated MAC, the interface type); any other sub-key the config
-# does not set is a difference, so a property smuggled in once does not stay forever.
+# Sub-keys Proxmox fills in itself (a generated MAC, the interface type, the disk size), and sub-keys
+# at Proxmox's default value: anything else the config does not set is a difference, so a property
+# smuggled in once (a comma in a bridge name) does not stay after the config is fixed.
 PROXMOX_ADDED = {'net': {'hwaddr', 'type'}, 'rootfs': {'size'}}
+PROXMOX_DEFAULTS = {'hostpci': {'rombar': '1'}}
 # The positional part of these values has a key name when written as k=v.
 POSITIONAL = {'dev': 'path', 'hostpci': 'host', 'amd-sev': 'type', 'numa': 'cpus'}
 
@@ -86,7 +88,9 @@ def same_value(key: str, desired, actual) -> bool:
         a_props = {k: v for k, v in a_props.items() if k != d_first}
     if d_first is not None and (a_first or '').lower() != d_first.lower():
         return False
-    if set(a_props) - set(d_props) - PROXMOX_ADDED.get(base, set()):
+    defaults = PROXMOX_DEFAULTS.get(base, {})
+    if any(k not in d_props and k not in PROXMOX_ADDED.get(base, ()) and scalar(v) != defaults.get(k)
+           for k, v in a_props.items()):
         return False
     return all(scalar(a_props.get(k)) == scalar(v) for k, v in d_props.items())
 

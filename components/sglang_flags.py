@@ -29,14 +29,20 @@ MANAGED_DESTS = {
     'dp_size': 'gpuhost:sglang.tp (every container GPU serves one tensor-parallel group)',
     'pp_size': 'gpuhost:sglang.tp (every container GPU serves one tensor-parallel group)',
     'ep_size': 'gpuhost:sglang.tp', 'nnodes': 'one node: the container', 'node_rank': 'one node: the container',
+    'dist_init_addr': 'one node: the container', 'device': 'the container\'s GPUs',
     'base_gpu_id': 'gpuhost:container.gpus', 'gpu_id_step': 'gpuhost:container.gpus',
     'mem_fraction_static': 'gpuhost:sglang.mem_fraction_static', 'enable_metrics': 'always on (monitoring)',
     'disable_custom_all_reduce': 'gpuhost:sglang.disable_custom_all_reduce',
     'mamba_radix_cache_strategy': 'gpuhost:sglang.mamba_radix_cache_strategy',
     'mamba_scheduler_strategy': 'gpuhost:sglang.mamba_radix_cache_strategy',
     'config': 'the unit\'s flags (a config file would override them unseen)',
-    'tokenizer_path': 'gpuhost:sglang.model_path',
 }
+# Older releases spell the parallel sizes out; newer ones add more ways to split the GPUs.
+for _dest in ('tensor_parallel_size', 'pipeline_parallel_size', 'data_parallel_size', 'expert_parallel_size',
+              'attention_context_parallel_size', 'moe_data_parallel_size', 'attn_dp_size', 'attn_cp_size',
+              'dcp_size', 'moe_dp_size', 'dwdp_size', 'moe_dense_tp_size', 'shared_experts_tp_size',
+              'enable_dp_attention'):
+    MANAGED_DESTS[_dest] = 'gpuhost:sglang.tp (every container GPU serves one tensor-parallel group)'
 MANAGED_PREFIXES = {'speculative_': 'gpuhost:sglang.speculative'}
 # Environment variables the unit sets from other settings.
 MANAGED_ENV = {
@@ -72,11 +78,18 @@ def managed_by(dest):
 def check(version, managed_args, extra_args):
     """Raise FlagError naming the flag, the version and the fix for what SGLang `version` would reject,
     and for any extra_args flag that sets what the program manages."""
+    managed_args, extra_args = list(managed_args), list(extra_args)
     try:
-        _, given = sa.parse(version, list(extra_args))
+        _, own = sa.parse(version, managed_args)
     except sa.FlagError as e:
-        raise FlagError('gpuhost:sglang.extra_args: %s (SGLang %s, gpuhost:sglang.version)' % (e, version)) from None
-    for token, dest in given:
+        raise FlagError('gpuhost:sglang: SGLang %s would refuse the flags this program renders: %s' % (
+            version, e)) from None
+    try:
+        # Parsed behind the managed flags, as in the unit: what the extra tokens resolve to there.
+        _, given = sa.parse(version, managed_args + extra_args)
+    except sa.FlagError as e:
+        raise FlagError('gpuhost:sglang.extra_args: %s (gpuhost:sglang.version: %s)' % (e, version)) from None
+    for token, dest in given[len(own):]:
         action = _action(version, dest)
         if action and action.get('action') in ('help', 'version'):
             raise FlagError('gpuhost:sglang.extra_args: %s prints and exits; SGLang would never serve - remove it'
@@ -85,10 +98,6 @@ def check(version, managed_args, extra_args):
         if key:
             raise FlagError('gpuhost:sglang.extra_args: %s sets %s, which this program manages (%s); set it there '
                             'and remove it from extra_args' % (token, dest, key))
-    try:
-        sa.parse(version, list(managed_args) + list(extra_args))
-    except sa.FlagError as e:
-        raise FlagError('gpuhost:sglang: SGLang %s would refuse the launch flags: %s' % (version, e)) from None
 
 
 def _action(version, dest):
@@ -112,15 +121,13 @@ def mamba_strategy_args(version, strategy):
 
 def warnings(version, args, environment, speculative):
     out = []
-    opts = option_strings(version)
     try:
         parsed, given = sa.parse(version, list(args))
     except sa.FlagError:
         return out
-    given_tokens = {dest for _, dest in given}
-    if 'mamba_scheduler_strategy' in given_tokens and '--mamba-radix-cache-strategy' in opts:
-        out.append('gpuhost:sglang: --mamba-scheduler-strategy is a deprecated alias in SGLang %s; use '
-                   'gpuhost:sglang.mamba_radix_cache_strategy (--mamba-radix-cache-strategy)' % version)
+    for token, dest, new in sa.deprecated(version, list(args)):
+        out.append('gpuhost:sglang: %s is deprecated in SGLang %s%s' % (
+            token, version, '; use %s (%s)' % (new, managed_by(dest) or 'gpuhost:sglang.extra_args') if new else ''))
     if speculative:
         strategy = parsed.get('mamba_radix_cache_strategy') or parsed.get('mamba_scheduler_strategy')
         lazy = any('extra_buffer_lazy' in (a.get('choices') or []) for a in sa.table(version)['actions'])

@@ -166,7 +166,10 @@ class Lab(object):
         pve.grant('monitor@pve', '/', 'VM.Audit', 'Sys.Audit')
         with open(pinfo['token_file']) as f:
             pve.apitokens[pinfo['token_id']] = f.read()
-        pve.storages['local']['files'].add(self.info['template'].split(':', 1)[1])
+        # The OS template as a vztmpl volume of `local` (what `pveam download local <template>` leaves):
+        # fakepve then fails a container create naming any other template, as Proxmox does.
+        pve.storages['local'].setdefault('volumes', {})[self.info['template'].split(':', 1)[1]] = {
+            'content': 'vztmpl', 'format': 'tzst', 'size': 129 * 1024 ** 2, 'ctime': 0}
         await pve.start(pinfo['cafile'], pinfo['keyfile'])
         self.pve = pve
         log = open(os.path.join(self.lab, 'sshd.log'), 'ab')

@@ -2,7 +2,7 @@ set -euo pipefail
 # Read-only: the host facts the program decides from, one tab-separated record per line
 # (parsed by components/remote.py:parse_facts). Changes nothing.
 tab=$'\t'
-oneline() { tr '\t\n\r' '   '; }
+oneline() { tr '\t\n\r' '   ' | sed 's/ *$//'; }
 # The boot method: proxmox-boot-tool's answer is read whole first (a `| grep -q` under pipefail can
 # kill the writer with SIGPIPE on a long answer and misreport the boot method).
 pbt=
@@ -56,7 +56,7 @@ fi
 if command -v driverctl >/dev/null; then
   overrides=$(driverctl list-overrides 2>/dev/null || true)
   printf '%s\n' "$overrides" | while read -r bdf drv; do
-    [ -n "$bdf" ] && echo "override${tab}${bdf}${tab}${drv}"
+    if [ -n "$bdf" ]; then echo "override${tab}${bdf}${tab}${drv}"; fi
   done
 fi
 for f in "$@"; do

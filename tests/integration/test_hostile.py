@@ -162,7 +162,8 @@ CASES = [
     ('numa as string', m(((V, 'numa'), '1')), ['gpuhost:vm.numa']),
     ('duplicate inventory entry', m(((H, 'gpus'), 'DUP')), ['gpuhost:host.gpus', 'listed twice']),
     # 7. Keys and certificates parsed at preview; clear messages.
-    ('host key bad padding', m(((H, 'ssh', 'host_key_file'), DELETE), ((H, 'ssh', 'host_key'), 'ssh-ed25519 AAAA')),
+    ('host key bad padding', m(((H, 'ssh', 'host_key_file'), DELETE),
+                                ((H, 'ssh', 'host_key'), 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIlXMOnzn+VUtUJ2HPp')),
      ['gpuhost:host.ssh.host_key', 'base64']),
     ('host key of another type', m(((H, 'ssh', 'host_key_file'), DELETE),
                                    ((H, 'ssh', 'host_key'), 'ssh-ed25519 ' + RSA_BLOB)),

@@ -52,7 +52,8 @@ def test_host_children_and_inputs():
             'host-vfio': 'pulumi-python:dynamic/gpuhost:VfioBinding',
             'host-status': 'pulumi-python:dynamic/gpuhost:HostStatus'}
         assert r['host-kernel-cmdline'].inputs['ensure_args'] == ['iommu.passthrough=0', 'iommu.strict=0']
-        assert 'iommu=pt' in r['host-kernel-cmdline'].inputs['forbid_args']
+        assert r['host-kernel-cmdline'].inputs['dangerous_args'] == []
+        assert r['host-kernel-cmdline'].inputs['policy'] == {'blackwell': True, 'snp': True, 'vfio': True}
         assert r['host-vfio'].inputs['devices'] == ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
         assert 'NVreg_DmaRemapPeerMmio=1' in r['host-nvidia-options'].inputs['content']
     return host.reboot_required.apply(check)
@@ -69,7 +70,12 @@ def test_no_vm_means_no_vfio_binding():
     data['host']['api'].pop('password_file')
     d = config.parse(data)
     host = ProxmoxHost('host', d, CONN)
-    return host.reboot_required.apply(lambda _: 'host-vfio' not in by_name())
+
+    def check(_):
+        names = by_name()
+        assert 'host-vfio' not in names and 'host-kernel-cmdline' in names
+        assert names['host-kernel-cmdline'].inputs['policy'] == {'blackwell': True, 'snp': False, 'vfio': False}
+    return host.reboot_required.apply(check)
 
 
 @pulumi.runtime.test

@@ -14,7 +14,7 @@ INVENTORY = [{'address': a, 'numa': n, 'id': '10de:2bb5'} for a, n in (
     ('0000:81:00.0', 1), ('0000:91:00.0', 1), ('0000:e1:00.0', 1), ('0000:f1:00.0', 1))]
 BLACKWELL = ['10de:2bb1', '10de:2bb4', '10de:2bb5']
 VM = ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
-EXPECT = {'ensure_args': ['iommu.passthrough=0', 'iommu.strict=0'], 'forbid_args': ['iommu=pt'],
+EXPECT = {'ensure_args': ['iommu.passthrough=0', 'iommu.strict=0'], 'policy': {'blackwell': True, 'snp': True, 'vfio': True},
           'domain': 'DMA-FQ', 'nvidia_params': {'DmaRemapPeerMmio': '1'}, 'vfio_devices': VM,
           'container_devices': ['0000:01:00.0', '0000:11:00.0', '0000:61:00.0', '0000:71:00.0']}
 
@@ -44,9 +44,10 @@ def test_reboot_reasons_name_what_is_not_running_yet():
     assert reasons == ['kernel command line: running lacks iommu.passthrough=0 iommu.strict=0']
 
 
-def test_grub_host_value_is_unquoted_and_identity_is_reported():
+def test_grub_host_values_are_read_as_grub_sources_them_and_identity_is_reported():
     f = facts('host_facts.lab-grub-identity.txt')
-    assert f.boot == 'grub' and f.configured == 'quiet iommu=pt'
+    assert f.boot == "grub" and f.configured == "quiet iommu=pt"
+    assert (f.grub_linux, f.grub_default) == ("", "quiet iommu=pt")
     reasons = reboot_reasons(f, EXPECT)
     assert 'kernel command line: running still has iommu=pt' in reasons
     assert any(r.startswith('IOMMU group 20 (0000:01:00.0): type identity, declared DMA-FQ') for r in reasons)

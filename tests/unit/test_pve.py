@@ -13,6 +13,10 @@ def test_proxmox_additions_are_not_differences():
 
 
 def test_real_differences_are():
+    # A property the config does not set (smuggled in once through a comma) is a difference.
+    assert not same_value('net0', 'name=eth0,bridge=vmbr0,ip=10.0.0.20/24',
+                          'name=eth0,bridge=vmbr0,ip=10.0.0.20/24,rate=1,hwaddr=BC:24:11:22:5B:4D')
+    assert not same_value('hostpci0', '0000:81:00.0,pcie=1', '0000:81:00.0,pcie=1,x-vga=1')
     assert not same_value('net0', 'name=eth0,bridge=vmbr0,ip=10.0.0.20/24', 'name=eth0,bridge=vmbr1,ip=10.0.0.20/24')
     assert not same_value('hostpci0', '0000:81:00.0,pcie=1', '0000:91:00.0,pcie=1')
     assert not same_value('cores', 32, 8)
