@@ -95,9 +95,6 @@ def mismatches(expected: dict, got: dict) -> list:
 
 class SglangUnitProvider(ObservedProvider):
     DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid')
-    # A new unit name or container: the old unit is stopped and removed first (it holds the port).
-    REPLACE = ('unit_name', 'vmid')
-    DELETE_BEFORE_REPLACE = True
     OUTPUTS = ('resolved', 'invocation_id', 'restarted')
 
     def observe(self, target, client, props):
@@ -146,6 +143,12 @@ class SglangUnitProvider(ObservedProvider):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
 
     def update(self, _id, olds, news):
+        if olds.get('unit_name') != news['unit_name'] and olds.get('vmid') == news['vmid'] and olds.get('unit_name'):
+            # A renamed unit: the old one is stopped and removed first (it holds the port). An update,
+            # not a replacement, so the resource stays protected with its container.
+            target = remote.Target.from_inputs(news['connection'])
+            remote.run(target, 'ct_stop_unit.sh', [news['vmid'], olds['unit_name'],
+                                                   '/etc/systemd/system/%s' % olds['unit_name']])
         # Restart when the unit differs from the last one confirmed healthy - also when an earlier
         # apply already wrote it but failed before confirming (the file is then "unchanged") - and
         # when the container was replaced (new uid): it starts from nothing.
@@ -191,7 +194,8 @@ class SglangService(pulumi.ComponentResource):
             **dict.fromkeys(SglangUnitProvider.OUTPUTS),
         }
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
-                                pulumi.ResourceOptions(parent=self, depends_on=[container]))
+                                pulumi.ResourceOptions(parent=self, depends_on=[container],
+                                                       protect=d.container.protect))
         self.resolved = self.service.resolved
         self.version = s.version
         self.active = self.service.active

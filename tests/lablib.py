@@ -76,9 +76,10 @@ class Lab(object):
     def stop_processes(self):
         """Stop fakepve, sshd and the guests' services but keep the lab's files (keys, CA)."""
         import signal
-        os.kill(self.info['pid'], signal.SIGTERM)
+        # sshd removes its pid file when it stops: read it before stopping the lab.
         with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
             sshd = int(f.read().strip())
+        os.kill(self.info['pid'], signal.SIGTERM)
         self.wait_for(lambda: not _alive(self.info['pid']) and not _alive(sshd), what='lab processes to stop')
 
     # -- config

@@ -194,6 +194,13 @@ def test_create_only_change_replaces_the_container_and_the_service_follows(lab, 
                                             'num_draft_tokens': 3}
     cfg['gpuhost:container']['unprivileged'] = False
     lab.write_stack(STACK, cfg)
+    # Protected (the default): refused at preview, naming the key and the opt-out.
+    res = lab.pulumi('preview', stack=STACK, check=False)
+    assert res.returncode != 0 and 'gpuhost:container.unprivileged' in res.stdout + res.stderr
+    assert 'gpuhost:container.protect: false' in res.stdout + res.stderr
+    # Opted out for this one change: the same `up` replaces it.
+    cfg['gpuhost:container']['protect'] = False
+    lab.write_stack(STACK, cfg)
     plan = lab.preview_json(STACK)
     ct_ops = [s['op'] for s in plan['steps'] if s['urn'].endswith('::container-lxc')]
     assert 'replace' in ct_ops or 'delete-replaced' in ct_ops, ct_ops
@@ -208,6 +215,21 @@ def test_create_only_change_replaces_the_container_and_the_service_follows(lab, 
 
 
 def test_destroy_removes_guests_and_keeps_host_settings(lab, stack):
+    cfg = lab.stack_config()
+    cfg['gpuhost:container']['unprivileged'] = False
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,
+                                            'num_draft_tokens': 3}
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)  # both guests protected again
+    # Protected guests are not destroyed; the opt-out is recorded by an `up`, then destroy goes ahead.
+    res = lab.pulumi('destroy', '--yes', '--skip-preview', stack=STACK, check=False)
+    assert res.returncode != 0 and 'because it is protected' in res.stdout + res.stderr
+    assert len(lab.node().lxc.get()) == 1 and len(lab.node().qemu.get()) == 1
+    assert health(lab) == 200, 'a refused destroy must not take the service down'
+    cfg['gpuhost:container']['protect'] = False
+    cfg['gpuhost:vm']['protect'] = False
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     lab.pulumi('destroy', '--yes', '--skip-preview', stack=STACK)
     assert lab.node().lxc.get() == [] and lab.node().qemu.get() == []
     assert not os.path.exists(lab.ct_root())

@@ -1,0 +1,149 @@
+"""Guards around a deployed stack: a typo never destroys or replaces a guest, and `up` checks the host
+and Proxmox before any step (preflight). The tests share one deployed lab stack, in order."""
+
+import copy
+import os
+
+import pytest
+
+STACK = 'guards'
+H, C, V, S = 'gpuhost:host', 'gpuhost:container', 'gpuhost:vm', 'gpuhost:sglang'
+
+
+def with_changes(cfg, *changes):
+    cfg = copy.deepcopy(cfg)
+    for path, value in changes:
+        node = cfg
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return cfg
+
+
+@pytest.fixture(scope='module')
+def deployed(lab):
+    cfg = lab.stack_config()
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    return cfg
+
+
+def guests(lab):
+    return ({c['vmid']: c['status'] for c in lab.node().lxc.get()},
+            {v['vmid']: v['status'] for v in lab.node().qemu.get()})
+
+
+def refused(lab, cfg, command=('preview',)):
+    lab.write_stack(STACK, cfg)
+    before, digest = guests(lab), lab.host_digest()
+    res = lab.pulumi(*command, stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]
+    assert 'Traceback' not in out and 'File "' not in out, out[-3000:]
+    assert guests(lab) == before and lab.host_digest() == digest
+    return out
+
+
+@pytest.mark.parametrize('changes,key', [
+    ([((C, 'unprivileged'), False)], 'gpuhost:container.unprivileged'),
+    ([((C, 'ostemplate'), 'local:vztmpl/debian-13-standard_13.1-1_amd64.tar.zst')], 'gpuhost:container.ostemplate'),
+    ([((C, 'rootfs_gb'), 100)], 'gpuhost:container.storage/rootfs_gb'),
+    ([((H, 'node'), 'pve-other')], 'gpuhost:host.node'),
+    ([((C, 'vmid'), 201)], 'gpuhost:container.vmid'),
+    ([((V, 'vmid'), 301)], 'gpuhost:vm.vmid'),
+], ids=['unprivileged', 'ostemplate', 'rootfs', 'node', 'container vmid', 'vm vmid'])
+def test_a_change_that_replaces_a_guest_is_refused_at_preview(lab, deployed, changes, key):
+    out = refused(lab, with_changes(deployed, *changes))
+    assert key in out and 'would destroy' in out and '.protect: false' in out, out[-3000:]
+
+
+def test_dropping_the_vm_section_is_refused(lab, deployed):
+    cfg = copy.deepcopy(deployed)
+    cfg.pop(V)
+    out = refused(lab, cfg)
+    assert 'protect' in out and 'vm-qemu' in out, out[-3000:]
+
+
+def test_a_namespace_typo_is_refused_and_the_vm_stays(lab, deployed):
+    cfg = copy.deepcopy(deployed)
+    cfg['gpuhots:vm'] = cfg.pop(V)
+    out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
+    assert 'did you mean gpuhost:vm' in out
+
+
+def test_unprotected_wrong_node_stops_at_preflight_before_anything_is_deleted(lab, deployed):
+    cfg = with_changes(deployed, ((H, 'node'), 'pve-other'), ((C, 'protect'), False), ((V, 'protect'), False))
+    out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
+    assert "gpuhost:host.node: 'pve-other' is not a node of the Proxmox cluster" in out, out[-3000:]
+
+
+def test_unprotected_replacement_with_a_missing_template_stops_at_preflight(lab, deployed):
+    cfg = with_changes(deployed, ((C, 'ostemplate'), 'local:vztmpl/debian-13-standard_13.1-1_amd64.tar.zst'),
+                       ((C, 'protect'), False))
+    out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
+    assert 'gpuhost:container.ostemplate: local:vztmpl/debian-13-standard_13.1-1_amd64.tar.zst is not on storage local' \
+        in out, out[-3000:]
+
+
+def test_a_missing_bridge_stops_at_preflight(lab, deployed):
+    out = refused(lab, with_changes(deployed, ((C, 'bridge'), 'vmbr9')), ('up', '--yes', '--skip-preview'))
+    assert "gpuhost:container.bridge: bridge 'vmbr9' does not exist on node pve-lab" in out, out[-3000:]
+
+
+def test_a_gpu_missing_on_the_host_stops_every_up(lab, deployed):
+    cfg = copy.deepcopy(deployed)
+    cfg[H]['gpus'] = cfg[H]['gpus'] + [{'address': '0000:c1:00.0', 'numa': 1, 'id': '10de:2bb5'}]
+    lab.write_stack(STACK, cfg)
+    assert lab.pulumi('preview', stack=STACK, check=False).returncode == 0  # preview contacts no host
+    out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
+    assert 'gpuhost:host.gpus: 0000:c1:00.0 is not a GPU on this host' in out, out[-3000:]
+
+
+def test_unprotected_vmid_change_onto_a_taken_vmid_keeps_the_old_container(lab, deployed):
+    # Someone else's container holds 201: the new container is created first, fails, and 200 stays.
+    lab.node().lxc.post(vmid=201, ostemplate=deployed[C]['ostemplate'], hostname='other', storage='local-lvm')
+    lab.wait_for(lambda: 201 in guests(lab)[0], what='container 201')
+    try:
+        cfg = with_changes(deployed, ((C, 'vmid'), 201), ((C, 'protect'), False))
+        out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
+        assert 'creating container 201 on pve-lab' in out and 'already exists' in out, out[-3000:]
+        assert lab.node().lxc(200).status.current.get()['status'] == 'running'
+    finally:
+        lab.node().lxc(201).delete()
+        lab.wait_for(lambda: 201 not in guests(lab)[0], what='container 201 gone')
+    lab.write_stack(STACK, deployed)
+    lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_hostile_but_legal_values_reach_sglang_verbatim(lab, deployed):
+    odd = 'a b "c" $HOME ${X} %n \\ ; \' end'
+    cfg = with_changes(deployed, ((S, 'environment'), {'ODD': odd}),
+                       ((S, 'extra_args'), ['--context-length', '32768', '--chunked-prefill-size=8192']))
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    with open(os.path.join(lab.ct_root(), 'run', 'lab-systemd', 'sglang-qwen.service.pid')) as f:
+        pid = int(f.read())
+    with open('/proc/%d/environ' % pid, 'rb') as f:
+        env = dict(item.split(b'=', 1) for item in f.read().split(b'\0') if item)
+    assert env[b'ODD'].decode() == odd
+    with open('/proc/%d/cmdline' % pid, 'rb') as f:
+        argv = [a.decode() for a in f.read().split(b'\0') if a]
+    assert argv[-4:] == ['--disable-custom-all-reduce', '--context-length', '32768', '--chunked-prefill-size=8192']
+    assert not os.path.exists(os.path.join(lab.ct_root(), 'tmp', 'pwned'))
+    lab.write_stack(STACK, deployed)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+
+
+def test_renaming_the_unit_moves_the_service(lab, deployed):
+    units = os.path.join(lab.ct_root(), 'etc', 'systemd', 'system')
+    lab.write_stack(STACK, with_changes(deployed, ((S, 'unit'), 'sglang-qwen35.service')))
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert not os.path.exists(os.path.join(units, 'sglang-qwen.service'))
+    assert os.path.exists(os.path.join(units, 'sglang-qwen35.service'))
+    assert lab.unit_starts('sglang-qwen35.service') == 1
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_algorithm'] == 'EAGLE'
+    lab.write_stack(STACK, deployed)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert not os.path.exists(os.path.join(units, 'sglang-qwen35.service'))
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
