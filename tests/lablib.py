@@ -107,6 +107,10 @@ class Lab(object):
             argv += ['--stack', stack]
         res = subprocess.run(argv, cwd=self.project, env=dict(self.env, **(env or {})), capture_output=True, text=True,
                              timeout=timeout)
+        # Whatever happened, the operator never sees Python frames (README: errors come without them).
+        for stream in (res.stdout, res.stderr):
+            assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
+                '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])
         if check and res.returncode != 0:
             raise AssertionError('%s failed (%d):\n%s\n%s' % (' '.join(argv), res.returncode, res.stdout[-6000:],
                                                               res.stderr[-3000:]))
