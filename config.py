@@ -65,10 +65,13 @@ def show(value, limit=80) -> str:
 
 
 def no_control(value: str) -> str:
-    bad = sorted({c for c in value if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0})
+    """Control characters (C0, C1), line and paragraph separators and invisible format characters
+    (bidi overrides, zero-width) never belong in a value that reaches a file, a command or a log."""
+    import unicodedata
+    bad = sorted({c for c in value if unicodedata.category(c) in ('Cc', 'Cf', 'Cs', 'Zl', 'Zp')})
     if bad:
         raise ValueError('%s contains the control character%s %s; a value must stay on one line and hold no '
-                         'control characters - remove %s' % (
+                         'control or invisible characters - remove %s' % (
                              show(value), 's' if len(bad) > 1 else '', ', '.join(repr(c) for c in bad),
                              'them' if len(bad) > 1 else 'it'))
     return value
@@ -429,8 +432,8 @@ class Iommu(Model):
 
 
 class Nvidia(Model):
-    dma_remap_peer_mmio: Literal[0, 1] = Field(
-        1, description='NVreg_DmaRemapPeerMmio (already 1 by default; written explicitly so it is visible '
+    dma_remap_peer_mmio: int = Field(ge=0, le=1, default=
+        1, description='NVreg_DmaRemapPeerMmio, 0 or 1 (already 1 by default; written explicitly so it is visible '
                        'and diffable). No fix for P2P under translation: NCCL_P2P_DISABLE=1 is')
 
 
@@ -530,7 +533,8 @@ class Sglang(Model):
     extra_args: list[Text] = Field(default_factory=list, max_length=256,
                                    description='More launch_server flags, parsed with the declared version\'s '
                                                'own argument parser; flags this program sets are refused')
-    environment: dict[Annotated[str, AfterValidator(env_key)], Text] = Field(default_factory=dict)
+    environment: dict[Annotated[str, AfterValidator(env_key)], Annotated[Text, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=128)
     health_timeout_s: float = Field(900.0, gt=0, le=86400,
                                     description='How long a (re)start may take to pass /health')
 
@@ -740,10 +744,14 @@ class Deployment(Model):
 # ------------------------------------------------------------------ loading
 
 def read_file(path: str, root: str, what: str) -> str:
+    import stat
     full = os.path.expanduser(path)
     full = full if os.path.isabs(full) else os.path.join(root, full)
     try:
         with open(full) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+                raise ConfigError('%s: %s is not a regular file of at most 1 MiB' % (what, full))
             return f.read()
     except OSError as e:
         raise ConfigError('%s: cannot read %s: %s' % (what, full, e.strerror)) from None
@@ -974,7 +982,8 @@ def format_errors(e: ValidationError) -> str:
         elif kind in TYPE_NAMES:
             lines.append('%s: %s is not %s%s' % (where, shown, TYPE_NAMES[kind],
                                                  ' (write it without quotes)' if isinstance(value, str) and
-                                                 kind.startswith(('int', 'float', 'bool')) else
+                                                 kind.startswith(('int', 'float', 'bool')) and
+                                                 loc[-1] != '[key]' else
                                                  ' (write it in quotes)' if kind == 'string_type' else ''))
         elif kind == 'literal_error':
             lines.append('%s: %s is not one of the allowed values: %s' % (

@@ -79,6 +79,10 @@ def check(version, managed_args, extra_args):
     """Raise FlagError naming the flag, the version and the fix for what SGLang `version` would reject,
     and for any extra_args flag that sets what the program manages."""
     managed_args, extra_args = list(managed_args), list(extra_args)
+    for i, arg in enumerate(extra_args):
+        if arg.startswith('-') and any(c.isspace() for c in arg):
+            raise FlagError('gpuhost:sglang.extra_args[%d]: %r holds a flag and more; each list item is one '
+                            'argument, e.g. [%s]' % (i, arg, ', '.join(repr(w) for w in arg.split())))
     try:
         _, own = sa.parse(version, managed_args)
     except sa.FlagError as e:
