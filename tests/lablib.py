@@ -57,6 +57,10 @@ class Lab(object):
                         GPUHOST_LAB=self.dir)
         self.env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
         os.makedirs(os.path.join(base, 'state'))
+        # pulumi-command's provider plugin, from the binary tools/bootstrap.sh cached (no download).
+        res = subprocess.run([os.path.join(REPO, 'tools', 'install-command-plugin.sh'), self.env['PULUMI_HOME']],
+                             env=self.env, capture_output=True, text=True)
+        assert res.returncode == 0, 'install-command-plugin.sh failed:\n' + res.stderr
         self.info = None
 
     # -- lifecycle
