@@ -1,11 +1,18 @@
-// Builds the Pulumi CLI from the Go module proxy (get.pulumi.com is unreachable here).
-// pkg/go.mod carries replace directives that `go install pkg@version` refuses, so this
-// wrapper module copies the one that matters outside the pulumi repo.
+// Builds the Pulumi CLI and upstream's Python language host from Go modules, for machines that
+// cannot reach get.pulumi.com. pkg/go.mod and the language host's go.mod carry replace directives
+// (into the pulumi repo) that `go install pkg@version` refuses, so this wrapper module requires both
+// and copies the one that matters outside the repo (atotto/clipboard). The language host module has
+// no tags: it is required by the pseudo-version of pulumi v3.259.0's commit (0ac56e876614), built
+// against sdk/v3 and pkg/v3 v3.274.1. The public module proxy refuses that pseudo-version; the
+// shared mirror (../shared/goproxy) serves it, and go.sum holds its hash.
 module github.com/gpuhost/pulumi-tools
 
 go 1.26.6
 
-require github.com/pulumi/pulumi/pkg/v3 v3.274.1
+require (
+	github.com/pulumi/pulumi/pkg/v3 v3.274.1
+	github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3 v3.0.0-20260819165155-0ac56e876614
+)
 
 require (
 	cel.dev/expr v0.25.3 // indirect
@@ -104,6 +111,7 @@ require (
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/erikgeiser/coninput v0.0.0-20211004153227-1c3628e74d0f // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
 	github.com/git-pkgs/manifests v0.4.1 // indirect
 	github.com/git-pkgs/packageurl-go v0.3.1 // indirect
 	github.com/git-pkgs/purl v0.1.10 // indirect
@@ -179,6 +187,7 @@ require (
 	github.com/muesli/reflow v0.3.0 // indirect
 	github.com/muesli/termenv v0.16.0 // indirect
 	github.com/natefinch/atomic v1.0.1 // indirect
+	github.com/nxadm/tail v1.4.11 // indirect
 	github.com/olekukonko/tablewriter v0.0.5 // indirect
 	github.com/opentracing/basictracer-go v1.1.0 // indirect
 	github.com/opentracing/opentracing-go v1.2.0 // indirect
@@ -279,6 +288,7 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261026165753-2ffab32bce7e // indirect
 	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
+	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	lukechampine.com/frand v1.5.1 // indirect
