@@ -24,6 +24,8 @@ cd "$root"
 
 PULUMI_VERSION=v3.274.1
 COMMAND_VERSION=1.2.1
+# Where the CLI's release archives and checksum files are (a company mirror of them works too).
+PULUMI_RELEASES=${GPUHOST_PULUMI_RELEASES:-https://get.pulumi.com/releases/sdk}
 # The Go builds' flags (part of their cache keys).
 CLI_TAGS=osusergo,grpcnotrace
 CLI_LDFLAGS="-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"
@@ -38,16 +40,19 @@ pinned=$(sed -n 's/^pulumi-command==\([^ ;#]*\).*/\1/p' requirements.txt)
   die "requirements.txt pins pulumi-command==$pinned but tools/bootstrap.sh builds $COMMAND_VERSION (and tools/pulumi-command/go.mod its commit): change them together"
 
 case "$(uname -m)" in
-  x86_64 | amd64) rel_arch=x64 go_arch=amd64 ;;
-  aarch64 | arm64) rel_arch=arm64 go_arch=arm64 ;;
-  *) rel_arch='' go_arch='' ;;
+  x86_64 | amd64) rel_arch=x64 ;;
+  aarch64 | arm64) rel_arch=arm64 ;;
+  *) rel_arch="" ;;
 esac
 
-# Can we open a TCP connection to host:443 within a few seconds? (No DNS or a dropped route
-# fails here fast instead of in a download's retries.)
+# Can we open a TCP connection to the URL's host within a few seconds? (No DNS or a dropped
+# route fails here fast instead of in a download's retries.)
 reachable() {
-  timeout 5 python3 -c 'import socket,sys; socket.create_connection((sys.argv[1], 443), timeout=4).close()' "$1" \
-    >/dev/null 2>&1
+  timeout 5 python3 - "$1" >/dev/null 2>&1 <<'PY'
+import socket, sys, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+socket.create_connection((u.hostname, u.port or (443 if u.scheme == 'https' else 80)), timeout=4).close()
+PY
 }
 
 # fetch URL FILE: download with a short connect timeout; curl if present, else Python.
@@ -108,9 +113,9 @@ have_usable_pulumi() {
 
 # The official release archive, verified against the release's checksum file.
 pulumi_from_release() { # -> $1 (bin dir)
-  [ -n "$rel_arch" ] && reachable get.pulumi.com || return 1
+  [ -n "$rel_arch" ] && reachable "$PULUMI_RELEASES" || return 1
   local v=${PULUMI_VERSION#v} archive="pulumi-$PULUMI_VERSION-linux-$rel_arch.tar.gz" want
-  local base=https://get.pulumi.com/releases/sdk
+  local base=$PULUMI_RELEASES
   log "pulumi: downloading $base/$archive"
   newtmp
   fetch "$base/pulumi-$v-checksums.txt" "$tmp/checksums.txt" || return 1
@@ -163,7 +168,7 @@ else
     log "pulumi: cached at $bindir"
   elif [ -z "${GPUHOST_BUILD_PULUMI:-}" ] && pulumi_from_release "$release_bindir"; then
     bindir=$release_bindir
-  elif { cleanup; log "pulumi: no release download (get.pulumi.com unreachable or failed)"; } &&
+  elif { cleanup; log "pulumi: no release download ($PULUMI_RELEASES unreachable or failed)"; } &&
     pulumi_from_go "$go_bindir"; then
     bindir=$go_bindir
   else
@@ -178,7 +183,7 @@ mkdir -p "$PULUMI_HOME"
 
 # Pulumi's own release download, into a scratch PULUMI_HOME; the binary is kept in the cache.
 command_from_release() { # -> $1 (binary)
-  { reachable github.com || reachable get.pulumi.com; } || return 1
+  { reachable https://github.com || reachable https://get.pulumi.com; } || return 1
   log "command: pulumi plugin install resource command $COMMAND_VERSION"
   newtmp
   PULUMI_HOME=$tmp/home timeout 300 pulumi plugin install resource command "$COMMAND_VERSION" >&2 || return 1
