@@ -317,6 +317,8 @@ class Ssh(Model):
     private_key: Optional[SecretStr] = Field(None, description='Client private key (PEM/OpenSSH); a secret')
     private_key_file: Optional[FilePath] = Field(None, description='Or: path of the client private key file')
     connect_timeout: float = Field(10.0, gt=0, le=600)
+    command_timeout: float = Field(900.0, ge=5, le=86400, description='Longest a remote step may run (update-initramfs, '
+                                   'boot refresh); shorter steps stop at 30-300 s. A step that runs out is named')
 
     @model_validator(mode='after')
     def _one_key(self):
@@ -789,7 +791,7 @@ def connection_inputs(d: Deployment, root: str) -> tuple:
         ca = read_file(api.ca_file, root, 'gpuhost:host.api.ca_file')
         check_ca(ca, 'gpuhost:host.api.ca_file (%s)' % api.ca_file)
     connection = {'host': d.host.address, 'port': ssh.port, 'user': ssh.user, 'private_key': key,
-                  'host_key': host_key, 'timeout': ssh.connect_timeout}
+                  'host_key': host_key, 'timeout': ssh.connect_timeout, 'command_timeout': ssh.command_timeout}
     api_in = {'host': api.address or d.host.address, 'port': api.port, 'user': api.user, 'password': password,
               'ca_cert': ca, 'timeout': api.timeout}
     return connection, api_in

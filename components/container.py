@@ -85,6 +85,7 @@ class GpuContainer(pulumi.ComponentResource):
         self.vmid = self.guest.vmid
         self.status = self.guest.status
         self.uid = self.guest.uid
+        self.pid = self.guest.pid
         self.address = c.address
         self.devices = devices
         self.register_outputs({'vmid': self.vmid, 'status': self.status, 'uid': self.uid})

@@ -27,7 +27,7 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from components import cmdline, remote
-from components.state import ObservedProvider, OperatorError
+from components.state import ObservedProvider, OperatorError, warn
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
@@ -176,11 +176,24 @@ class KernelCmdlineProvider(ObservedProvider):
             'running': facts.running,
         }
 
+    def where(self, facts, words):
+        """Which file (and GRUB variable) holds these words: who may have put them there."""
+        if facts.boot == 'systemd-boot':
+            return SYSTEMD_BOOT_FILE
+        vars_ = [v for v, line in (('GRUB_CMDLINE_LINUX', facts.grub_linux), ('GRUB_CMDLINE_LINUX_DEFAULT',
+                                                                            facts.grub_default))
+                 if any(w in cmdline.split(line) for w in words)]
+        return '%s (%s)' % (GRUB_FILE, ', '.join(vars_) or 'a file under /etc/default/grub.d')
+
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
         facts = read_facts(target, [SYSTEMD_BOOT_FILE, GRUB_FILE])
         check_inventory(facts, props['inventory'], props['blackwell_ids'])
         plan = plan_cmdline(facts, props['ensure_args'], props['policy'])
+        found = cmdline.dangers(cmdline.split(facts.configured), props['policy'])
+        if found:
+            warn('host-kernel-cmdline: removed %s from %s - not declared, added outside Pulumi: %s' % (
+                ' '.join(w for w, _ in found), self.where(facts, [w for w, _ in found]), found[0][1]))
         if plan:
             if facts.boot == 'systemd-boot':
                 # One line, all of it ours to write: the facts carry the file's hash for the CAS.
@@ -197,7 +210,13 @@ class KernelCmdlineProvider(ObservedProvider):
         return out
 
     def current(self, props):
-        return self.observe(read_facts(remote.Target.from_inputs(props['connection'])), props)
+        facts = read_facts(remote.Target.from_inputs(props['connection']))
+        found = cmdline.dangers(cmdline.split(facts.configured), props['policy'])
+        if found:
+            warn('host-kernel-cmdline: DANGER - the configured kernel command line has %s in %s, added outside '
+                 'Pulumi: %s. Do not reboot the host: `pulumi up` removes it first.' % (
+                     ' '.join(w for w, _ in found), self.where(facts, [w for w, _ in found]), found[0][1]))
+        return self.observe(facts, props)
 
 
 class HostFileProvider(ObservedProvider):
@@ -229,38 +248,75 @@ class HostFileProvider(ObservedProvider):
         return self.observe(remote.Target.from_inputs(props['connection']), props)
 
 
+def vfio_recovery(bdfs: list, vmid) -> str:
+    many = len(bdfs) > 1
+    them = 'them' if many else 'it'
+    return ('container GPU%s %s %s bound to vfio-pci on the host, not nvidia: something re-bound %s out of band '
+            '(driverctl set-override, a VM\'s hostpci). Stopping before any change - a VM started now could take '
+            '%s, and the container\'s /dev/nvidiaN numbering no longer matches. To recover: check that no VM uses %s '
+            '(qm config <vmid> | grep hostpci), then on the host run `%s`, confirm with `readlink '
+            '/sys/bus/pci/devices/<address>/driver` (nvidia), restart container %s (pct reboot %s) and re-run.' % (
+                's' if many else '', ', '.join(bdfs), 'are' if many else 'is', them, them, them,
+                ' && '.join('driverctl unset-override %s' % b for b in bdfs), vmid, vmid))
+
+
 class VfioProvider(ObservedProvider):
-    DESIRED = ('driver', 'devices')
+    """GPU bindings, both sides: the VM's GPUs on vfio-pci by PCI address (driverctl override, so it
+    survives reboots), the container's on nvidia with no override. A VM GPU elsewhere is re-bound (and
+    said so); a container GPU on vfio-pci stops the run with the steps to recover."""
+    DESIRED = ('driver', 'devices', 'container_devices')
     OUTPUTS = ('overrides', 'bound')
 
     def observe(self, facts, props):
         ok = [b for b in props['devices'] if facts.overrides.get(b) == props['driver']
               and facts.gpus.get(b) is not None and facts.gpus[b].driver == props['driver']]
-        return {'devices': ok, 'overrides': dict(sorted(facts.overrides.items())),
-                'bound': {b: facts.gpus[b].driver for b in props['devices'] if b in facts.gpus}}
+        ct = props.get('container_devices') or []
+        ct_ok = [b for b in ct if facts.gpus.get(b) is not None and facts.gpus[b].driver == 'nvidia'
+                 and b not in facts.overrides]
+        return {'devices': ok, 'container_devices': ct_ok, 'overrides': dict(sorted(facts.overrides.items())),
+                'bound': {b: facts.gpus[b].driver for b in list(props['devices']) + list(ct) if b in facts.gpus}}
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
         facts = read_facts(target)
         check_inventory(facts, props['inventory'], props['blackwell_ids'])
+        on_vfio = [b for b in props.get('container_devices') or [] if facts.gpus.get(b) is not None and
+                   (facts.gpus[b].driver == 'vfio-pci' or facts.overrides.get(b) == 'vfio-pci')]
+        if on_vfio:
+            raise HostStateError(vfio_recovery(on_vfio, props.get('container_vmid')))
         todo = [b for b in props['devices'] if b not in self.observe(facts, props)['devices']]
         if todo:
+            was = {b: facts.gpus[b].driver if b in facts.gpus else None for b in todo}
             remote.run(target, 'vfio_bind.sh', [props['driver']] + todo)
             facts = read_facts(target)
+            moved = ['%s (was %s)' % (b, d or 'unbound') for b, d in sorted(was.items()) if d not in (None, props['driver'])]
+            if moved:
+                warn('host-vfio: re-bound the VM\'s GPU%s %s to %s by PCI address; bound to another driver, %s '
+                     'shifted the nvidia driver\'s /dev/nvidiaN numbering' % (
+                         's' if len(moved) > 1 else '', ', '.join(moved), props['driver'],
+                         'they' if len(moved) > 1 else 'it'))
         return dict(props, **self.observe(facts, props))
 
     def resource_id(self, props):
         return 'vfio-' + props['driver']
 
     def current(self, props):
-        return self.observe(read_facts(remote.Target.from_inputs(props['connection'])), props)
+        facts = read_facts(remote.Target.from_inputs(props['connection']))
+        out = self.observe(facts, props)
+        wrong = [b for b in props.get('container_devices') or [] if b not in out['container_devices']]
+        if wrong:
+            warn('host-vfio: DANGER - container GPU%s %s found bound to %s (declared: nvidia). `pulumi up` will stop '
+                 'before any change and print the steps to recover.' % (
+                     's' if len(wrong) > 1 else '', ', '.join(wrong),
+                     ', '.join(sorted({str(out['bound'].get(b)) for b in wrong}))))
+        return out
 
 
 class HostStatusProvider(ObservedProvider):
     """Read-only: what the host is running compared with what is declared. `expect` changes whenever
     any declared host setting does, so the status is re-read exactly when something could differ."""
     ID = 'status'
-    DESIRED = ('expect',)
+    DESIRED = ('expect', 'observed')
     OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
                'nvidia_params')
 
@@ -362,17 +418,19 @@ class ProxmoxHost(pulumi.ComponentResource):
             'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
             'content': modprobe_content(d.nvidia.dma_remap_peer_mmio), 'inventory': inventory,
             'blackwell_ids': blackwell}, child, outputs=HostFileProvider.OUTPUTS)
-        resources = [self.kernel, self.nvidia]
-        if vfio_devices:
-            self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
-                'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
-                'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=VfioProvider.OUTPUTS)
-            resources.append(self.vfio)
+        self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
+            'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
+            'container_devices': list(d.container.gpus), 'container_vmid': d.container.vmid,
+            'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=VfioProvider.OUTPUTS)
+        resources = [self.kernel, self.nvidia, self.vfio]
         expect = {'ensure_args': ensure, 'policy': policy, 'domain': d.iommu.domain,
                   'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
                   'vfio_devices': vfio_devices, 'container_devices': list(d.container.gpus)}
+        # What the other host resources observed: when any of them changed something in this run (or a
+        # refresh saw drift), the status is read again, so the outputs describe the end of the run.
+        observed = pulumi.Output.all(self.kernel.configured, self.nvidia.sha256, self.vfio.bound)
         self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
-            'connection': connection, 'expect': expect, 'reboot': d.host.reboot},
+            'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot},
             pulumi.ResourceOptions(parent=self, depends_on=resources),
             outputs=HostStatusProvider.OUTPUTS)
         self.reboot_required = self.status.reboot_required

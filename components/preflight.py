@@ -23,19 +23,8 @@ class PreflightError(OperatorError):
 
 
 def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> list:
-    return [b for b in container_gpus if facts.gpus.get(b) is not None and facts.gpus[b].driver == 'vfio-pci']
-
-
-def vfio_recovery(bdfs: list, vmid) -> str:
-    return ('container GPU%s %s %s bound to vfio-pci on the host, not nvidia: something re-bound %s out of band '
-            '(driverctl set-override, a VM\'s hostpci). Stopping before any change - a VM started now could take '
-            '%s, and the container\'s /dev/nvidiaN numbering no longer matches. To recover: check no VM uses %s '
-            '(qm config <vmid> | grep hostpci), then on the host run `%s`, confirm with `readlink '
-            '/sys/bus/pci/devices/<address>/driver` (nvidia), restart container %s (pct reboot %s) and re-run.' % (
-                's' if len(bdfs) > 1 else '', ', '.join(bdfs), 'are' if len(bdfs) > 1 else 'is',
-                'them' if len(bdfs) > 1 else 'it', 'them' if len(bdfs) > 1 else 'it',
-                'them' if len(bdfs) > 1 else 'it', ' && '.join('driverctl unset-override %s' % b for b in bdfs),
-                vmid, vmid))
+    return [b for b in container_gpus if facts.gpus.get(b) is not None and
+            (facts.gpus[b].driver == 'vfio-pci' or facts.overrides.get(b) == 'vfio-pci')]
 
 
 def check_host(d, connection: dict) -> remote.HostFacts:
@@ -45,14 +34,14 @@ def check_host(d, connection: dict) -> remote.HostFacts:
     host_mod.check_inventory(facts, [g.model_dump() for g in d.host.gpus], sorted(BLACKWELL_IDS))
     on_vfio = container_gpus_on_vfio(facts, list(d.container.gpus))
     if on_vfio:
-        raise PreflightError(vfio_recovery(on_vfio, d.container.vmid))
+        raise PreflightError(host_mod.vfio_recovery(on_vfio, d.container.vmid))
     return facts
 
 
 def check_proxmox(d, api: dict) -> None:
     node = d.host.node
     with pve.client(api) as prox:
-        nodes = pve.api_call('listing the cluster\'s nodes', prox.nodes.get)
+        nodes = pve.api_call('listing the cluster\'s nodes', prox.nodes.get, read=True)
         names = {n.get('node'): n for n in nodes}
         if node not in names:
             raise PreflightError('gpuhost:host.node: %r is not a node of the Proxmox cluster at %s (nodes: %s); fix '
@@ -62,7 +51,7 @@ def check_proxmox(d, api: dict) -> None:
             raise PreflightError('gpuhost:host.node: node %s is %s; bring it back (or wait for it) and re-run'
                                  % (node, names[node].get('status')))
         n = prox.nodes(node)
-        stores = {s.get('storage'): s for s in pve.api_call('listing the storages of %s' % node, n.storage.get)}
+        stores = {s.get('storage'): s for s in pve.api_call('listing the storages of %s' % node, n.storage.get, read=True)}
         c = d.container
         need = [(c.storage, 'rootdir', 'gpuhost:container.storage')]
         tmpl_store = c.ostemplate.split(':', 1)[0]
@@ -78,14 +67,14 @@ def check_proxmox(d, api: dict) -> None:
                 raise PreflightError('%s: storage %r does not hold %s content on node %s (it has: %s)' % (
                     key, sid, content, node, s.get('content')))
         vols = pve.api_call('listing the templates on %s' % tmpl_store, n.storage(tmpl_store).content.get,
-                            content='vztmpl')
+                            content='vztmpl', read=True)
         if c.ostemplate not in {v.get('volid') for v in vols}:
             raise PreflightError('gpuhost:container.ostemplate: %s is not on storage %s of node %s (templates there: %s);'
                                  ' download it (pveam download %s <template>) or fix the name' % (
                                      c.ostemplate, tmpl_store, node,
                                      ', '.join(sorted(v.get('volid') for v in vols)) or 'none', tmpl_store))
         bridges = {i.get('iface') for i in pve.api_call('listing the network of %s' % node, n.network.get,
-                                                        type='any_bridge')
+                                                        type='any_bridge', read=True)
                    if i.get('type') in ('bridge', 'OVSBridge')}
         for key, bridge in (('gpuhost:container.bridge', c.bridge),) + (
                 (('gpuhost:vm.bridge', d.vm.bridge),) if d.vm else ()):

@@ -24,7 +24,7 @@ import uuid
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
-from components.state import ObservedProvider, OperatorError
+from components.state import ObservedProvider, OperatorError, warn
 
 
 class PveError(OperatorError):
@@ -128,43 +128,147 @@ def merge_pending(items: list) -> tuple:
 
 @contextlib.contextmanager
 def client(api: dict):
-    """A proxmoxer client for root@pam with a password ticket; TLS verified against the given CA."""
+    """A proxmoxer client for root@pam with a password ticket; TLS verified against the given CA. The
+    login is retried on connection errors (it changes nothing); a refused login is not."""
     import proxmoxer
+    import requests
     with tempfile.TemporaryDirectory(prefix='gpuhost-ca-') as d:
         ca = os.path.join(d, 'ca.pem')
         with open(ca, 'w') as f:
             f.write(api['ca_cert'])
-        try:
-            prox = proxmoxer.ProxmoxAPI(api['host'], port=int(api['port']), user=api['user'],
-                                        password=api['password'], verify_ssl=ca, timeout=float(api.get('timeout', 30)))
-        except proxmoxer.AuthenticationError:
-            raise PveError('Proxmox API at %s:%s refused the login of %s (gpuhost:host.api.password)' % (
-                api['host'], api['port'], api['user'])) from None
-        except Exception as e:  # connection and TLS errors: name the endpoint, never the password
-            raise PveError('cannot reach the Proxmox API at %s:%s: %s' % (api['host'], api['port'],
-                                                                          type(e).__name__ + ': ' + str(e)[:300])) from None
+        where = '%s:%s' % (api['host'], api['port'])
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                prox = proxmoxer.ProxmoxAPI(api['host'], port=int(api['port']), user=api['user'],
+                                            password=api['password'], verify_ssl=ca,
+                                            timeout=float(api.get('timeout', 30)))
+                break
+            except proxmoxer.AuthenticationError:
+                raise PveError('Proxmox API at %s refused the login of %s (gpuhost:host.api.password); check the '
+                               'password of %s' % (where, api['user'], api['user'])) from None
+            except requests.exceptions.SSLError as e:
+                raise PveError('Proxmox API at %s: TLS certificate not trusted (%s); check gpuhost:host.api.ca_cert '
+                               '(/etc/pve/pve-root-ca.pem on the host)' % (where, reason(e))) from None
+            except (requests.exceptions.RequestException, OSError) as e:
+                if attempt + 1 < READ_ATTEMPTS:
+                    time.sleep(backoff(attempt))
+                    continue
+                raise PveError('cannot reach the Proxmox API at %s (%s) after %d attempts; nothing was changed. Check '
+                               'that pveproxy runs and the address is right, then re-run' % (
+                                   where, reason(e), READ_ATTEMPTS)) from None
+        # Kept for one re-login when Proxmox revokes the ticket mid-run (401): a refused request was
+        # not executed, so it is safe to send again.
+        prox._backend.auth._gpuhost_password = api['password']
+        prox._gpuhost_where = where
         yield prox
 
 
+READ_ATTEMPTS = 3
+
+
+def backoff(attempt: int) -> float:
+    return 0.5 * (2 ** attempt)
+
+
+def reason(e: BaseException) -> str:
+    """One short line for a transport error (requests nests the useful part deep in its message)."""
+    text = str(e)
+    for marker in ('Connection refused', 'Connection reset by peer', 'Read timed out', 'timed out',
+                   'RemoteDisconnected', 'Remote end closed connection', 'Name or service not known',
+                   'No route to host', 'certificate verify failed', 'Connection aborted'):
+        if marker in text:
+            return marker
+    return (type(e).__name__ + ': ' + text)[:160]
+
+
+# Proxmox's own words for conditions an operator can act on, and what to do.
+ADVICE = (
+    ('is locked', 'another task holds the guest\'s lock (backup, migration, snapshot); wait for it to finish (or '
+                  '`pct unlock`/`qm unlock` if it is stale), then re-run'),
+    ('no quorum', 'the cluster has lost quorum and refuses changes; check `pvecm status`, re-run once it is quorate'),
+    ('cluster not ready', 'the cluster has lost quorum and refuses changes; check `pvecm status`, re-run once it is '
+                          'quorate'),
+    ('got lock request timeout', 'the cluster file system was busy (cfs lock timeout); re-run'),
+    ('can\'t lock file', 'the guest\'s config file is locked by another task; re-run when it has finished'),
+    ('hostname lookup', 'the node is not part of the cluster; check gpuhost:host.node'),
+    ('offline', 'the node is offline; bring it back, then re-run'),
+    ('no route to host', 'the node is unreachable from the API node; check the cluster network, then re-run'),
+    ('does not exist', 'it is gone on the Proxmox side; `pulumi refresh` updates the state'),
+)
+
+
+def advice(text: str) -> str:
+    low = text.lower()
+    return next((a for marker, a in ADVICE if marker.lower() in low), '')
+
+
+def api_call(what: str, fn, *args, read: bool = False, **kwargs):
+    """One API request, as one line on failure: the request (`what`: guest and operation), Proxmox's
+    answer or the transport error, and what to do. Reads (read=True) are retried with backoff on
+    transport errors and 5xx answers that mean "try again"; writes are never retried blindly - only
+    after a 401 (a revoked or expired ticket: the request was refused, not executed), once."""
+    import proxmoxer
+    import requests
+    relogged = False
+    attempt = 0
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except proxmoxer.ResourceException as e:
+            if e.status_code == 401 and not relogged and _relogin(fn):
+                relogged = True
+                continue
+            detail = '; '.join('%s: %s' % kv for kv in sorted((e.errors or {}).items())) or \
+                (e.content or '').strip()
+            transient = e.status_code in (502, 503, 504, 595, 596) and 'offline' not in detail.lower()
+            if read and transient and attempt + 1 < READ_ATTEMPTS:
+                time.sleep(backoff(attempt))
+                attempt += 1
+                continue
+            text = '%s %s%s' % (e.status_code, e.status_message, ' (%s)' % detail if detail else '')
+            tip = advice(text) or ('the ticket was refused again after a fresh login; check the user\'s permissions'
+                                   if e.status_code == 401 else '')
+            raise PveError('%s: Proxmox answered %s%s' % (what, text, '; ' + tip if tip else '')) from None
+        except (requests.exceptions.RequestException, OSError) as e:
+            if read and attempt + 1 < READ_ATTEMPTS:
+                time.sleep(backoff(attempt))
+                attempt += 1
+                continue
+            where = getattr(fn, '__self__', None)
+            raise PveError('%s: connection to the Proxmox API lost (%s)%s; %s' % (
+                what, reason(e), ' after %d attempts' % READ_ATTEMPTS if read else '',
+                'nothing was changed, re-run' if read else
+                'the request was sent once and not retried (it changes state): it may or may not have been applied '
+                '- re-run, which reads the guest first and applies only what is still missing')) from None
+
+
+def _relogin(fn) -> bool:
+    try:
+        auth = fn.__self__._store['session'].auth
+        auth._get_new_tokens(password=auth._gpuhost_password)
+        return True
+    except Exception:  # noqa: BLE001 - no fresh ticket: report the 401 itself
+        return False
+
+
 def wait_task(prox, node: str, upid, what: str, timeout: float = 600.0) -> None:
+    """Wait for a Proxmox task; its status is read with the same retries as any read."""
     if not isinstance(upid, str) or not upid.startswith('UPID:'):
         return
-    from proxmoxer.tools import Tasks
-    status = Tasks.blocking_status(prox, upid, timeout=timeout, polling_interval=0.2)
-    if status is None:
-        raise PveError('%s: task %s did not finish within %d s' % (what, upid, timeout))
+    task = prox.nodes(node).tasks(upid).status
+    deadline = time.monotonic() + timeout
+    while True:
+        status = api_call('%s (task status)' % what, task.get, read=True)
+        if status.get('status') == 'stopped':
+            break
+        if time.monotonic() > deadline:
+            raise PveError('%s: the Proxmox task %s is still running after %d s; it was not stopped - watch it in '
+                           'the task log, then re-run' % (what, upid, timeout))
+        time.sleep(0.2)
     if status.get('exitstatus') != 'OK':
-        raise PveError('%s failed: %s' % (what, status.get('exitstatus')))
-
-
-def api_call(what: str, fn, *args, **kwargs):
-    import proxmoxer
-    try:
-        return fn(*args, **kwargs)
-    except proxmoxer.ResourceException as e:
-        detail = '; '.join('%s: %s' % kv for kv in sorted((e.errors or {}).items())) or (e.content or '').strip()
-        raise PveError('%s: Proxmox answered %s %s%s' % (what, e.status_code, e.status_message,
-                                                        ' (%s)' % detail if detail else '')) from None
+        text = str(status.get('exitstatus'))
+        tip = advice(text)
+        raise PveError('%s failed: %s%s' % (what, text, '; ' + tip if tip else ''))
 
 
 # --------------------------------------------------------------------- provider
@@ -176,7 +280,7 @@ class PveGuestProvider(ObservedProvider):
     DESIRED = ('node', 'kind', 'vmid', 'create', 'config', 'start', 'raw_lxc')
     REPLACE = ('node', 'kind', 'vmid', 'create')
     CONNECTION = ('api', 'connection')
-    OUTPUTS = ('status', 'pending', 'uid')
+    OUTPUTS = ('status', 'pending', 'uid', 'pid')
 
     # What each create-only input is called in the stack config, for the refusal below.
     REPLACE_KEYS = {'node': 'gpuhost:host.node', 'vmid': 'gpuhost:{side}.vmid', 'kind': 'gpuhost:{side}',
@@ -217,17 +321,35 @@ class PveGuestProvider(ObservedProvider):
     def conf_path(self, props):
         return '/etc/pve/%s/%s.conf' % ('lxc' if props['kind'] == 'lxc' else 'qemu-server', props['vmid'])
 
-    def observe(self, prox, props):
+    def foreign_gpus(self, actual, props) -> list:
+        """(key, value) of hostpci entries that point at a GPU this VM must never get (the container's):
+        a VM started with them takes a container GPU away from it."""
+        guard = set(props.get('guard_gpus') or [])
+        out = []
+        for key, value in sorted(actual.items()):
+            if key.rstrip('0123456789') == 'hostpci':
+                first, sub = split_props(value)
+                devices = (first or sub.get('host') or '').split(';')
+                if any(d in guard or '0000:' + d in guard for d in devices if d):
+                    out.append((key, value))
+        return out
+
+    def observe(self, prox, props, on_foreign=None):
         g = self.guest(prox, props)
         label = self.label(props)
-        items = api_call('reading %s' % label, g.pending.get)
+        items = api_call('reading %s' % label, g.pending.get, read=True)
         actual, pending = merge_pending(items)
-        status = api_call('reading %s' % label, g.status.current.get)['status']
+        foreign = self.foreign_gpus(actual, props)
+        if foreign and on_foreign:
+            on_foreign(foreign)
+        current = api_call('reading %s' % label, g.status.current.get, read=True)
+        status = current['status']
         create = dict(props['create'])
         if 'unprivileged' in create:
             create['unprivileged'] = int(actual.get('unprivileged', 0))
         out = {'config': observed_config(props['config'], actual), 'create': create,
                'start': status == 'running', 'status': status, 'pending': pending,
+               'pid': int(current['pid']) if current.get('pid') and status == 'running' else None,
                'raw_lxc': self.observe_raw(props)}
         return out
 
@@ -290,9 +412,14 @@ class PveGuestProvider(ObservedProvider):
     def update(self, _id, olds, news):
         with client(news['api']) as prox:
             g = self.guest(prox, news)
-            cfg = api_call('reading %s' % self.label(news), g.config.get)
-            actual, _ = merge_pending(api_call('reading %s' % self.label(news), g.pending.get))
+            cfg = api_call('reading %s' % self.label(news), g.config.get, read=True)
+            actual, _ = merge_pending(api_call('reading %s' % self.label(news), g.pending.get, read=True))
             to_set, to_delete = changes(news['config'], actual, (olds.get('config') or {}).keys())
+            foreign = self.foreign_gpus(actual, news)
+            if foreign:
+                warn('%s: repaired %s in %s - pointed at the container\'s GPU, set outside Pulumi; now %s' % (
+                    self.label(news), ', '.join('%s: %s' % kv for kv in foreign), self.conf_path(news),
+                    ', '.join('%s: %s' % (k, news['config'].get(k, '(removed)')) for k, _ in foreign)))
             if to_set or to_delete:
                 params = dict(to_set, digest=cfg.get('digest'))
                 if to_delete:
@@ -301,7 +428,7 @@ class PveGuestProvider(ObservedProvider):
                                **params)
                 wait_task(prox, news['node'], res, 'updating %s' % self.label(news))
             raw_changed = self.write_raw(news) if news['kind'] == 'lxc' and news.get('raw_lxc') is not None else False
-            status = api_call('reading %s' % self.label(news), g.status.current.get)['status']
+            status = api_call('reading %s' % self.label(news), g.status.current.get, read=True)['status']
             if news['start'] and status != 'running':
                 self.power(prox, news, 'start')
             elif not news['start'] and status == 'running':
@@ -314,9 +441,14 @@ class PveGuestProvider(ObservedProvider):
         return UpdateResult(outs)
 
     def read(self, id_, props):
+        def danger(foreign):
+            warn('%s: DANGER - %s in %s point%s at the container\'s GPU, set outside Pulumi; started, the VM would '
+                 'take it from the container. `pulumi up` puts back the declared hostpci.' % (
+                     self.label(props), ', '.join('%s: %s' % kv for kv in foreign), self.conf_path(props),
+                     's' if len(foreign) == 1 else ''))
         with client(props['api']) as prox:
             try:
-                outs = dict(props, **self.observe(prox, props))
+                outs = dict(props, **self.observe(prox, props, on_foreign=danger))
             except PveError as e:
                 if gone(e):
                     return self.read_result(None, {})
@@ -327,7 +459,7 @@ class PveGuestProvider(ObservedProvider):
         with client(props['api']) as prox:
             g = self.guest(prox, props)
             try:
-                status = api_call('reading %s' % self.label(props), g.status.current.get)['status']
+                status = api_call('reading %s' % self.label(props), g.status.current.get, read=True)['status']
             except PveError as e:
                 # Only Proxmox's own "does not exist" means gone; an auth, TLS or network error says
                 # nothing about the guest, and dropping it from the state would orphan it.

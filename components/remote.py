@@ -43,11 +43,13 @@ class Target:
     private_key: str = dataclasses.field(repr=False)
     host_key: str
     timeout: float = 10.0
+    command_timeout: float = 900.0
 
     @classmethod
     def from_inputs(cls, conn: dict) -> 'Target':
         return cls(host=conn['host'], port=int(conn['port']), user=conn['user'], private_key=conn['private_key'],
-                   host_key=conn['host_key'], timeout=float(conn.get('timeout', 10.0)))
+                   host_key=conn['host_key'], timeout=float(conn.get('timeout', 10.0)),
+                   command_timeout=float(conn.get('command_timeout') or 900.0))
 
     @property
     def name(self):
@@ -72,34 +74,85 @@ def _pkey(text: str):
     raise RemoteError('gpuhost:host.ssh.private_key: not an unencrypted ed25519, ECDSA or RSA private key')
 
 
+class ConnectionLost(RemoteError):
+    """The SSH connection went away during a step. The message says which step, whether it had started
+    (it may have completed on the host) and that a re-run is safe (every step compares first)."""
+
+
+# What each script does, for messages, and how long it may take (seconds, before the command timeout
+# gpuhost:host.ssh.command_timeout caps the long ones): a hung tool must not hang `pulumi up` forever.
+STEPS = {
+    'host_facts.sh': ('reading the host facts', 60),
+    'read_file.sh': ('reading {0}', 60),
+    'put_file.sh': ('writing {0} (then {4})', None),
+    'check_devices.sh': ('checking the device nodes', 60),
+    'vfio_bind.sh': ('binding {rest} to {0}', 300),
+    'reboot.sh': ('scheduling the reboot', 30),
+    'ct_put_file.sh': ('writing {1} in container {0}', 120),
+    'ct_read_file.sh': ('reading {1} in container {0}', 60),
+    'ct_unit.sh': ('starting {1} in container {0}', 300),
+    'ct_unit_facts.sh': ('reading the state of {1} in container {0}', 60),
+    'ct_stop_unit.sh': ('stopping and removing {1} in container {0}', 300),
+}
+
+
+def step_name(name: str, args) -> str:
+    what, _ = STEPS.get(name, (name, None))
+    args = [str(a) for a in args]
+    try:
+        return what.format(*args, rest=' '.join(args[1:]))
+    except IndexError:
+        return '%s %s' % (name, ' '.join(args))
+
+
+def step_timeout(name: str, target: 'Target') -> float:
+    limit = STEPS.get(name, (None, None))[1]
+    return target.command_timeout if limit is None else min(limit, target.command_timeout)
+
+
+def _transport_reason(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) < 160 else text[:157] + '...'
+
+
 def connect(target: Target, attempts: int = 3):
     """An SSH client that accepts only the pinned host key."""
     import paramiko
     keytype, b64 = target.host_key.split()[:2]
     pinned = paramiko.PKey.from_type_string(keytype, base64.b64decode(b64))
-    client = paramiko.SSHClient()
     entry = target.host if target.port == 22 else '[%s]:%d' % (target.host, target.port)
-    client.get_host_keys().add(entry, keytype, pinned)
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    pkey = _pkey(target.private_key)
     last = None
     for attempt in range(attempts):
+        client = paramiko.SSHClient()
+        client.get_host_keys().add(entry, keytype, pinned)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            client.connect(target.host, port=target.port, username=target.user, pkey=_pkey(target.private_key),
+            client.connect(target.host, port=target.port, username=target.user, pkey=pkey,
                            look_for_keys=False, allow_agent=False, timeout=target.timeout,
                            banner_timeout=target.timeout, auth_timeout=target.timeout)
             return client
         except paramiko.BadHostKeyException as e:
+            client.close()
             raise HostKeyMismatch(
                 '%s presented host key %s %s, not the pinned gpuhost:host.ssh.host_key (%s ...). If the host was '
                 'reinstalled, verify its key out of band and update the config; otherwise do not connect.' % (
                     target.name, e.key.get_name(), e.key.get_base64()[:24] + '...', b64[:24])) from None
-        except paramiko.AuthenticationException:
-            raise RemoteError('%s refused the SSH key (gpuhost:host.ssh.private_key); authorise its public key for '
-                              '%s on the host' % (target.name, target.user)) from None
-        except (OSError, socket.timeout, paramiko.SSHException) as e:
+        except paramiko.AuthenticationException as e:
+            transport = client.get_transport()
+            client.close()
+            if transport is not None and transport.is_active():
+                raise RemoteError('%s refused the SSH key (gpuhost:host.ssh.private_key); authorise its public key '
+                                  'for %s on the host' % (target.name, target.user)) from None
+            # The transport died during the key exchange or the login: a lost connection, not a refusal.
             last = e
-            time.sleep(0.5 * (attempt + 1))
-    raise RemoteError('cannot reach %s over SSH after %d attempts: %s' % (target.name, attempts, last))
+        except (OSError, EOFError, socket.timeout, paramiko.SSHException) as e:
+            client.close()
+            last = e
+        time.sleep(0.5 * (attempt + 1))
+    raise ConnectionLost('connection to %s failed while logging in, %d attempts (last: %s); nothing was run on the '
+                         'host. Check that it is up and reachable, then re-run.' % (
+                             target.name, attempts, _transport_reason(last)))
 
 
 def script(name: str) -> str:
@@ -108,27 +161,47 @@ def script(name: str) -> str:
 
 
 def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None, check: bool = True,
-        timeout: float = 900.0, client=None) -> Result:
-    """Run components/scripts/<name> on the host with args as quoted positional parameters."""
+        timeout: Optional[float] = None, client=None, lost_detail: str = '') -> Result:
+    """Run components/scripts/<name> on the host with args as quoted positional parameters.
+
+    Every transport failure becomes ConnectionLost naming the host and the step; a step that does not
+    finish in time is stopped and named. Output of a command whose connection dropped is never
+    returned as if it were complete."""
+    import paramiko
     body = script(name)
     command = 'bash -c %s %s %s' % (shlex.quote(body), shlex.quote(name), shlex.join([str(a) for a in args]))
+    step = step_name(name, args)
+    limit = timeout if timeout is not None else step_timeout(name, target)
     own = client is None
-    client = client or connect(target)
+    started = False
     try:
-        chan = client.get_transport().open_session(timeout=target.timeout)
-        chan.settimeout(timeout)
+        client = client or connect(target)
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise EOFError('SSH session not active')
+        chan = transport.open_session(timeout=target.timeout)
+        chan.settimeout(max(limit, target.timeout))
         chan.exec_command(command)
+        started = True
         if stdin is not None:
             chan.sendall(stdin)
         chan.shutdown_write()
         out, err = [], []
+        deadline = time.monotonic() + limit
         while True:
             if chan.recv_ready():
                 out.append(chan.recv(65536))
             elif chan.recv_stderr_ready():
                 err.append(chan.recv_stderr(65536))
-            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            elif chan.exit_status_ready():
                 break
+            elif chan.closed or not transport.is_active():
+                raise EOFError('the server closed the connection before the command finished')
+            elif time.monotonic() > deadline:
+                chan.close()
+                raise RemoteError('%s: %s did not finish within %d s (gpuhost:host.ssh.command_timeout); it was '
+                                  'stopped waiting for - a tool on the host may hang (check its processes), then '
+                                  're-run' % (target.name, step, limit))
             else:
                 time.sleep(0.005)
         code = chan.recv_exit_status()
@@ -136,17 +209,26 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
             out.append(chan.recv(65536))
         while chan.recv_stderr_ready():
             err.append(chan.recv_stderr(65536))
-    except (OSError, socket.timeout) as e:
-        raise RemoteError('%s: %s on %s did not complete: %s (the step is safe to re-run)' % (
-            target.name, name, target.host, e)) from None
+        if code == -1:
+            raise EOFError('the command ended without an exit status')
+    except ConnectionLost:
+        raise
+    except RemoteError:
+        raise
+    except (OSError, EOFError, socket.timeout, paramiko.SSHException) as e:
+        state = ('the step may have completed on the host%s' % (' (%s)' % lost_detail if lost_detail else '')
+                 if started else 'the step had not started')
+        raise ConnectionLost('connection to %s lost during %s (%s); %s. Safe to re-run: every step reads the '
+                             'host first and does only what is still missing.' % (
+                                 target.name, step, _transport_reason(e), state)) from None
     finally:
-        if own:
+        if own and client is not None:
             client.close()
     result = Result(b''.join(out).decode('utf-8', 'replace'), b''.join(err).decode('utf-8', 'replace'), code)
     if check and code != 0:
         tail = result.stderr.strip().splitlines()[-5:]
-        raise RemoteError('%s: %s %s failed with exit code %d: %s' % (
-            target.name, name, shlex.join([str(a) for a in args])[:200], code, ' | '.join(tail) or '(no stderr)'))
+        raise RemoteError('%s: %s failed (exit code %d): %s' % (
+            target.name, step, code, ' | '.join(tail) or '(no stderr)'))
     return result
 
 
@@ -161,14 +243,22 @@ def put_file(target: Target, path: str, content: str, mode: str, expected: str, 
     """Atomically replace a host file if it differs (compare-and-swap on `expected`, the sha256 the
     caller read, or '-' for absent / 'any'); True if it changed."""
     data = content.encode()
-    res = run(target, 'put_file.sh', [path, mode, expected, sha256_hex(data), post], stdin=data, client=client)
+    new = sha256_hex(data)
+    res = run(target, 'put_file.sh', [path, mode, expected, new, post], stdin=data, client=client,
+              lost_detail='%s has either its old content%s or the new one (sha256 %s...), never a mix' % (
+                  path, '' if expected in ('any', '-') else ' (sha256 %s...)' % expected[:12], new[:12]))
     return res.stdout.startswith('changed')
 
 
-def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644', client=None) -> bool:
-    """Atomically replace a file inside a container if it differs; True if it changed."""
+def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644', expected: str = 'any',
+                client=None) -> bool:
+    """Atomically replace a file inside a container if it differs, if it still has the content the caller
+    read (`expected` sha256, '-' for absent, or 'any'); True if it changed."""
     data = content.encode()
-    res = run(target, 'ct_put_file.sh', [vmid, path, mode, sha256_hex(data)], stdin=data, client=client)
+    new = sha256_hex(data)
+    res = run(target, 'ct_put_file.sh', [vmid, path, mode, new, expected], stdin=data, client=client,
+              lost_detail='%s in container %s has either its old content or the new one (sha256 %s...)' % (
+                  path, vmid, new[:12]))
     return res.stdout.startswith('changed')
 
 

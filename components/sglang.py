@@ -26,9 +26,11 @@ class ServiceError(OperatorError):
     pass
 
 
-def wait_http(url: str, timeout: float, what: str) -> None:
+def wait_http(url: str, timeout: float, what: str, failed=None) -> None:
+    """Wait for 200 from url. `failed()` (checked every few seconds) returns a reason when waiting is
+    pointless - the unit has failed - so a crash is reported at once, not after the whole timeout."""
     deadline = time.time() + timeout
-    last = None
+    last, next_check = None, time.time() + 3
     while time.time() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
@@ -38,9 +40,15 @@ def wait_http(url: str, timeout: float, what: str) -> None:
         except urllib.error.HTTPError as e:
             last = 'HTTP %d' % e.code
         except OSError as e:
-            last = str(e)
+            last = str(getattr(e, 'reason', e))
+        if failed is not None and time.time() > next_check:
+            why = failed()
+            if why:
+                raise ServiceError('%s: %s' % (what, why))
+            next_check = time.time() + 3
         time.sleep(0.5)
-    raise ServiceError('%s: %s did not answer 200 within %d s (last: %s)' % (what, url, timeout, last))
+    raise ServiceError('%s: %s did not answer 200 within %d s (last: %s); see the unit\'s log in the container '
+                       '(journalctl -u <unit>)' % (what, url, timeout, last))
 
 
 def unit_text(d) -> str:
@@ -94,7 +102,9 @@ def mismatches(expected: dict, got: dict) -> list:
 
 
 class SglangUnitProvider(ObservedProvider):
-    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid')
+    # container_pid: the container's init; a new one (the container was started or rebooted, by this
+    # run or anyone) means the service is checked again: /health and /server_info.
+    DESIRED = ('unit', 'version', 'container_uid', 'container_pid', 'active', 'enabled', 'unit_name', 'vmid')
     OUTPUTS = ('resolved', 'invocation_id', 'restarted')
 
     def observe(self, target, client, props):
@@ -107,7 +117,8 @@ class SglangUnitProvider(ObservedProvider):
             unit = res.stdout if res.exit_code == 0 else None
         return {'unit': unit, 'version': facts.get('sglang') if running else None,
                 'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
-                'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid')}
+                'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid'),
+                'container_pid': props.get('container_pid'), 'sha256': facts.get('unit') if running else None}
 
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
@@ -123,11 +134,19 @@ class SglangUnitProvider(ObservedProvider):
                 raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
                                    'are rendered for the declared version - install it or change the config' % (
                                        props['vmid'], before['version'], props['version']))
-            changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'], client=client)
+            changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'],
+                                         expected=before['sha256'] or '-', client=client)
             restart = 'yes' if changed or force_restart else 'no'
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart], client=client)
+
+            def failed():
+                state = self.observe(target, client, props)
+                if not state['active']:
+                    return ('%s is not running in container %s (it exited or failed to start); see `pct exec %s -- '
+                            'journalctl -u %s`' % (props['unit_name'], props['vmid'], props['vmid'], props['unit_name']))
+                return None
             wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
-                      '%s in container %s' % (props['unit_name'], props['vmid']))
+                      '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
             info = resolved(server_info(props['endpoint']))
             bad = mismatches(props['expect'], info)
             if bad:
@@ -137,6 +156,7 @@ class SglangUnitProvider(ObservedProvider):
             after = self.observe(target, client, props)
         finally:
             client.close()
+        after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False)
 
     def create(self, props):
@@ -160,6 +180,7 @@ class SglangUnitProvider(ObservedProvider):
         client = remote.connect(target)
         try:
             outs = dict(props, **self.observe(target, client, props))
+            outs.pop('sha256', None)
         finally:
             client.close()
         try:
@@ -188,6 +209,7 @@ class SglangService(pulumi.ComponentResource):
         self.endpoint = 'http://%s:%d' % (d.container.address, s.port)
         props = {
             'connection': connection, 'vmid': d.container.vmid, 'container_uid': container.uid,
+            'container_pid': container.pid,
             'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit, 'unit': self.unit,
             'venv': s.venv, 'version': s.version, 'active': True, 'enabled': True, 'endpoint': self.endpoint,
             'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s,

@@ -48,6 +48,64 @@ def describe_unexpected(e: BaseException) -> str:
     return 'unexpected %s: %s%s' % (type(e).__name__, str(e)[:500] or '(no message)', where)
 
 
+def engine_address():
+    """The engine's address, which it passes to every provider plugin as the first argument."""
+    import re
+    import sys
+    return next((a for a in sys.argv[1:] if re.match(r'^(127\.0\.0\.1|localhost|\[::1\]):\d+$', a)), None)
+
+
+_watching = []
+
+
+def exit_with_engine() -> None:
+    """A provider process outlives a killed `pulumi` (its gRPC server just waits). Watch the engine's
+    address and exit when it stops answering, so an interrupted run leaves no processes behind."""
+    import os
+    import socket
+    import threading
+    import time
+    addr = engine_address()
+    if addr is None or _watching:
+        return
+    _watching.append(addr)
+    host, _, port = addr.rpartition(':')
+
+    def loop():
+        misses = 0
+        while True:
+            time.sleep(2)
+            try:
+                socket.create_connection((host.strip('[]'), int(port)), timeout=2).close()
+                misses = 0
+            except OSError:
+                misses += 1
+                if misses >= 2:
+                    os._exit(3)
+    threading.Thread(target=loop, name='gpuhost-engine-watch', daemon=True).start()
+
+
+def warn(message: str) -> None:
+    """A warning in the CLI's output (preview, up, refresh) from a dynamic-provider process.
+
+    The engine starts every provider plugin with its own address as the first argument; its Log
+    service shows the message like a program's pulumi.log.warn. Outside a provider (unit tests) the
+    message goes to stderr."""
+    import sys
+    addr = engine_address()
+    if addr is None:
+        sys.stderr.write('warning: %s\n' % message)
+        return
+    try:
+        import grpc
+        from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc
+        with grpc.insecure_channel(addr) as channel:
+            engine_pb2_grpc.EngineStub(channel).Log(engine_pb2.LogRequest(severity=engine_pb2.WARNING,
+                                                                          message=message), timeout=10)
+    except Exception:  # noqa: BLE001 - a warning that cannot be delivered must not fail the step
+        sys.stderr.write('warning: %s\n' % message)
+
+
 def numbers(value):
     """Integral floats back to ints: every number crosses the engine as a double, and 200.0 is not a
     vmid Proxmox or pct accepts."""
@@ -64,6 +122,7 @@ def _normalising(fn, positions):
     @functools.wraps(fn)
     def wrapper(self, *args):
         import sys
+        exit_with_engine()
         args = [numbers(a) if i in positions else a for i, a in enumerate(args)]
         try:
             return fn(self, *args)

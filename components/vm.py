@@ -47,6 +47,7 @@ class SevSnpVm(pulumi.ComponentResource):
         config = vm_config(d)
         props = {'api': api, 'connection': None, 'node': d.host.node, 'kind': 'qemu', 'vmid': d.vm.vmid,
                  'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {}, 'protect': d.vm.protect,
+                 'guard_gpus': list(d.container.gpus),
                  **dict.fromkeys(pve.PveGuestProvider.OUTPUTS)}
         self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props,
                                pulumi.ResourceOptions(parent=self, protect=d.vm.protect))

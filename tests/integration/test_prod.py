@@ -37,7 +37,7 @@ def test_prod_address_does_not_resolve_here():
 
 def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
     if os.geteuid() != 0:
-        pytest.skip('unshare -n needs root')
+        pytest.fail('unshare -n needs root (run the suite as root)')
     proj, env = project
     # Only a loopback of its own (the CLI talks to its plugins over it); no route anywhere else.
     res = subprocess.run(['unshare', '-n', 'sh', '-c', 'ip link set lo up && exec pulumi preview --diff'],

@@ -60,7 +60,7 @@ def test_host_children_and_inputs():
 
 
 @pulumi.runtime.test
-def test_no_vm_means_no_vfio_binding():
+def test_no_vm_means_no_vm_gpus_to_bind_but_container_bindings_are_still_watched():
     import config
     data = parse().model_dump(mode='json')
     data.pop('vm')
@@ -73,7 +73,9 @@ def test_no_vm_means_no_vfio_binding():
 
     def check(_):
         names = by_name()
-        assert 'host-vfio' not in names and 'host-kernel-cmdline' in names
+        assert names['host-vfio'].inputs['devices'] == []
+        assert names['host-vfio'].inputs['container_devices'] == ['0000:01:00.0', '0000:11:00.0', '0000:61:00.0',
+                                                                  '0000:71:00.0']
         assert names['host-kernel-cmdline'].inputs['policy'] == {'blackwell': True, 'snp': False, 'vfio': False}
     return host.reboot_required.apply(check)
 
