@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
@@ -119,10 +120,51 @@ def update_initramfs(host, args):
 
 
 def reboot(host, args):
-    # A real reboot drops every SSH session; the lab applies the installed state at once and
-    # the next connection sees the new running state.
-    host.reboot()
-    print('lab: host rebooted')
+    """Like systemctl reboot: queue the reboot and return at once. The lab daemon (labctl) then takes
+    the host down - every SSH connection dropped, sshd and the API away for a while, guests stopped -
+    applies the installed state (hostsim.Host.reboot: new boot_id, command line, bindings), and brings
+    it back up, starting the guests marked onboot."""
+    path = os.path.join(lab_dir(), 'control', 'reboot-request.json')
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    hostsim.write(path, json.dumps({'t': time.time(), 'argv': args}) + '\n')
+
+
+def ssh_session():
+    """Pids of the sshd processes of the SSH connection this command runs under (none outside SSH)."""
+    out, pid = [], os.getppid()
+    while pid > 1:
+        try:
+            with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                cmd = f.read().split(b'\0')[0]
+            with open('/proc/%d/stat' % pid) as f:
+                ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if b'[listener]' in cmd:
+            break
+        if cmd.startswith(b'sshd: '):
+            out.append(pid)
+        pid = ppid
+    return out
+
+
+def hang():
+    """Hang like a tool stuck on a lock or a dead mount: no output, no exit, until killed. The lab
+    still ends it when the SSH connection it runs under is gone (the client gave up), so a test's
+    hang does not outlive the test."""
+    session = ssh_session()
+    while True:
+        time.sleep(0.5)
+        if session and not any(running(pid) for pid in session):
+            os._exit(129)
+
+
+def running(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
+    except (OSError, IndexError):
+        return False
 
 
 # ------------------------------------------------------------------------------- pct
@@ -238,12 +280,15 @@ def main():
     tool = os.path.basename(sys.argv[0])
     host = hostsim.Host(lab_dir())
     # Fault injection for tests: a file LAB/host/faults/<tool> (or <tool>.<subcommand>) makes the
-    # tool fail with the file's text.
+    # tool fail with the file's text, or hang if the text is `hang`.
     for name in (tool, '%s.%s' % (tool, sys.argv[1] if len(sys.argv) > 1 else '')):
         fault = host.path('faults', name)
         if os.path.exists(fault):
             with open(fault) as f:
-                die(f.read() or '%s: injected failure' % tool, 1)
+                text = f.read()
+            if text.strip() == 'hang':
+                hang()
+            die(text or '%s: injected failure' % tool, 1)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     TOOLS[tool](host, sys.argv[1:])
 

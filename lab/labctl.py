@@ -12,8 +12,16 @@ Parts, all bound to loopback addresses from the spec:
     private mount namespace where the simulated host (lab/hostsim.py) lies over /etc, /sys, /proc,
     /dev and /usr/local/sbin (lab/ns-sshd.sh).
   * A sync loop that gives every container fakepve holds a root filesystem (.lab/ct/<vmid>) for
-    `pct push` / `pct exec`, writes /etc/pve/{lxc,qemu-server}/<vmid>.conf, and starts or stops the
-    container's enabled units when fakepve starts or stops the container.
+    `pct push` / `pct exec`, keeps /etc/pve/{lxc,qemu-server}/<vmid>.conf and fakepve's config one
+    (as pmxcfs does: an API change rewrites the file, an edit of the file changes what the API
+    reports), and starts or stops the container's enabled units when fakepve starts or stops it.
+  * Every SSH command runs through lab/sshcmd.py (sshd's ForceCommand): counted, logged, and
+    dropped on demand (LAB/control/ssh-drop.json).
+  * Control files for tests (LAB/control, see tests/lablib.py): pve-fail.json (fakepve's fail()),
+    pve-set.json (fakepve's scenarios: quorum, offline node, locks, tickets, network, task
+    durations; acknowledged in pve-set.ack.json), reboot-request.json (written by the fake
+    `reboot`: the host goes down - SSH connections dropped, sshd and the API away for
+    reboot_down_secs, guests stopped - boots the installed state and starts the onboot guests).
 """
 
 import argparse
@@ -21,6 +29,7 @@ import asyncio
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -38,6 +47,12 @@ DEFAULT_SPEC = os.path.join(HERE, 'spec', 'default.json')
 TEMPLATE = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
 SGLANG_VENV = 'opt/sglang/venv'
 TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct')
+# Real seconds the host stays down in a reboot (no sshd, no API); the spec's reboot_down_secs or
+# this environment variable (read by the lab daemon) overrides it.
+REBOOT_DOWN_SECS = 3.0
+REBOOT_ENV = 'GPUHOST_LAB_REBOOT_SECS'
+# Characters of a description line PVE writes as they are (the rest %-encoded) in a guest config.
+DESC_SAFE = ' !"#$&\'()*+,-./:;<=>?@[\\]^_`{|}~'
 
 
 def load(lab):
@@ -78,7 +93,7 @@ def prepare(lab, spec_path):
         spec = json.load(f)
     os.makedirs(lab, mode=0o700)
     shutil.copyfile(spec_path, os.path.join(lab, 'spec.json'))
-    for sub in ('ssh', 'pve', 'secrets', 'ct', 'host/etc', 'host/dev', 'host/var'):
+    for sub in ('ssh', 'pve', 'secrets', 'ct', 'control', 'host/etc', 'host/dev', 'host/var'):
         os.makedirs(os.path.join(lab, sub), mode=0o700, exist_ok=True)
     host = hostsim.Host(lab)
     host.create()
@@ -94,7 +109,8 @@ def prepare(lab, spec_path):
     shutil.copyfile(os.path.join(ssh, 'id_ed25519.pub'), os.path.join(ssh, 'authorized_keys'))
     addr, port = spec['addresses']['ssh'], spec['ports']['ssh']
     with open(os.path.join(ssh, 'sshd_config'), 'w') as f:
-        f.write(SSHD_CONFIG.format(addr=addr, port=port, ssh=ssh))
+        f.write(SSHD_CONFIG.format(addr=addr, port=port, ssh=ssh, command='/usr/bin/python3 -S %s %s' % (
+            shlex.quote(os.path.join(HERE, 'sshcmd.py')), shlex.quote(lab))))
     with open(os.path.join(ssh, 'ssh_host_ed25519_key.pub')) as f:
         host_key = ' '.join(f.read().split()[:2])
 
@@ -133,6 +149,8 @@ MaxStartups 64:30:128
 MaxSessions 64
 Subsystem sftp internal-sftp
 LogLevel VERBOSE
+# Every command through the lab's wrapper: counted, logged, dropped on demand (lab/sshcmd.py).
+ForceCommand {command}
 '''
 
 
@@ -152,6 +170,11 @@ class Lab(object):
         self.pve = None
         self.seen = {}
         self.confs = {}
+        self.locked = set()
+        self.held = set()
+
+    def control_path(self, *parts):
+        return os.path.join(self.lab, 'control', *parts)
 
     async def start(self):
         from fakepve import FakePve
@@ -170,22 +193,85 @@ class Lab(object):
         # fakepve then fails a container create naming any other template, as Proxmox does.
         pve.storages['local'].setdefault('volumes', {})[self.info['template'].split(':', 1)[1]] = {
             'content': 'vztmpl', 'format': 'tzst', 'size': 129 * 1024 ** 2, 'ctime': 0}
-        await pve.start(pinfo['cafile'], pinfo['keyfile'])
         self.pve = pve
+        await self.start_api()
+        self.start_sshd()
+
+    async def start_api(self):
+        await self.pve.start(self.info['pve']['cafile'], self.info['pve']['keyfile'])
+
+    async def stop_api(self):
+        runner = self.pve.runner
+        if runner is not None:
+            # In-flight requests (a hung one, say) get a second, as a host going down gives them.
+            runner._shutdown_timeout = 1.0
+            await self.pve.stop()
+
+    def start_sshd(self):
+        os.makedirs(self.control_path(), exist_ok=True)
         log = open(os.path.join(self.lab, 'sshd.log'), 'ab')
         self.sshd = subprocess.Popen(
-            ['unshare', '-m', '-u', '--propagation', 'private', '--', 'sh', os.path.join(HERE, 'ns-sshd.sh'), self.lab, self.info['node']],
-            stdout=log, stderr=log, start_new_session=True)
+            ['unshare', '-m', '-u', '--propagation', 'private', '--', 'sh', os.path.join(HERE, 'ns-sshd.sh'),
+             self.lab, self.info['node']], stdout=log, stderr=log, start_new_session=True)
+
+    def host_pids(self):
+        """Every process of the simulated host: the SSH server's mount namespace (sshd, its sessions,
+        their commands) and whatever descends from the SSH server in nested namespaces (pct exec)."""
+        if self.sshd is None:
+            return []
+        try:
+            ns = os.readlink('/proc/%d/ns/mnt' % self.sshd.pid)
+        except OSError:
+            ns = None
+        parents, out = {}, set()
+        for name in os.listdir('/proc'):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            try:
+                with open('/proc/%d/stat' % pid) as f:
+                    parents[pid] = int(f.read().rsplit(')', 1)[1].split()[1])
+                if ns is not None and os.readlink('/proc/%d/ns/mnt' % pid) == ns:
+                    out.add(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        for pid in parents:
+            p, seen = pid, 0
+            while p > 1 and seen < 64:
+                if p == self.sshd.pid:
+                    out.add(pid)
+                    break
+                p, seen = parents.get(p, 0), seen + 1
+        out.discard(os.getpid())
+        return sorted(out)
+
+    def stop_sshd(self):
+        """Power off the host's processes: SIGKILL everything in the SSH server's namespace (every
+        connection drops without a goodbye), then wait until the namespace is gone."""
+        if self.sshd is None:
+            return
+        for _ in range(50):
+            pids = self.host_pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if self.sshd.poll() is None:
+                try:
+                    self.sshd.wait(0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+            time.sleep(0.02)
+        if self.sshd.poll() is None:
+            self.sshd.wait(5)
 
     def stop(self):
         for vmid in list(self.seen):
             self.stop_units(vmid)
-        if self.sshd and self.sshd.poll() is None:
-            os.killpg(self.sshd.pid, signal.SIGTERM)
-            try:
-                self.sshd.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.sshd.pid, signal.SIGKILL)
+        self.stop_sshd()
 
     # -- containers
 
@@ -246,15 +332,170 @@ class Lab(object):
                          env=env, stdout=subprocess.DEVNULL, start_new_session=True,
                          stderr=open(os.path.join(self.lab, 'ct', str(vmid), 'boot.log'), 'ab'))
 
+    # -- control files (tests/lablib.py writes them)
+
     def control(self):
         """Fault injection for tests: LAB/control/pve-fail.json holds keyword arguments of fakepve's
-        fail() (method, suffix, status, message, error, times); applied once, then removed."""
-        path = os.path.join(self.lab, 'control', 'pve-fail.json')
+        fail() (method, suffix, status, message, error, times); applied once, then removed.
+        LAB/control/pve-set.json: {"id": ..., "ops": [[name, value], ...]}, see pve_op(); applied in
+        order, then removed, and acknowledged in pve-set.ack.json ({"id", "error"})."""
+        path = self.control_path('pve-fail.json')
         if os.path.exists(path):
             with open(path) as f:
                 for spec in json.load(f):
                     self.pve.fail(**spec)
             os.unlink(path)
+        path = self.control_path('pve-set.json')
+        if os.path.exists(path):
+            with open(path) as f:
+                try:
+                    req = json.load(f)
+                except ValueError:
+                    return  # still being written (lablib writes it atomically; a hand-made one may not be)
+            error = None
+            try:
+                for name, value in req.get('ops', []):
+                    self.pve_op(name, value)
+            except Exception as e:  # reported to the test, which raises it
+                error = '%s: %s' % (type(e).__name__, e)
+            os.unlink(path)
+            hostsim.write(self.control_path('pve-set.ack.json'), json.dumps({'id': req.get('id'), 'error': error}) + '\n')
+
+    def guest(self, vmid):
+        g = self.pve.guest(int(vmid))
+        if g is None:
+            raise ValueError('no guest %s' % vmid)
+        return g
+
+    def pve_op(self, name, value):
+        """One of fakepve's scenarios (fakepve/model.py), by name:
+          quorate: bool                      lose / regain quorum (writes and actions: 500 no quorum)
+          node_online: [node, bool]          a node offline (its requests: 595 No route to host)
+          lock: [vmid, lock]                 the guest's config `lock` (backup, migrate, snapshot, ...)
+          unlock: vmid                       clear it, and release a held config lock
+          hold_config_lock: [vmid, secs]     another task holds the guest's config lock for secs real
+                                             seconds (null: until unlock); writes wait lock_wait then fail
+          revoke_tickets: true               forget every login ticket (next request: 401)
+          expire_tickets: true               every ticket issued so far has expired
+          ticket_ttl: secs                   lifetime of tickets issued from now on
+          network: {drop_rate, hang_rate, hang_secs, latency, jitter, seed, node_latency}
+          time_scale: float                  PVE seconds -> real seconds for task durations (lab: 0)
+          lock_wait: secs                    PVE seconds a write waits for a held config lock
+          ct_secs: {create, destroy, ...}    container task durations (PVE seconds)
+          guest_secs: [vmid, {start, stop, shutdown}]   one guest's task durations (PVE seconds)
+          start_error: [vmid, message|null]  the guest's start task fails with message
+          fail: [fail() kwargs, ...]         as pve-fail.json
+          clear_failures: true               forget every fail()
+          reset: true                        all of the above back to a healthy cluster
+        """
+        pve = self.pve
+        if name == 'quorate':
+            pve.quorate = bool(value)
+        elif name == 'node_online':
+            node, online = value
+            pve.nodes.setdefault(node, {})['online'] = bool(online)
+        elif name == 'lock':
+            vmid, lock = value
+            self.set_lock(self.guest(vmid), lock)
+            self.locked.add(int(vmid))
+        elif name == 'unlock':
+            g = self.guest(value)
+            self.set_lock(g, None)
+            pve.release(g, 'scenario')
+            self.locked.discard(int(value))
+            self.held.discard(int(value))
+        elif name == 'hold_config_lock':
+            vmid, secs = value
+            g = self.guest(vmid)
+            if g.lock_holder is not None and g.lock_holder != 'scenario':
+                raise ValueError('the config lock of %s is held by %s' % (vmid, g.lock_holder))
+            g.lock_holder = 'scenario'
+            self.held.add(int(vmid))
+            if secs is not None:
+                asyncio.get_running_loop().call_later(float(secs), pve.release, g, 'scenario')
+        elif name == 'release_config_lock':
+            pve.release(self.guest(value), 'scenario')
+            self.held.discard(int(value))
+        elif name == 'revoke_tickets':
+            if value:
+                pve.revoke_tickets()
+        elif name == 'expire_tickets':
+            if value:
+                for session in pve.tickets.values():
+                    session['expires'] = time.time() - 1
+        elif name == 'ticket_ttl':
+            pve.ticket_ttl = float(value)
+        elif name == 'network':
+            unknown = set(value) - set(pve.network)
+            if unknown:
+                raise ValueError('unknown network setting(s) %s; known: %s' % (
+                    ', '.join(sorted(unknown)), ', '.join(sorted(pve.network))))
+            pve.network.update(value)
+            if value.get('seed') is not None:
+                pve._random.seed(value['seed'])
+        elif name == 'time_scale':
+            pve.time_scale = float(value)
+        elif name == 'lock_wait':
+            pve.lock_wait = float(value)
+        elif name == 'ct_secs':
+            unknown = set(value) - set(pve.ct_secs)
+            if unknown:
+                raise ValueError('unknown ct_secs %s; known: %s' % (', '.join(sorted(unknown)),
+                                                                  ', '.join(sorted(pve.ct_secs))))
+            pve.ct_secs.update(value)
+        elif name == 'guest_secs':
+            vmid, secs = value
+            g = self.guest(vmid)
+            for key, val in secs.items():
+                if key not in ('start', 'stop', 'shutdown'):
+                    raise ValueError('guest_secs: start, stop or shutdown, not %r' % key)
+                setattr(g, key + '_secs', float(val))
+        elif name == 'start_error':
+            vmid, message = value
+            self.guest(vmid).start_error = message
+        elif name == 'fail':
+            for spec in value:
+                pve.fail(**spec)
+        elif name == 'clear_failures':
+            pve.failures = {}
+        elif name == 'reset':
+            self.pve_reset()
+        else:
+            raise ValueError('unknown pve-set operation %r' % name)
+
+    @staticmethod
+    def set_lock(g, lock):
+        g.lock = lock or None
+        if lock:
+            g.config['lock'] = lock
+        else:
+            g.config.pop('lock', None)
+
+    def pve_reset(self):
+        """Back to the healthy cluster the lab starts with (guests' own state stays)."""
+        from fakepve.model import Model
+        pve = self.pve
+        healthy = Model()
+        pve.quorate = True
+        for node in pve.nodes.values():
+            node['online'] = True
+        pve.network = dict(healthy.network, node_latency={})
+        pve.time_scale = 0
+        pve.lock_wait = healthy.lock_wait
+        pve.ticket_ttl = healthy.ticket_ttl
+        pve.failures = {}
+        for key in pve.ct_secs:
+            pve.ct_secs[key] = 0
+        for g in list(pve.cts) + list(pve.vms):
+            g.start_secs = g.stop_secs = g.shutdown_secs = 0
+            g.start_error = None
+            if g.vmid in self.locked:
+                self.set_lock(g, None)
+            pve.release(g, 'scenario')
+        self.locked.clear()
+        self.held.clear()
+
+    # -- the sync loop
 
     def sync(self):
         self.control()
@@ -265,7 +506,7 @@ class Lab(object):
             prev = self.seen.get(ct.vmid, (None, None))
             self.make_rootfs(ct.vmid)
             hostsim.write(os.path.join(self.lab, 'ct', str(ct.vmid), 'status'), ct.status + '\n')
-            self.write_conf('lxc', ct.vmid, ct.config)
+            self.sync_conf('lxc', ct)
             if ct.status == 'running' and prev != now[ct.vmid]:
                 if prev[0] == 'running':
                     self.stop_units(ct.vmid)
@@ -278,31 +519,198 @@ class Lab(object):
             conf = self.host.path('etc/pve/lxc/%d.conf' % vmid)
             if os.path.exists(conf):
                 os.unlink(conf)
+            self.confs.pop(('lxc', vmid), None)
         vms = set()
         for vm in self.pve.vms:
             vms.add(vm.vmid)
-            self.write_conf('qemu-server', vm.vmid, vm.config)
+            self.sync_conf('qemu-server', vm)
         qdir = self.host.path('etc/pve/qemu-server')
         for name in os.listdir(qdir):
-            if name.endswith('.conf') and int(name[:-5]) not in vms:
+            if name.endswith('.conf') and name[:-5].isdigit() and int(name[:-5]) not in vms:
                 os.unlink(os.path.join(qdir, name))
+                self.confs.pop(('qemu-server', int(name[:-5])), None)
         self.seen = now
 
-    def write_conf(self, kind, vmid, config):
-        """/etc/pve/<kind>/<vmid>.conf from the API's view, keeping raw lxc.* lines, which only the
-        file can hold (the program edits those over SSH)."""
-        path = self.host.path('etc/pve', kind, '%d.conf' % vmid)
-        raw = []
-        if os.path.exists(path):
+    # -- /etc/pve/<kind>/<vmid>.conf <-> fakepve (pmxcfs: the file is the guest's config)
+
+    @staticmethod
+    def api_view(config):
+        """The config keys the file holds, as text."""
+        return {k: str(v) if k == 'description' else str(v).strip() for k, v in config.items()
+                if k not in ('digest', 'lxc') and not k.startswith('lxc.')}
+
+    @staticmethod
+    def file_text(api, raw):
+        """The file PVE writes: the description as comment lines on top, then key: value lines, then
+        the raw lxc.* lines."""
+        import urllib.parse
+        desc = api.get('description')
+        head = ''.join('#%s\n' % urllib.parse.quote(line, safe=DESC_SAFE) for line in desc.split('\n')) if desc else ''
+        return head + ''.join('%s: %s\n' % (k, v) for k, v in sorted(api.items()) if k != 'description') + \
+            ''.join(line + '\n' for line in raw)
+
+    @staticmethod
+    def file_view(text):
+        """The main section of a guest config file as {key: value}, raw lxc.* lines left out. Comment
+        lines at the top are the description (as PVE writes it)."""
+        out, comments = {}, []
+        for line in text.splitlines():
+            if line.startswith('['):
+                break
+            if line.startswith('#'):
+                comments.append(line[1:])
+                continue
+            key, sep, value = line.partition(':')
+            key = key.strip()
+            if not sep or not key or key.startswith('lxc.'):
+                continue
+            out[key] = value.strip()
+        if comments and 'description' not in out:
+            import urllib.parse
+            out['description'] = '\n'.join(urllib.parse.unquote(line) for line in comments)
+        return out
+
+    def sync_conf(self, kind, guest):
+        """Keep the guest's file and fakepve's config one: whichever changed since the last sync wins
+        (the API if both did, its write having been first). Raw lxc.* lines live in the file only."""
+        path = self.host.path('etc/pve', kind, '%d.conf' % guest.vmid)
+        key = (kind, guest.vmid)
+        api = self.api_view(guest.config)
+        try:
             with open(path) as f:
-                raw = [line for line in f.read().splitlines() if line.startswith('lxc.')]
-        body = ''.join('%s: %s\n' % (k, v) for k, v in sorted(config.items())
-                       if k not in ('digest', 'lxc') and not k.startswith('lxc.'))
-        key = (kind, vmid)
-        if self.confs.get(key) == body and os.path.exists(path):
+                text = f.read()
+        except FileNotFoundError:
+            text = None
+        last = self.confs.get(key)
+        if last is not None and text is not None and text != last['text'] and api == last['api']:
+            # Edited on the host (by hand, by the program over SSH): the API reports the file.
+            filed = self.file_view(text)
+            if filed != api:
+                self.config_from_file(kind, guest, filed)
+                api = self.api_view(guest.config)
+            self.confs[key] = {'api': api, 'text': text}
             return
-        self.confs[key] = body
-        hostsim.write(path, body + ''.join(line + '\n' for line in raw))
+        if last is not None and text == last['text'] and api == last['api']:
+            return
+        raw = [line for line in (text or '').splitlines() if line.startswith('lxc.')]
+        body = self.file_text(api, raw)
+        if body != text:
+            hostsim.write(path, body)
+        self.confs[key] = {'api': api, 'text': body}
+
+    def config_from_file(self, kind, guest, filed):
+        """The guest's config as the file now says, typed as the API returns it. A value PVE could
+        not parse is left out with a warning in labd.log, as PVE's config parser does."""
+        from fakepve import schema
+        template = '/nodes/{node}/%s/{vmid}/config' % ('lxc' if kind == 'lxc' else 'qemu')
+        spec = schema.load().paths[template]['PUT'].get('parameters') or {}
+        props = spec.get('properties', {})
+        config = {}
+        before = self.api_view(guest.config)
+        for k, v in filed.items():
+            if before.get(k) == v:
+                config[k] = guest.config[k]  # unchanged: as the API had it
+                continue
+            sch = schema._prop(props, k)
+            if sch is None:
+                config[k] = v
+                continue
+            value, err = schema.check_value(sch, v)
+            if err:
+                print('labd: vm %s - unable to parse value of %r - %s (line ignored)' % (guest.vmid, k, err), flush=True)
+                continue
+            config[k] = value
+        guest.config.clear()
+        guest.config.update(config)
+        if kind == 'qemu-server':
+            guest.lock = config.get('lock')
+
+    # -- the host's reboot (the fake `reboot` asks for it)
+
+    def reboot_requested(self):
+        return os.path.exists(self.control_path('reboot-request.json'))
+
+    def setting(self, name, env, default):
+        if os.environ.get(env):
+            return float(os.environ[env])
+        value = self.host.spec.get(name)
+        return default if value is None else float(value)
+
+    async def reboot(self):
+        """What a real reboot does to the host, in order: every process ends (SSH connections drop
+        without a goodbye, hung commands die), the API goes away, guests stop; the host stays down
+        for reboot_down_secs; it boots the installed state (new boot_id, command line, bindings,
+        module options), the API comes back, the onboot guests start (their enabled units with them),
+        and sshd accepts connections again. spec reboot_guest_delay: start the guests that many
+        seconds after sshd instead (a real host's pve-guests runs after sshd is up)."""
+        t0 = time.time()
+        with open(self.control_path('reboot-request.json')) as f:
+            request = json.load(f)
+        os.unlink(self.control_path('reboot-request.json'))
+        down = self.setting('reboot_down_secs', REBOOT_ENV, REBOOT_DOWN_SECS)
+        guest_delay = self.host.spec.get('reboot_guest_delay')
+        old_boot = hostsim.read(self.host.path('proc/boot_id')).strip()
+        self.stop_sshd()
+        await self.stop_api()
+        t_down = time.time()
+        for ct in self.pve.cts:
+            if ct.status == 'running':
+                ct.status, ct.pid = 'stopped', None
+        for vm in self.pve.vms:
+            if vm.status == 'running':
+                vm.status = vm.qmpstatus = 'stopped'
+        self.sync()
+        self.host.reboot()
+        await asyncio.sleep(max(0.0, down - (time.time() - t_down)))
+        await self.start_api()
+        started, failed = [], {}
+        if guest_delay is None:
+            started, failed = await self.start_onboot()
+            self.sync()
+        self.start_sshd()
+        deadline = time.time() + 10
+        while time.time() < deadline and not port_open(self.info['ssh']['host'], self.info['ssh']['port']):
+            await asyncio.sleep(0.05)
+        t_up = time.time()
+        if guest_delay is not None:
+            await asyncio.sleep(float(guest_delay))
+            started, failed = await self.start_onboot()
+            self.sync()
+        record = {'requested': request.get('t'), 'down': round(t_down, 3), 'up': round(t_up, 3),
+                  'secs': round(t_up - t0, 3), 'old_boot_id': old_boot,
+                  'boot_id': hostsim.read(self.host.path('proc/boot_id')).strip(),
+                  'started': started, 'start_failed': failed}
+        with open(self.control_path('reboots.log'), 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        print('labd: host rebooted: %s' % json.dumps(record), flush=True)
+
+    async def start_onboot(self):
+        """pve-guests' startall: the guests with onboot=1, by startup order, then vmid."""
+        def order(g):
+            startup = str(g.config.get('startup') or '')
+            for item in startup.split(','):
+                k, _, v = item.partition('=')
+                if k.strip() == 'order' and v.strip().isdigit():
+                    return (int(v), g.vmid)
+            return (1 << 30, g.vmid)
+        guests = [g for g in list(self.pve.cts) + list(self.pve.vms)
+                  if str(g.config.get('onboot', 0)) in ('1', 'True', 'true') and not g.template]
+        started, failed = [], {}
+        for g in sorted(guests, key=order):
+            try:
+                if g in self.pve.cts:
+                    upid = await self.pve._lxc_start('root@pam', {'node': g.node, 'vmid': str(g.vmid)})
+                else:
+                    self.pve.need_quorum()
+                    upid = await self.pve._do_start(g, 'root@pam', {})
+                task = self.pve.tasks.get(upid) or {}
+                if task.get('status') == 'stopped' and task.get('exitstatus') != 'OK':
+                    failed[g.vmid] = task.get('exitstatus')
+                else:
+                    started.append(g.vmid)
+            except Exception as e:  # startall goes on with the next guest
+                failed[g.vmid] = getattr(e, 'message', None) or str(e)
+        return started, failed
 
 
 async def serve(lab):
@@ -318,6 +726,8 @@ async def serve(lab):
     try:
         while not stop.is_set():
             try:
+                if labd.reboot_requested():
+                    await labd.reboot()
                 labd.sync()
             except Exception:  # a sync bug must not take the lab down mid-test; it is logged
                 import traceback
@@ -328,7 +738,7 @@ async def serve(lab):
                 pass
     finally:
         labd.stop()
-        await labd.pve.stop()
+        await labd.stop_api()
 
 
 # --------------------------------------------------------------------------- commands

@@ -6,8 +6,16 @@ set -eu
 LAB=$1
 hostname "$2"
 H=$LAB/host
+# The /etc directories the program and the tests write: bind mounts of LAB/host/etc/<dir>, not
+# files of the /etc overlay's upper layer. Changing an overlay's upper layer behind its back is
+# undefined behaviour (an in-place edit from outside left `mv` over that file failing with "Stale
+# file handle"); through a bind mount a write from either side is an ordinary write to one
+# directory, and a rename inside is seen outside at once, as on a real host (and pmxcfs).
+ETC_DIRS="pve kernel default modprobe.d driverctl.d"
 mkdir -p "$LAB/work/etc" "$LAB/work/var" "$LAB/work/dev" "$H/var"
+for d in $ETC_DIRS; do mkdir -p "$H/etc/$d"; done
 mount -t overlay overlay -o "lowerdir=/etc,upperdir=$H/etc,workdir=$LAB/work/etc" /etc
+for d in $ETC_DIRS; do mount --bind "$H/etc/$d" "/etc/$d"; done
 mount -t overlay overlay -o "lowerdir=/var,upperdir=$H/var,workdir=$LAB/work/var" /var
 mount -t overlay overlay -o "lowerdir=/dev,upperdir=$H/dev,workdir=$LAB/work/dev" /dev
 mount --bind "$H/sys/bus/pci" /sys/bus/pci

@@ -22,6 +22,61 @@ PASSPHRASE = 'gpuhost-itest'
 PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config.py', 'components', 'templates')
 
 
+class SshResult(object):
+    def __init__(self, stdout, stderr, exit_code):
+        self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
+
+    @property
+    def dropped(self):
+        return self.exit_code is None
+
+    def __repr__(self):
+        return 'SshResult(exit_code=%r, stdout=%r, stderr=%r)' % (self.exit_code, self.stdout[-300:], self.stderr[-300:])
+
+
+def _write_json(path, data):
+    """Atomically, so the lab daemon never reads half a request."""
+    hostsim.write(path, json.dumps(data) + '\n')
+
+
+def _read(path, default=''):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return default
+
+
+def _cmdline(pid):
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read()
+    except OSError:
+        return b''
+
+
+def _descendants(root):
+    parents = {}
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            try:
+                with open('/proc/%s/stat' % name) as f:
+                    parents[int(name)] = int(f.read().rsplit(')', 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out = []
+    for pid in parents:
+        p = parents.get(pid)
+        for _ in range(64):
+            if p is None or p <= 1:
+                break
+            if p == root:
+                out.append(pid)
+                break
+            p = parents.get(p)
+    return out
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
@@ -62,6 +117,26 @@ class Lab(object):
                              env=self.env, capture_output=True, text=True)
         assert res.returncode == 0, 'install-command-plugin.sh failed:\n' + res.stderr
         self.info = None
+
+    @classmethod
+    def attach(cls, base):
+        """The Lab of a project copy made earlier under base (its lab running), for a debugging session."""
+        self = cls.__new__(cls)
+        self.base = base
+        self.project = os.path.join(base, 'project')
+        self.dir = os.path.join(self.project, '.lab')
+        self.spec_path = os.path.join(base, 'spec.json')
+        with open(self.spec_path) as f:
+            self.spec = json.load(f)
+        self.env = dict(os.environ, PULUMI_BACKEND_URL='file://' + os.path.join(base, 'state'),
+                        PULUMI_HOME=os.path.join(base, 'pulumi-home'), PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
+                        PULUMI_SKIP_UPDATE_CHECK='true', PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true',
+                        GPUHOST_LAB=self.dir)
+        self.env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
+        with open(os.path.join(self.dir, 'lab.json')) as f:
+            self.info = json.load(f)
+        self.host = hostsim.Host(self.dir)
+        return self
 
     # -- lifecycle
 
@@ -142,10 +217,231 @@ class Lab(object):
     # -- observing the simulated host
 
     def ssh_sessions(self):
-        """Commands the lab's sshd ran so far (sshd logs one line per session)."""
+        """Commands the lab's sshd ran so far (sshd logs one line per session; every command is a
+        forced command, lab/sshcmd.py)."""
         path = os.path.join(self.dir, 'sshd.log')
         with open(path, errors='replace') as f:
-            return sum(1 for line in f if 'Starting session: command' in line)
+            return sum(1 for line in f if 'Starting session: command' in line
+                       or 'Starting session: forced-command' in line)
+
+    # -- SSH: commands, drops
+
+    def control(self, *parts):
+        return os.path.join(self.dir, 'control', *parts)
+
+    def ssh(self, command, stdin=None, timeout=30.0):
+        """Run a command line over the lab's SSH (paramiko, the lab's key, the pinned host key).
+        Returns SshResult(stdout, stderr, exit_code); exit_code is None when the connection ended
+        without an exit status (a drop)."""
+        import base64
+        import paramiko
+        s = self.info['ssh']
+        keytype, b64 = s['host_key'].split()[:2]
+        client = paramiko.SSHClient()
+        client.get_host_keys().add('[%s]:%d' % (s['host'], s['port']), keytype,
+                                   paramiko.PKey.from_type_string(keytype, base64.b64decode(b64)))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(s['host'], port=s['port'], username=s['user'], key_filename=s['key_file'],
+                       look_for_keys=False, allow_agent=False, timeout=10)
+        try:
+            chan = client.get_transport().open_session(timeout=10)
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            if stdin is not None:
+                try:
+                    chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+                except (OSError, EOFError):
+                    pass
+            try:
+                chan.shutdown_write()
+            except (OSError, EOFError):
+                pass
+            out, err = [], []
+            while True:
+                data = chan.recv(65536)
+                if not data:
+                    break
+                out.append(data)
+            while True:
+                data = chan.recv_stderr(65536)
+                if not data:
+                    break
+                err.append(data)
+            # paramiko reports -1 when the channel closed without an exit-status message.
+            code = chan.recv_exit_status()
+            code = None if code == -1 else code
+        finally:
+            client.close()
+        return SshResult(b''.join(out).decode('utf-8', 'replace'), b''.join(err).decode('utf-8', 'replace'), code)
+
+    def ssh_script(self, script, *args, name='lab-script.sh', stdin=None, timeout=30.0):
+        """Run a bash script the way the program sends its own: bash -c '<script>' name args..."""
+        import shlex
+        command = 'bash -c %s %s %s' % (shlex.quote(script), shlex.quote(name), shlex.join([str(a) for a in args]))
+        return self.ssh(command, stdin=stdin, timeout=timeout)
+
+    def ssh_commands(self):
+        """How many SSH commands the lab ran so far (every session, since the lab was created)."""
+        try:
+            with open(self.control('ssh-count')) as f:
+                return int(f.read().strip() or 0)
+        except FileNotFoundError:
+            return 0
+
+    def ssh_log(self):
+        """Every SSH command so far: [{'n', 't', 'cmd' (script name and arguments, 80 chars), 'drop'
+        (None, 'before', 'after', 'during'), and for a drop after/during 'exit' (the command's exit
+        code on the host) and for 'during' 'stdin_sent'/'stdin_total'}], oldest first."""
+        entries = {}
+        try:
+            with open(self.control('ssh-commands.log')) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    entries.setdefault(rec['n'], {}).update(rec)
+        except FileNotFoundError:
+            pass
+        return [entries[n] for n in sorted(entries)]
+
+    def drop_ssh_at(self, n=1, mode='before', stdin_bytes=None):
+        """Drop the SSH connection at the n-th SSH command from now (1: the next one), once:
+        'before' it runs (nothing happens on the host), 'after' it ran to completion (its exit status
+        never reaches the client; its output does), or 'during' it (it gets the first stdin_bytes of
+        its stdin, default half, then its stdin ends and its output goes nowhere). Returns the
+        absolute command number (see ssh_log())."""
+        if mode not in ('before', 'after', 'during'):
+            raise ValueError('mode: before, after or during')
+        if n < 1:
+            raise ValueError('n counts from 1 (the next command)')
+        at = self.ssh_commands() + n
+        _write_json(self.control('ssh-drop.json'), {'at': at, 'mode': mode, 'stdin_bytes': stdin_bytes})
+        return at
+
+    def ssh_drop_pending(self):
+        """True while an armed drop has not happened yet."""
+        return os.path.exists(self.control('ssh-drop.json'))
+
+    def kill_ssh_sessions(self):
+        """SIGKILL every per-connection sshd process now (the listener stays): every open SSH
+        connection drops. Returns how many processes were killed."""
+        import signal
+        with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
+            listener = int(f.read().strip())
+        killed = 0
+        for pid in _descendants(listener):
+            if _cmdline(pid).startswith(b'sshd: ') and b'[listener]' not in _cmdline(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+        return killed
+
+    # -- faults of the host's tools and the containers' systemctl
+
+    def fail_tool(self, name, message=''):
+        """Make a fake host tool fail (exit 1, message on stderr): name is the tool (driverctl,
+        proxmox-boot-tool, update-grub, update-initramfs, pct, reboot) or tool.subcommand
+        (proxmox-boot-tool.refresh, pct.exec)."""
+        hostsim.write(self.host.path('faults', name), message)
+
+    def hang_tool(self, name):
+        """Make a fake host tool (or tool.subcommand) hang: no output, no exit, until killed or until
+        the SSH connection it runs under is gone."""
+        hostsim.write(self.host.path('faults', name), 'hang\n')
+
+    def fail_systemctl(self, cmd, message=None, vmid=200):
+        """Make `systemctl <cmd>` fail inside container vmid (exit 1; message on stderr, default what
+        systemd prints, '{unit}' replaced by the unit name; 'hang' to hang instead). cmd: start,
+        restart, try-restart, stop, enable, disable, daemon-reload, or any other systemctl command.
+        A failed start/restart leaves the unit failed (not running)."""
+        hostsim.write(os.path.join(self.ct_root(vmid), 'etc', 'lab-faults', 'systemctl.' + cmd), message or '')
+
+    def clear_faults(self):
+        """Remove every injected tool and systemctl fault and an armed SSH drop (not fakepve's:
+        pve_reset())."""
+        for d in [self.host.path('faults')] + [os.path.join(self.dir, 'ct', v, 'rootfs', 'etc', 'lab-faults')
+                                               for v in (os.listdir(os.path.join(self.dir, 'ct'))
+                                                         if os.path.isdir(os.path.join(self.dir, 'ct')) else [])]:
+            if os.path.isdir(d):
+                for name in os.listdir(d):
+                    os.unlink(os.path.join(d, name))
+        if os.path.exists(self.control('ssh-drop.json')):
+            os.unlink(self.control('ssh-drop.json'))
+
+    # -- fakepve's scenarios
+
+    def pve_set(self, timeout=10.0, **ops):
+        """Apply fakepve scenarios in the lab daemon, in the order given, and wait until they are in
+        force. Operations (lab/labctl.py Lab.pve_op): quorate=False, node_online=('pve-lab', False),
+        lock=(200, 'backup'), unlock=200, hold_config_lock=(200, secs|None), release_config_lock=200,
+        revoke_tickets=True, expire_tickets=True, ticket_ttl=secs, network={'drop_rate': 0.5, 'seed': 1,
+        'hang_rate', 'hang_secs', 'latency', 'jitter', 'node_latency'}, time_scale=1.0, lock_wait=secs,
+        ct_secs={'create': 5, ...}, guest_secs=(200, {'start': 5, 'stop': 1, 'shutdown': 2}),
+        start_error=(200, 'message'), fail=[fail() kwargs], clear_failures=True, reset=True."""
+        import uuid
+        rid = uuid.uuid4().hex
+        ack = self.control('pve-set.ack.json')
+        _write_json(self.control('pve-set.json'), {'id': rid, 'ops': [[k, v] for k, v in ops.items()]})
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with open(ack) as f:
+                    done = json.load(f)
+            except (FileNotFoundError, ValueError):
+                done = None
+            if done and done.get('id') == rid:
+                if done.get('error'):
+                    raise ValueError('pve_set(%s): %s' % (', '.join(ops), done['error']))
+                return
+            time.sleep(0.05)
+        raise AssertionError('the lab daemon did not apply pve_set(%s) within %s s' % (', '.join(ops), timeout))
+
+    def pve_reset(self):
+        """fakepve back to healthy: quorum, nodes online, no network trouble, no injected failures, tasks
+        instant, locks set through pve_set released (tickets revoked stay revoked: log in again)."""
+        self.pve_set(reset=True)
+
+    # -- the host's reboot
+
+    def reboots(self):
+        """The reboots the lab daemon carried out: [{'requested', 'down', 'up', 'secs', 'old_boot_id',
+        'boot_id', 'started' (vmids), 'start_failed' ({vmid: message})}], oldest first."""
+        try:
+            with open(self.control('reboots.log')) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def wait_reboots(self, count, timeout=60.0):
+        """Wait until the lab daemon has carried out `count` reboots in all (it logs one when the host
+        is back: sshd accepting, onboot guests started); returns the last."""
+        self.wait_for(lambda: len(self.reboots()) >= count, timeout=timeout, what='%d reboot(s) of the host' % count)
+        return self.reboots()[count - 1]
+
+    def boot_id(self):
+        return hostsim.read(self.host.path('proc/boot_id')).strip()
+
+    # -- guests without the program (for the lab's own tests)
+
+    def create_ct(self, vmid=200, start=True, onboot=0, **config):
+        """A container made through the API the way the program makes one (template, root@pam)."""
+        node = self.node()
+        params = dict(vmid=vmid, ostemplate=self.info['template'], hostname='ct%d' % vmid, memory=1024,
+                      rootfs='local-lvm:8', onboot=onboot, unprivileged=0)
+        params.update(config)
+        node.lxc.post(**params)
+        if start:
+            node.lxc(vmid).status.start.post()
+            self.wait_for(lambda: os.path.isdir(os.path.join(self.ct_root(vmid), 'etc')) and
+                          _read(os.path.join(self.dir, 'ct', str(vmid), 'status')).strip() == 'running',
+                          what='container %d running in the lab' % vmid)
+        else:
+            self.wait_for(lambda: os.path.exists(self.host.path('etc/pve/lxc/%d.conf' % vmid)),
+                          what='/etc/pve/lxc/%d.conf' % vmid)
+        return node.lxc(vmid)
 
     def host_digest(self):
         """A hash of everything the simulated host holds (files, links, device bindings)."""
