@@ -79,7 +79,7 @@ go_env() {
   GONOSUMDB=$(go env GONOSUMDB)
   GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/pulumi/pulumi-command/provider,github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python
   GOFLAGS="$(go env GOFLAGS) -mod=readonly"
-  export GOPROXY GONOSUMDB GOFLAGS CGO_ENABLED=0
+  export GOPROXY GONOSUMDB GOFLAGS CGO_ENABLED=0 GOWORK=off
 }
 
 tmp=''
