@@ -3,13 +3,16 @@ STACK ?= lab
 OUT ?= render/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up test lab lab-down preview render bench bootstrap clean
+.PHONY: up test test-fast lab lab-down preview render bench bootstrap clean
 
 up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs
 	@tools/run.sh up
 
 test:          ## the whole test suite (unit, component, integration against the lab)
 	@tools/run.sh test
+
+test-fast:     ## the suite without the slow scenarios (marked `slow`)
+	@tools/run.sh test -m 'not slow'
 
 lab:           ## start the lab (simulated host + fakepve) unless running
 	@tools/run.sh lab

@@ -19,6 +19,7 @@ import io
 import os
 import shlex
 import socket
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -155,6 +156,34 @@ def connect(target: Target, attempts: int = 3):
                              target.name, attempts, _transport_reason(last)))
 
 
+_pool = {}
+_pool_lock = threading.Lock()
+
+
+def pooled(target: Target):
+    """One SSH connection per host, shared by every step of this process (a provider process serves
+    all of a run's resources; channels on one transport run concurrently). A dead one is replaced."""
+    key = (target.host, target.port, target.user, target.host_key)
+    with _pool_lock:
+        client = _pool.get(key)
+        transport = client.get_transport() if client is not None else None
+        if transport is not None and transport.is_active():
+            return client
+        if client is not None:
+            client.close()
+        client = connect(target)
+        _pool[key] = client
+        return client
+
+
+def discard(target: Target) -> None:
+    key = (target.host, target.port, target.user, target.host_key)
+    with _pool_lock:
+        client = _pool.pop(key, None)
+    if client is not None:
+        client.close()
+
+
 def script(name: str) -> str:
     with open(os.path.join(SCRIPTS, name)) as f:
         return f.read()
@@ -175,7 +204,7 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     own = client is None
     started = False
     try:
-        client = client or connect(target)
+        client = client or pooled(target)
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             raise EOFError('SSH session not active')
@@ -216,14 +245,13 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     except RemoteError:
         raise
     except (OSError, EOFError, socket.timeout, paramiko.SSHException) as e:
+        if own:
+            discard(target)
         state = ('the step may have completed on the host%s' % (' (%s)' % lost_detail if lost_detail else '')
                  if started else 'the step had not started')
         raise ConnectionLost('connection to %s lost during %s (%s); %s. Safe to re-run: every step reads the '
                              'host first and does only what is still missing.' % (
                                  target.name, step, _transport_reason(e), state)) from None
-    finally:
-        if own and client is not None:
-            client.close()
     result = Result(b''.join(out).decode('utf-8', 'replace'), b''.join(err).decode('utf-8', 'replace'), code)
     if check and code != 0:
         tail = result.stderr.strip().splitlines()[-5:]

@@ -107,13 +107,13 @@ class SglangUnitProvider(ObservedProvider):
     DESIRED = ('unit', 'version', 'container_uid', 'container_pid', 'active', 'enabled', 'unit_name', 'vmid')
     OUTPUTS = ('resolved', 'invocation_id', 'restarted')
 
-    def observe(self, target, client, props):
+    def observe(self, target, props):
         facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
-            props['vmid'], props['unit_name'], props['unit_path'], props['venv']], client=client).stdout)
+            props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout)
         running = facts.get('ct') == 'running'
         unit = None
         if running:
-            res = remote.run(target, 'ct_read_file.sh', [props['vmid'], props['unit_path']], check=False, client=client)
+            res = remote.run(target, 'ct_read_file.sh', [props['vmid'], props['unit_path']], check=False)
             unit = res.stdout if res.exit_code == 0 else None
         return {'unit': unit, 'version': facts.get('sglang') if running else None,
                 'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
@@ -122,40 +122,36 @@ class SglangUnitProvider(ObservedProvider):
 
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
-        client = remote.connect(target)
-        try:
-            before = self.observe(target, client, props)
-            if before['version'] in (None, '-'):
-                raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
-                                   '(python -m venv %s && %s/bin/pip install "sglang[all]==%s")' % (
-                                       props['vmid'], props['venv'], props['version'], props['venv'], props['venv'],
-                                       props['version']))
-            if before['version'] != props['version']:
-                raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
-                                   'are rendered for the declared version - install it or change the config' % (
-                                       props['vmid'], before['version'], props['version']))
-            changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'],
-                                         expected=before['sha256'] or '-', client=client)
-            restart = 'yes' if changed or force_restart else 'no'
-            remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart], client=client)
+        before = self.observe(target, props)
+        if before['version'] in (None, '-'):
+            raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
+                               '(python -m venv %s && %s/bin/pip install "sglang[all]==%s")' % (
+                                   props['vmid'], props['venv'], props['version'], props['venv'], props['venv'],
+                                   props['version']))
+        if before['version'] != props['version']:
+            raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
+                               'are rendered for the declared version - install it or change the config' % (
+                                   props['vmid'], before['version'], props['version']))
+        changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'],
+                                     expected=before['sha256'] or '-')
+        restart = 'yes' if changed or force_restart else 'no'
+        remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
 
-            def failed():
-                state = self.observe(target, client, props)
-                if not state['active']:
-                    return ('%s is not running in container %s (it exited or failed to start); see `pct exec %s -- '
-                            'journalctl -u %s`' % (props['unit_name'], props['vmid'], props['vmid'], props['unit_name']))
-                return None
-            wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
-                      '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
-            info = resolved(server_info(props['endpoint']))
-            bad = mismatches(props['expect'], info)
-            if bad:
-                raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
-                                   'SGLang %s (journalctl -u %s in the container)' % (
-                                       props['unit_name'], '; '.join(bad), props['version'], props['unit_name']))
-            after = self.observe(target, client, props)
-        finally:
-            client.close()
+        def failed():
+            state = self.observe(target, props)
+            if not state['active']:
+                return ('%s is not running in container %s (it exited or failed to start); see `pct exec %s -- '
+                        'journalctl -u %s`' % (props['unit_name'], props['vmid'], props['vmid'], props['unit_name']))
+            return None
+        wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
+                  '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
+        info = resolved(server_info(props['endpoint']))
+        bad = mismatches(props['expect'], info)
+        if bad:
+            raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
+                               'SGLang %s (journalctl -u %s in the container)' % (
+                                   props['unit_name'], '; '.join(bad), props['version'], props['unit_name']))
+        after = self.observe(target, props)
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False)
 
@@ -177,12 +173,8 @@ class SglangUnitProvider(ObservedProvider):
 
     def read(self, id_, props):
         target = remote.Target.from_inputs(props['connection'])
-        client = remote.connect(target)
-        try:
-            outs = dict(props, **self.observe(target, client, props))
-            outs.pop('sha256', None)
-        finally:
-            client.close()
+        outs = dict(props, **self.observe(target, props))
+        outs.pop('sha256', None)
         try:
             outs['resolved'] = resolved(server_info(props['endpoint']))
         except (OSError, ValueError):

@@ -1,0 +1,221 @@
+"""Out-of-band drift, one kind at a time, on a deployed lab stack: `pulumi preview --refresh` names the
+resource and the key that drifted (and warns loudly about what could brick a GPU or hand a container
+GPU to the VM), `pulumi up --refresh` repairs it (saying what it repaired) or, for a container GPU
+found on vfio-pci, stops with the steps to recover; the next `up --refresh` changes nothing."""
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+STACK = 'drift'
+CT_GPU, VM_GPU = '0000:11:00.0', '0000:91:00.0'
+
+
+@pytest.fixture(scope='module')
+def deployed(lab):
+    lab.write_stack(STACK, lab.stack_config())
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    return lab
+
+
+def unit_path(lab):
+    return os.path.join(lab.ct_root(), 'etc', 'systemd', 'system', 'sglang-qwen.service')
+
+
+def edit(path, fn):
+    """An in-place edit, as an admin's editor makes it (same inode)."""
+    with open(path, 'r+') as f:
+        text = fn(f.read())
+        f.seek(0)
+        f.truncate()
+        f.write(text)
+
+
+def ct_exec(lab, *argv):
+    res = lab.ssh('pct exec 200 -- ' + ' '.join(argv))
+    assert res.exit_code == 0, res
+
+
+# -- the drift kinds: (id, make the drift, {resource: keys expected to differ}, warning in preview or None)
+
+def cmdline_arg_removed(lab):
+    edit(lab.host.path('etc/kernel/cmdline'), lambda t: t.replace(' iommu.strict=0', ''))
+
+
+def cmdline_passthrough_added(lab):
+    edit(lab.host.path('etc/kernel/cmdline'), lambda t: t.rstrip('\n') + ' iommu.passthrough=true\n')
+
+
+def cmdline_pt_added(lab):
+    edit(lab.host.path('etc/kernel/cmdline'), lambda t: t.rstrip('\n') + ' iommu=pt\n')
+
+
+def modprobe_edited(lab):
+    edit(lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'), lambda t: t.replace('=1', '=0'))
+
+
+def modprobe_deleted(lab):
+    os.unlink(lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))
+
+
+def vm_gpu_back_on_nvidia(lab):
+    os.unlink(lab.host.path('etc/driverctl.d/pci-' + VM_GPU))
+    lab.host.bind(VM_GPU, 'nvidia')
+
+
+def vm_gpu_override_lost(lab):
+    # Still bound, but the persistent override is gone: the next boot would hand it to nvidia.
+    os.unlink(lab.host.path('etc/driverctl.d/pci-' + VM_GPU))
+
+
+def ct_config_key(lab):
+    lab.node().lxc(200).config.put(cores=8)
+
+
+def ct_dev_removed(lab):
+    lab.node().lxc(200).config.put(delete='dev3')
+
+
+def ct_dev_pointed_elsewhere(lab):
+    lab.node().lxc(200).config.put(dev1='/dev/nvidia5,mode=0666')
+
+
+def ct_net_extra_property(lab):
+    net = lab.node().lxc(200).config.get()['net0']
+    lab.node().lxc(200).config.put(net0=net + ',rate=1')
+
+
+def raw_line_removed(lab):
+    edit(lab.host.path('etc/pve/lxc/200.conf'),
+         lambda t: ''.join(line for line in t.splitlines(True) if not line.startswith('lxc.cgroup2.cpuset.cpus')))
+
+
+def unit_edited(lab):
+    with open(unit_path(lab), 'a') as f:
+        f.write('# edited by hand\n')
+
+
+def unit_disabled(lab):
+    ct_exec(lab, 'systemctl', 'disable', 'sglang-qwen.service')
+
+
+def unit_stopped(lab):
+    ct_exec(lab, 'systemctl', 'stop', 'sglang-qwen.service')
+
+
+def ct_stopped(lab):
+    lab.node().lxc(200).status.stop.post()
+    lab.wait_for(lambda: lab.node().lxc(200).status.current.get()['status'] == 'stopped', what='container stopped')
+
+
+def vm_hostpci_on_container_gpu(lab):
+    lab.node().qemu(300).config.post(hostpci1=CT_GPU + ',pcie=1')
+
+
+def vm_sev_removed(lab):
+    lab.node().qemu(300).config.post(delete='amd-sev')
+
+
+def vm_stopped(lab):
+    lab.node().qemu(300).status.stop.post()
+    lab.wait_for(lambda: lab.node().qemu(300).status.current.get()['status'] == 'stopped', what='VM stopped')
+
+
+KINDS = [
+    ('kernel arg removed', cmdline_arg_removed, {'host-kernel-cmdline': {'ensure_args'}}, None),
+    ('passthrough=true added', cmdline_passthrough_added, {'host-kernel-cmdline': {'dangerous_args'}},
+     'DANGER - the configured kernel command line has iommu.passthrough=true in /etc/kernel/cmdline'),
+    ('iommu=pt added', cmdline_pt_added, {'host-kernel-cmdline': {'dangerous_args'}}, 'iommu=pt in /etc/kernel/cmdline'),
+    ('nvidia options edited', modprobe_edited, {'host-nvidia-options': {'content'}}, None),
+    ('nvidia options deleted', modprobe_deleted, {'host-nvidia-options': {'content'}}, None),
+    ('VM GPU back on nvidia', vm_gpu_back_on_nvidia, {'host-vfio': {'devices'}}, None),
+    ('VM GPU override lost', vm_gpu_override_lost, {'host-vfio': {'devices'}}, None),
+    ('container config key', ct_config_key, {'container-lxc': {'config'}}, None),
+    ('container devN removed', ct_dev_removed, {'container-lxc': {'config'}}, None),
+    ('container devN elsewhere', ct_dev_pointed_elsewhere, {'container-lxc': {'config'}}, None),
+    ('container net0 extra property', ct_net_extra_property, {'container-lxc': {'config'}}, None),
+    ('raw lxc line removed in place', raw_line_removed, {'container-lxc': {'raw_lxc'}}, None),
+    ('unit text edited', unit_edited, {'sglang-unit': {'unit'}}, None),
+    ('unit disabled', unit_disabled, {'sglang-unit': {'enabled'}}, None),
+    ('unit stopped', unit_stopped, {'sglang-unit': {'active'}}, None),
+    ('container stopped', ct_stopped, {'container-lxc': {'start'}}, None),
+    ('VM hostpci on a container GPU', vm_hostpci_on_container_gpu, {'vm-qemu': {'config'}},
+     'DANGER - hostpci1: %s,pcie=1 in /etc/pve/qemu-server/300.conf' % CT_GPU),
+    ('VM amd-sev removed', vm_sev_removed, {'vm-qemu': {'config'}}, None),
+    ('VM stopped', vm_stopped, {'vm-qemu': {'start'}}, None),
+]
+
+# What `up` says when it repairs the dangerous ones.
+REPAIRED = {
+    'passthrough=true added': 'removed iommu.passthrough=true from /etc/kernel/cmdline',
+    'iommu=pt added': 'removed iommu=pt from /etc/kernel/cmdline',
+    'VM hostpci on a container GPU': 'repaired hostpci1: %s,pcie=1 in /etc/pve/qemu-server/300.conf' % CT_GPU,
+    'VM GPU back on nvidia': 're-bound the VM\'s GPU %s (was nvidia) to vfio-pci' % VM_GPU,
+}
+
+
+def drifted(plan):
+    """{resource: {input keys whose old and new values differ}} for the steps that change something."""
+    out = {}
+    for s in plan.get('steps', []):
+        if s['op'] in ('same', 'refresh', 'read'):
+            continue
+        olds, news = (s.get('oldState') or {}).get('inputs', {}), (s.get('newState') or {}).get('inputs', {})
+        out[s['urn'].split('::')[-1]] = {k for k in set(olds) | set(news) if olds.get(k) != news.get(k)}
+    return out
+
+
+def diagnostics(plan):
+    return '\n'.join(d.get('message', '') for d in plan.get('diagnostics', []))
+
+
+@pytest.mark.parametrize('name,make,expected,warning', KINDS, ids=[k[0] for k in KINDS])
+def test_drift_is_seen_repaired_and_then_gone(deployed, name, make, expected, warning):
+    lab = deployed
+    make(lab)
+    plan = json.loads(lab.pulumi('preview', '--refresh', '--json', stack=STACK).stdout)
+    got = drifted(plan)
+    for resource, keys in expected.items():
+        assert resource in got and keys <= got[resource], (name, got)
+    if warning:
+        assert warning in diagnostics(plan), diagnostics(plan)
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    if name in REPAIRED:
+        assert REPAIRED[name] in res.stdout, res.stdout[-3000:]
+    lab.pulumi('preview', '--refresh', '--expect-no-changes', stack=STACK)
+    # Whatever was repaired, the service is healthy at the end of the run.
+    out = lab.outputs(STACK)
+    assert out['speculation']['resolved']['speculative_algorithm'] == 'EAGLE'
+    if name in ('container stopped', 'unit stopped', 'unit text edited'):
+        assert lab.unit_starts() == starts + 1
+
+
+def test_container_gpu_on_vfio_is_shown_and_stops_up_with_recovery_steps(deployed):
+    lab = deployed
+    lab.host.bind(CT_GPU, 'vfio-pci')
+    plan = json.loads(lab.pulumi('preview', '--refresh', '--json', stack=STACK).stdout)
+    assert 'container_devices' in drifted(plan).get('host-vfio', set())
+    assert 'DANGER - container GPU %s found bound to vfio-pci' % CT_GPU in diagnostics(plan)
+    digest = lab.host_digest()
+    res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'container GPU %s is bound to vfio-pci on the host' % CT_GPU in out
+    assert 'driverctl unset-override %s' % CT_GPU in out and 'pct reboot 200' in out
+    assert lab.host_digest() == digest
+    # The operator follows the steps; then the run converges.
+    lab.host.bind(CT_GPU, 'nvidia')
+    lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def test_outputs_describe_the_end_of_the_run(deployed):
+    """After up --refresh re-binds a VM GPU, reboot_reasons no longer mention the old binding."""
+    lab = deployed
+    vm_gpu_back_on_nvidia(lab)
+    lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    reasons = lab.outputs(STACK)['reboot_reasons']
+    assert not any(VM_GPU in r for r in reasons), reasons
