@@ -81,8 +81,11 @@ def running(lab):
         info = load(lab)
     except (FileNotFoundError, ValueError):
         return False
-    return (pid_alive(info.get('pid')) and port_open(info['pve']['host'], info['pve']['port'])
-            and port_open(info['ssh']['host'], info['ssh']['port']))
+    if not pid_alive(info.get('pid')):
+        return False
+    if os.path.exists(os.path.join(lab, 'control', 'rebooting')):
+        return True  # the simulated host is down for a reboot: sshd and the API are away on purpose
+    return port_open(info['pve']['host'], info['pve']['port']) and port_open(info['ssh']['host'], info['ssh']['port'])
 
 
 # --------------------------------------------------------------------------- set-up
@@ -644,39 +647,50 @@ class Lab(object):
         and sshd accepts connections again. spec reboot_guest_delay: start the guests that many
         seconds after sshd instead (a real host's pve-guests runs after sshd is up)."""
         t0 = time.time()
-        with open(self.control_path('reboot-request.json')) as f:
-            request = json.load(f)
+        try:
+            with open(self.control_path('reboot-request.json')) as f:
+                request = json.load(f)
+        except ValueError:
+            request = {}
         os.unlink(self.control_path('reboot-request.json'))
         down = self.setting('reboot_down_secs', REBOOT_ENV, REBOOT_DOWN_SECS)
         guest_delay = self.host.spec.get('reboot_guest_delay')
         old_boot = hostsim.read(self.host.path('proc/boot_id')).strip()
-        self.stop_sshd()
-        await self.stop_api()
-        t_down = time.time()
-        for ct in self.pve.cts:
-            if ct.status == 'running':
-                ct.status, ct.pid = 'stopped', None
-        for vm in self.pve.vms:
-            if vm.status == 'running':
-                vm.status = vm.qmpstatus = 'stopped'
-        self.sync()
-        self.host.reboot()
-        await asyncio.sleep(max(0.0, down - (time.time() - t_down)))
-        await self.start_api()
-        started, failed = [], {}
-        if guest_delay is None:
-            started, failed = await self.start_onboot()
+        hostsim.write(self.control_path('rebooting'), json.dumps({'t': t0}) + '\n')
+        started, failed, t_down, t_up = [], {}, None, None
+        try:
+            self.stop_sshd()
+            await self.stop_api()
+            t_down = time.time()
+            for ct in self.pve.cts:
+                if ct.status == 'running':
+                    ct.status, ct.pid = 'stopped', None
+            for vm in self.pve.vms:
+                if vm.status == 'running':
+                    vm.status = vm.qmpstatus = 'stopped'
             self.sync()
-        self.start_sshd()
-        deadline = time.time() + 10
-        while time.time() < deadline and not port_open(self.info['ssh']['host'], self.info['ssh']['port']):
-            await asyncio.sleep(0.05)
-        t_up = time.time()
+            self.host.reboot()
+            await asyncio.sleep(max(0.0, down - (time.time() - t_down)))
+            await self.start_api()
+            if guest_delay is None:
+                started, failed = await self.start_onboot()
+                self.sync()
+        finally:
+            # Whatever failed above, the host comes back: a lab without sshd or API helps nobody.
+            if self.pve.runner is None:
+                await self.start_api()
+            if self.sshd is None or self.sshd.poll() is not None:
+                self.start_sshd()
+            deadline = time.time() + 10
+            while time.time() < deadline and not port_open(self.info['ssh']['host'], self.info['ssh']['port']):
+                await asyncio.sleep(0.05)
+            t_up = time.time()
+            os.unlink(self.control_path('rebooting'))
         if guest_delay is not None:
             await asyncio.sleep(float(guest_delay))
             started, failed = await self.start_onboot()
             self.sync()
-        record = {'requested': request.get('t'), 'down': round(t_down, 3), 'up': round(t_up, 3),
+        record = {'requested': request.get('t'), 'down': round(t_down or t0, 3), 'up': round(t_up, 3),
                   'secs': round(t_up - t0, 3), 'old_boot_id': old_boot,
                   'boot_id': hostsim.read(self.host.path('proc/boot_id')).strip(),
                   'started': started, 'start_failed': failed}
