@@ -168,8 +168,10 @@ class KernelCmdlineProvider(ObservedProvider):
 
     def observe(self, facts, props):
         configured = cmdline.split(facts.configured)
+        # Written but never installed for the next boot (the refresh step was cut short): not done.
+        pending = any(f in facts.pending for f in (SYSTEMD_BOOT_FILE, GRUB_FILE))
         return {
-            'ensure_args': [a for a in props['ensure_args'] if cmdline.has(configured, a)],
+            'ensure_args': [] if pending else [a for a in props['ensure_args'] if cmdline.has(configured, a)],
             'dangerous_args': [w for w, _ in cmdline.dangers(configured, props['policy'])],
             'boot': facts.boot,
             'configured': facts.configured,
@@ -194,15 +196,20 @@ class KernelCmdlineProvider(ObservedProvider):
         if found:
             warn('host-kernel-cmdline: removed %s from %s - not declared, added outside Pulumi: %s' % (
                 ' '.join(w for w, _ in found), self.where(facts, [w for w, _ in found]), found[0][1]))
-        if plan:
+        pending = [f for f in (SYSTEMD_BOOT_FILE, GRUB_FILE) if f in facts.pending]
+        if plan or pending:
             if facts.boot == 'systemd-boot':
                 # One line, all of it ours to write: the facts carry the file's hash for the CAS.
-                remote.put_file(target, SYSTEMD_BOOT_FILE, plan['line'] + '\n', '0644',
+                line = plan['line'] if plan else facts.configured
+                remote.put_file(target, SYSTEMD_BOOT_FILE, line + '\n', '0644',
                                 facts.files.get(SYSTEMD_BOOT_FILE) or '-', 'boot-systemd')
             else:
-                old = remote.run(target, 'read_file.sh', [GRUB_FILE]).stdout
-                remote.put_file(target, GRUB_FILE, grub_with(old, plan), '0644', remote.sha256_hex(old), 'boot-grub')
-            facts = read_facts(target)
+                old = remote.run(target, 'read_file.sh', [GRUB_FILE], check=False)
+                if old.exit_code not in (0, 7):
+                    raise HostStateError('%s: cannot read %s: %s' % (target.name, GRUB_FILE, old.stderr.strip()))
+                remote.put_file(target, GRUB_FILE, grub_with(old.stdout, plan) if plan else old.stdout, '0644',
+                                remote.sha256_hex(old.stdout), 'boot-grub')
+            facts = read_facts(target, [SYSTEMD_BOOT_FILE, GRUB_FILE])
         out = dict(props, **self.observe(facts, props))
         if out['dangerous_args'] or len(out['ensure_args']) != len(props['ensure_args']):
             raise HostStateError('the configured kernel command line is still not as declared after the edit '
@@ -210,7 +217,7 @@ class KernelCmdlineProvider(ObservedProvider):
         return out
 
     def current(self, props):
-        facts = read_facts(remote.Target.from_inputs(props['connection']))
+        facts = read_facts(remote.Target.from_inputs(props['connection']), [SYSTEMD_BOOT_FILE, GRUB_FILE])
         found = cmdline.dangers(cmdline.split(facts.configured), props['policy'])
         if found:
             warn('host-kernel-cmdline: DANGER - the configured kernel command line has %s in %s, added outside '
@@ -227,8 +234,11 @@ class HostFileProvider(ObservedProvider):
 
     def observe(self, target, props):
         res = remote.run(target, 'read_file.sh', [props['path']], check=False)
-        content = res.stdout if res.exit_code == 0 else None
-        return {'content': content, 'sha256': remote.sha256_hex(content) if content is not None else None}
+        # exit 7: written, but its follow-up step never finished - not done, so the next apply finishes it.
+        if res.exit_code not in (0, 4, 7):
+            raise HostStateError('%s: cannot read %s: %s' % (target.name, props['path'], res.stderr.strip()[-300:]))
+        return {'content': res.stdout if res.exit_code == 0 else None,
+                'sha256': remote.sha256_hex(res.stdout) if res.exit_code in (0, 7) else None}
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])

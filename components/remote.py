@@ -315,6 +315,7 @@ class HostFacts:
     params: dict = dataclasses.field(default_factory=dict)
     overrides: dict = dataclasses.field(default_factory=dict)
     files: dict = dataclasses.field(default_factory=dict)
+    pending: dict = dataclasses.field(default_factory=dict)   # path -> follow-up step never finished
 
     def running_args(self):
         from components import cmdline
@@ -354,6 +355,8 @@ def parse_facts(text: str) -> HostFacts:
             facts.overrides[fields[0]] = fields[1]
         elif kind == 'file':
             facts.files[fields[0]] = None if fields[1] == '-' else fields[1]
+        elif kind == 'pending':
+            facts.pending[fields[0]] = fields[1] if len(fields) > 1 else '?'
     return facts
 
 

@@ -61,4 +61,7 @@ if command -v driverctl >/dev/null; then
 fi
 for f in "$@"; do
   if [ -f "$f" ]; then echo "file${tab}${f}${tab}$(sha256sum "$f" | cut -d' ' -f1)"; else echo "file${tab}${f}${tab}-"; fi
+  # put_file.sh's marker: written, but its follow-up step (boot refresh, initramfs) never finished.
+  marker="$(dirname "$f")/.gpuhost-pending.$(basename "$f")"
+  if [ -f "$marker" ]; then echo "pending${tab}${f}${tab}$(head -n1 "$marker")"; fi
 done

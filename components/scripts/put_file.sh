@@ -4,36 +4,25 @@ set -euo pipefail
 # but only if it still has the content the program read (EXPECTED_SHA256): a concurrent edit
 # is reported, never overwritten. Content whose hash is not NEW_SHA256 (a connection dropped
 # mid-transfer ends stdin early) is never installed. Then run POST; if POST fails the old file is
-# put back, so a re-run sees the difference again and retries the whole step.
+# put back, so a re-run sees the difference again and retries the whole step. While POST runs, a
+# marker file (.gpuhost-pending.<name>) says so: if this script is killed or hangs mid-POST, the
+# marker stays, the readers report the file as not done, and the re-run runs POST again.
 path=$1 mode=$2 expected=$3 want=$4 post=$5
 dir=$(dirname "$path")
 [ -d "$dir" ] || { echo "gpuhost: directory $dir does not exist on $(hostname)" >&2; exit 4; }
+marker="$dir/.gpuhost-pending.$(basename "$path")"
 current=-
 [ -f "$path" ] && current=$(sha256sum "$path" | cut -d' ' -f1)
-if [ "$expected" != any ] && [ "$expected" != "$current" ]; then
-  echo "gpuhost: $path changed on $(hostname) since it was read (sha256 $current, expected $expected); re-run" >&2
-  exit 3
-fi
 tmp=$(mktemp "$dir/.gpuhost.XXXXXX")
 backup=
 cleanup() { rm -f "$tmp" ${backup:+"$backup"}; }
 trap cleanup EXIT
 cat > "$tmp"
-chmod "$mode" "$tmp"
 new=$(sha256sum "$tmp" | cut -d' ' -f1)
 if [ "$new" != "$want" ]; then
   echo "gpuhost: content for $path arrived incomplete (sha256 $new, sent $want); nothing was changed" >&2
   exit 6
 fi
-if [ "$new" = "$current" ]; then
-  echo "unchanged $new"
-  exit 0
-fi
-if [ -f "$path" ]; then
-  backup=$(mktemp "$dir/.gpuhost-old.XXXXXX")
-  cp -p "$path" "$backup"
-fi
-mv -f "$tmp" "$path"
 run_post() {
   case "$post" in
     none) ;;
@@ -43,9 +32,36 @@ run_post() {
     *) echo "gpuhost: unknown post step $post" >&2; return 2 ;;
   esac
 }
+if [ "$new" = "$current" ]; then
+  if [ -f "$marker" ]; then
+    # An earlier run installed this content but its $post never finished: finish it now.
+    if ! run_post >&2; then
+      echo "gpuhost: $post failed again for $path on $(hostname); the file has the new content, $post is still to run" >&2
+      exit 5
+    fi
+    rm -f "$marker"
+    echo "changed $new (finished $post)"
+    exit 0
+  fi
+  echo "unchanged $new"
+  exit 0
+fi
+if [ "$expected" != any ] && [ "$expected" != "$current" ]; then
+  echo "gpuhost: $path changed on $(hostname) since it was read (sha256 $current, expected $expected); re-run" >&2
+  exit 3
+fi
+chmod "$mode" "$tmp"
+if [ -f "$path" ]; then
+  backup=$(mktemp "$dir/.gpuhost-old.XXXXXX")
+  cp -p "$path" "$backup"
+fi
+[ "$post" = none ] || printf '%s\n' "$post" > "$marker"
+mv -f "$tmp" "$path"
 if ! run_post >&2; then
   if [ -n "$backup" ]; then mv -f "$backup" "$path"; backup=; else rm -f "$path"; fi
+  rm -f "$marker"
   echo "gpuhost: $post failed after writing $path on $(hostname); the old file is back in place" >&2
   exit 5
 fi
+rm -f "$marker"
 echo "changed $new"
