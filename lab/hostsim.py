@@ -88,6 +88,11 @@ class Host(object):
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         self.write_nvidia_params(spec.get('nvidia_params', {}))
         write(self.path('etc/hostname'), spec['node'] + '\n')
+        # root's home as a fresh Debian/Proxmox install has it (the SSH namespace mounts it over /root):
+        # bash run by sshd sources ~/.bashrc, and the machine's own would change PATH and cost time.
+        for name in ('bashrc', 'profile'):
+            src = '/usr/share/base-files/dot.' + name
+            write(self.path('root', '.' + name), read(src) if os.path.exists(src) else '')
         # Character devices in the upper layer of the SSH namespace's /dev overlay: what
         # `devN:` entries point at. Majors as the nvidia driver registers them.
         nodes = [('nvidia%d' % i, 195, i) for i in range(len(spec['gpus']))]

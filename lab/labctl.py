@@ -15,8 +15,8 @@ Parts, all bound to loopback addresses from the spec:
     `pct push` / `pct exec`, keeps /etc/pve/{lxc,qemu-server}/<vmid>.conf and fakepve's config one
     (as pmxcfs does: an API change rewrites the file, an edit of the file changes what the API
     reports), and starts or stops the container's enabled units when fakepve starts or stops it.
-  * Every SSH command runs through lab/sshcmd.py (sshd's ForceCommand): counted, logged, and
-    dropped on demand (LAB/control/ssh-drop.json).
+  * Every SSH command runs through lab/sshcmd.sh (sshd's ForceCommand): counted, logged, and
+    dropped on demand (LAB/control/ssh-drop.json, carried out by lab/sshcmd.py).
   * Control files for tests (LAB/control, see tests/lablib.py): pve-fail.json (fakepve's fail()),
     pve-set.json (fakepve's scenarios: quorum, offline node, locks, tickets, network, task
     durations; acknowledged in pve-set.ack.json), reboot-request.json (written by the fake
@@ -112,8 +112,8 @@ def prepare(lab, spec_path):
     shutil.copyfile(os.path.join(ssh, 'id_ed25519.pub'), os.path.join(ssh, 'authorized_keys'))
     addr, port = spec['addresses']['ssh'], spec['ports']['ssh']
     with open(os.path.join(ssh, 'sshd_config'), 'w') as f:
-        f.write(SSHD_CONFIG.format(addr=addr, port=port, ssh=ssh, command='/usr/bin/python3 -S %s %s' % (
-            shlex.quote(os.path.join(HERE, 'sshcmd.py')), shlex.quote(lab))))
+        f.write(SSHD_CONFIG.format(addr=addr, port=port, ssh=ssh, command='/bin/bash %s %s' % (
+            shlex.quote(os.path.join(HERE, 'sshcmd.sh')), shlex.quote(lab))))
     with open(os.path.join(ssh, 'ssh_host_ed25519_key.pub')) as f:
         host_key = ' '.join(f.read().split()[:2])
 
@@ -152,7 +152,7 @@ MaxStartups 64:30:128
 MaxSessions 64
 Subsystem sftp internal-sftp
 LogLevel VERBOSE
-# Every command through the lab's wrapper: counted, logged, dropped on demand (lab/sshcmd.py).
+# Every command through the lab's wrapper: counted, logged, dropped on demand (lab/sshcmd.sh).
 ForceCommand {command}
 '''
 

@@ -24,5 +24,8 @@ mount --bind "$H/proc/cmdline" /proc/cmdline
 mount --bind "$H/proc/driver" /proc/driver
 mount --bind "$H/proc/boot_id" /proc/sys/kernel/random/boot_id
 mount --bind "$H/sbin" /usr/local/sbin
+# root's home is the simulated host's own (LAB/host/root, Debian's dot files), not the machine's.
+mkdir -p "$H/root"
+mount --bind "$H/root" /root
 mkdir -p /run/sshd
 exec /usr/sbin/sshd -D -e -f "$LAB/ssh/sshd_config"

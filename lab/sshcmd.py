@@ -1,13 +1,9 @@
 #!/usr/bin/python3 -S
-"""The lab's sshd ForceCommand: every SSH command is counted and logged, then run exactly as sshd
-would run it (the user's shell with -c and the client's command line, same stdin, stdout, stderr,
-environment and exit status), unless a test armed a connection drop for this command.
+"""The armed half of the lab's sshd ForceCommand (lab/sshcmd.sh counts and logs every command and
+hands the one a test armed a drop for to this script), and summary(), which tests/lablib.py uses to
+name logged commands.
 
-    LAB/control/ssh-count         commands run so far (all sessions, since the lab was created)
-    LAB/control/ssh-commands.log  one JSON line per command: {"n", "t", "cmd", "drop"}; for a command
-                                  run under an armed drop ('after', 'during') another line with "exit"
-    LAB/control/ssh-drop.json     {"at": N, "mode": "before"|"after"|"during", "stdin_bytes": null|int}:
-                                  drop the connection at command number N (written by tests/lablib.py)
+    sshcmd.py LAB N ARM      ARM: {"at": N, "mode": "before"|"after"|"during", "stdin_bytes": null|int}
 
 A drop SIGKILLs this connection's sshd processes ("sshd: root@notty" and its "[priv]" monitor), so
 the client sees the TCP connection end without an exit status and without SSH's disconnect message,
@@ -19,12 +15,12 @@ as when a host or a network path dies:
           sent on stdin; once it has read them the connection dies, then its stdin ends there (an
           upload cut short); it runs on with its output going nowhere (a write gets EPIPE/SIGPIPE),
           as a real orphaned command does.
+For 'after' and 'during' the command's exit code on the host is logged in LAB/control/ssh-results.log
+({"n", "exit", and for 'during' "stdin_sent", "stdin_total"}).
 
 Stdlib only, no site packages (runs under the host's python3 inside the lab's namespace).
 """
 
-# Every SSH command starts this: only builtin modules on the common path (json, select, signal
-# when a drop is armed), so the wrapper costs a python start-up and little more.
 import fcntl
 import os
 import sys
@@ -67,14 +63,6 @@ def summary(command):
                 text = rest
             break
     return ' '.join(text.split())[:80]
-
-
-def jstr(text):
-    """text as a JSON string (no json import on the common path)."""
-    out = text.replace('\\', '\\\\').replace('"', '\\"')
-    if any(ord(c) < 32 for c in out):
-        out = ''.join('\\u%04x' % ord(c) if ord(c) < 32 else c for c in out)
-    return '"' + out + '"'
 
 
 def session_pids():
@@ -168,48 +156,19 @@ def wait_drained(fd, timeout=5.0):
 
 
 def main():
-    lab = sys.argv[1]
-    ctl = os.path.join(lab, 'control')
-    command = os.environ.pop('SSH_ORIGINAL_COMMAND', None)
-    os.makedirs(ctl, exist_ok=True)
-    drop = None
-    with open(os.path.join(ctl, 'ssh.lock'), 'a') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        count_file = os.path.join(ctl, 'ssh-count')
-        try:
-            with open(count_file) as f:
-                n = int(f.read().strip() or 0) + 1
-        except (OSError, ValueError):
-            n = 1
-        with open(count_file + '.tmp', 'w') as f:
-            f.write('%d\n' % n)
-        os.replace(count_file + '.tmp', count_file)
-        arm_file = os.path.join(ctl, 'ssh-drop.json')
-        if os.path.exists(arm_file):
-            import json
-            try:
-                with open(arm_file) as f:
-                    arm = json.load(f)
-            except (OSError, ValueError):
-                arm = None
-            if arm and int(arm.get('at', 0)) == n:
-                drop = arm
-                os.unlink(arm_file)
-        log = open(os.path.join(ctl, 'ssh-commands.log'), 'a')
-        log.write('{"n": %d, "t": %.3f, "cmd": %s, "drop": %s}\n' % (
-            n, time.time(), jstr(summary(command)), jstr(drop.get('mode', 'before')) if drop else 'null'))
-        log.flush()
-    exe, argv = shell_argv(command)
-    if drop is None:
-        log.close()
-        os.execv(exe, argv)
     import json
     import signal
+    lab, n, drop = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    command = os.environ.pop('SSH_ORIGINAL_COMMAND', None)
+    os.environ.pop('SHLVL', None)
+    exe, argv = shell_argv(command)
+
+    def result(**fields):
+        with open(os.path.join(lab, 'control', 'ssh-results.log'), 'a') as log:
+            log.write(json.dumps(dict({'n': n}, **fields)) + '\n')
+
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     mode = drop.get('mode', 'before')
-    if mode == 'before':
-        drop_connection()
-        os._exit(255)
     if mode == 'after':
         pid = os.fork()
         if pid == 0:
@@ -219,10 +178,8 @@ def main():
         # Let the output the command wrote reach the client; the exit status never does.
         time.sleep(0.3)
         drop_connection()
-        log.write(json.dumps({'n': n, 'exit': os.waitstatus_to_exitcode(status)}) + '\n')
-        log.close()
-        os._exit(255)
-    if mode == 'during':
+        result(exit=os.waitstatus_to_exitcode(status))
+    elif mode == 'during':
         data = read_all_stdin()
         cut = drop.get('stdin_bytes')
         cut = len(data) // 2 if cut is None else max(0, min(int(cut), len(data)))
@@ -241,12 +198,10 @@ def main():
         time.sleep(0.1)
         os.close(w)
         _, status = os.waitpid(pid, 0)
-        log.write(json.dumps({'n': n, 'exit': os.waitstatus_to_exitcode(status), 'stdin_sent': sent,
-                              'stdin_total': len(data)}) + '\n')
-        log.close()
-        os._exit(255)
-    log.close()
-    os.execv(exe, argv)
+        result(exit=os.waitstatus_to_exitcode(status), stdin_sent=sent, stdin_total=len(data))
+    else:
+        drop_connection()
+    os._exit(255)
 
 
 if __name__ == '__main__':

@@ -218,7 +218,7 @@ class Lab(object):
 
     def ssh_sessions(self):
         """Commands the lab's sshd ran so far (sshd logs one line per session; every command is a
-        forced command, lab/sshcmd.py)."""
+        forced command, lab/sshcmd.sh)."""
         path = os.path.join(self.dir, 'sshd.log')
         with open(path, errors='replace') as f:
             return sum(1 for line in f if 'Starting session: command' in line
@@ -289,21 +289,34 @@ class Lab(object):
             return 0
 
     def ssh_log(self):
-        """Every SSH command so far: [{'n', 't', 'cmd' (script name and arguments, 80 chars), 'drop'
-        (None, 'before', 'after', 'during'), and for a drop after/during 'exit' (the command's exit
-        code on the host) and for 'during' 'stdin_sent'/'stdin_total'}], oldest first."""
-        entries = {}
+        """Every SSH command so far, oldest first: [{'n', 't', 'cmd' (for the program's `bash -c
+        '<script>' name args` the name and arguments, else the command line; 80 characters), 'command'
+        (the whole command line, None for a shell), 'drop' (None, 'before', 'after', 'during'), and
+        for a drop after/during 'exit' (the command's exit code on the host) and for 'during'
+        'stdin_sent'/'stdin_total'}] (lab/sshcmd.sh, lab/sshcmd.py)."""
+        import sshcmd
+        out = {}
         try:
-            with open(self.control('ssh-commands.log')) as f:
+            with open(self.control('ssh-commands.raw'), 'rb') as f:
+                fields = f.read().split(b'\0')
+        except FileNotFoundError:
+            fields = []
+        for i in range(0, len(fields) - 4, 5):
+            n, t, drop, kind, command = (x.decode('utf-8', 'surrogateescape') for x in fields[i:i + 5])
+            command = command if kind == 'command' else None
+            out[int(n)] = {'n': int(n), 't': float(t), 'cmd': sshcmd.summary(command), 'command': command,
+                           'drop': drop or None}
+        try:
+            with open(self.control('ssh-results.log')) as f:
                 for line in f:
                     try:
                         rec = json.loads(line)
                     except ValueError:
                         continue
-                    entries.setdefault(rec['n'], {}).update(rec)
+                    out.setdefault(rec['n'], {}).update(rec)
         except FileNotFoundError:
             pass
-        return [entries[n] for n in sorted(entries)]
+        return [out[n] for n in sorted(out)]
 
     def drop_ssh_at(self, n=1, mode='before', stdin_bytes=None):
         """Drop the SSH connection at the n-th SSH command from now (1: the next one), once:
@@ -338,6 +351,18 @@ class Lab(object):
                 except ProcessLookupError:
                     pass
         return killed
+
+    def on_host(self, script, stdin=None, timeout=30.0):
+        """Run a shell script as root *inside* the simulated host (the SSH server's mount and UTS
+        namespaces, via nsenter), not over SSH: not counted, never dropped. For out-of-band changes
+        to paths that are layers of an overlay there (/dev, /var, /etc outside the bind-mounted
+        pve, kernel, default, modprobe.d, driverctl.d), which must not be changed from outside."""
+        with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
+            pid = int(f.read().strip())
+        res = subprocess.run(['nsenter', '-t', str(pid), '-m', '-u', '--', '/bin/bash', '-c', script],
+                             input=stdin.encode() if isinstance(stdin, str) else stdin, capture_output=True,
+                             timeout=timeout)
+        return SshResult(res.stdout.decode('utf-8', 'replace'), res.stderr.decode('utf-8', 'replace'), res.returncode)
 
     # -- faults of the host's tools and the containers' systemctl
 

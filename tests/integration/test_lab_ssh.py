@@ -27,6 +27,8 @@ def test_commands_are_counted_and_logged_and_run_unchanged(lab, target):
     assert (res.exit_code, res.stdout, res.stderr) == (7, 'start\ngot 10\n', 'to-stderr\n')
     assert lab.ssh_commands() == n + 1
     assert lab.ssh_log()[-1]['cmd'] == 'upload.sh ' + target and lab.ssh_log()[-1]['drop'] is None
+    # The command's environment is what sshd gives it without the wrapper.
+    assert lab.ssh('echo "$0 $SHLVL ${SSH_ORIGINAL_COMMAND-unset} $SHELL"').stdout == 'bash 1 unset /bin/bash\n'
 
 
 def test_drop_before_runs_nothing(lab, target):
