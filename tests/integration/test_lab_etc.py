@@ -4,6 +4,8 @@ atomically over SSH (temp file + mv), all work, repeatedly, and each side sees t
 once. /etc/pve behaves like pmxcfs: an edit
 of a guest's config file is what the API reports, an API change is what the file holds."""
 
+import os
+
 import pytest
 
 import hostsim
@@ -86,6 +88,6 @@ def test_on_host_changes_overlay_paths_safely(lab):
     assert lab.ssh('test -c /dev/nvidia3').exit_code == 0
     assert lab.on_host('rm /dev/nvidia3').exit_code == 0
     assert lab.ssh('test -e /dev/nvidia3').exit_code == 1
-    assert not __import__('os').path.exists(lab.host.path('dev/nvidia3'))
+    assert not os.path.exists(lab.host.path('dev/nvidia3'))
     assert lab.on_host('mknod -m 666 /dev/nvidia3 c 195 3 && hostname').stdout == 'pve-lab\n'
     assert lab.ssh('stat -c %t:%T /dev/nvidia3').stdout == 'c3:3\n'

@@ -2,6 +2,7 @@
 runs, after it ran, or during it (stdin cut short); every open connection killed at once; every
 command counted and logged."""
 
+import os
 import threading
 import time
 
@@ -35,7 +36,7 @@ def test_drop_before_runs_nothing(lab, target):
     at = lab.drop_ssh_at(1, 'before')
     res = lab.ssh_script(UPLOAD, target, name='upload.sh', stdin='x' * 10)
     assert res.dropped and res.stdout == '' and res.stderr == ''
-    assert not __import__('os').path.exists(target)
+    assert not os.path.exists(target)
     assert lab.ssh_log()[-1] == dict(lab.ssh_log()[-1], n=at, drop='before')
     assert lab.ssh('true').exit_code == 0  # once only
 
