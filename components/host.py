@@ -164,7 +164,7 @@ class KernelCmdlineProvider(ObservedProvider):
     accepts). Observed: which ensured parameters are in effect, which dangerous ones are present."""
     ID = 'kernel-cmdline'
     DESIRED = ('ensure_args', 'dangerous_args')
-    OUTPUTS = ('boot', 'configured', 'running')
+    OUTPUTS = ('boot', 'configured', 'running', 'applied')
 
     def observe(self, facts, props):
         configured = cmdline.split(facts.configured)
@@ -230,7 +230,7 @@ class HostFileProvider(ObservedProvider):
     """A whole file on the host; `post` (initramfs, boot-systemd, boot-grub) runs when it changes."""
     DESIRED = ('path', 'content', 'mode', 'post')
     REPLACE = ('path',)
-    OUTPUTS = ('sha256',)
+    OUTPUTS = ('sha256', 'applied')
 
     def observe(self, target, props):
         res = remote.run(target, 'read_file.sh', [props['path']], check=False)
@@ -275,7 +275,7 @@ class VfioProvider(ObservedProvider):
     survives reboots), the container's on nvidia with no override. A VM GPU elsewhere is re-bound (and
     said so); a container GPU on vfio-pci stops the run with the steps to recover."""
     DESIRED = ('driver', 'devices', 'container_devices')
-    OUTPUTS = ('overrides', 'bound')
+    OUTPUTS = ('overrides', 'bound', 'applied')
 
     def observe(self, facts, props):
         ok = [b for b in props['devices'] if facts.overrides.get(b) == props['driver']
@@ -436,9 +436,9 @@ class ProxmoxHost(pulumi.ComponentResource):
         expect = {'ensure_args': ensure, 'policy': policy, 'domain': d.iommu.domain,
                   'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
                   'vfio_devices': vfio_devices, 'container_devices': list(d.container.gpus)}
-        # What the other host resources observed: when any of them changed something in this run (or a
-        # refresh saw drift), the status is read again, so the outputs describe the end of the run.
-        observed = pulumi.Output.all(self.kernel.configured, self.nvidia.sha256, self.vfio.bound)
+        # A token each host resource renews whenever it applies something: then the status is read again
+        # at the end of the run, so the outputs describe what the host has after it.
+        observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)
         self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
             'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot},
             pulumi.ResourceOptions(parent=self, depends_on=resources),

@@ -105,7 +105,9 @@ class SglangUnitProvider(ObservedProvider):
     # container_pid: the container's init; a new one (the container was started or rebooted, by this
     # run or anyone) means the service is checked again: /health and /server_info.
     DESIRED = ('unit', 'version', 'container_uid', 'container_pid', 'active', 'enabled', 'unit_name', 'vmid')
-    OUTPUTS = ('resolved', 'invocation_id', 'restarted')
+    # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
+    # at all in a stopped container): a restart is forced only when the unit differs from it.
+    OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed')
 
     def observe(self, target, props):
         facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
@@ -153,7 +155,8 @@ class SglangUnitProvider(ObservedProvider):
                                    props['unit_name'], '; '.join(bad), props['version'], props['unit_name']))
         after = self.observe(target, props)
         after.pop('sha256', None)
-        return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False)
+        return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
+                    confirmed=remote.sha256_hex(props['unit']))
 
     def create(self, props):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
@@ -168,7 +171,8 @@ class SglangUnitProvider(ObservedProvider):
         # Restart when the unit differs from the last one confirmed healthy - also when an earlier
         # apply already wrote it but failed before confirming (the file is then "unchanged") - and
         # when the container was replaced (new uid): it starts from nothing.
-        force = olds.get('unit') != news['unit'] or olds.get('container_uid') != news.get('container_uid')
+        confirmed = olds.get('confirmed') or (remote.sha256_hex(olds['unit']) if olds.get('unit') else None)
+        force = confirmed != remote.sha256_hex(news['unit']) or olds.get('container_uid') != news.get('container_uid')
         return UpdateResult(self.apply(news, force_restart=force))
 
     def read(self, id_, props):

@@ -182,10 +182,18 @@ class ObservedProvider(ResourceProvider):
         return self.ID
 
     def create(self, props):
-        return CreateResult(self.resource_id(props), self.apply(props))
+        return CreateResult(self.resource_id(props), self.stamped(self.apply(props)))
 
     def update(self, _id, _olds, news):
-        return UpdateResult(self.apply(news))
+        return UpdateResult(self.stamped(self.apply(news)))
+
+    def stamped(self, outs: dict) -> dict:
+        """Providers that list 'applied' in OUTPUTS get a new token on every create/update (never on a
+        read): a resource that depends on it runs again whenever this one changed something."""
+        if 'applied' in self.OUTPUTS:
+            import uuid
+            outs = dict(outs, applied=uuid.uuid4().hex)
+        return outs
 
     def read(self, id_, props):
         return self.read_result(id_, dict(props, **self.current(props)))
