@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
 import uuid
 
@@ -126,44 +127,72 @@ def merge_pending(items: list) -> tuple:
 
 # ------------------------------------------------------------------ the client
 
+_clients = {}
+_clients_lock = threading.Lock()
+_ca_dir = []
+
+
+def _ca_file(pem: str) -> str:
+    """The CA as a file for requests' verify= (kept for the process's life, removed at exit)."""
+    import atexit
+    import hashlib
+    import shutil
+    if not _ca_dir:
+        _ca_dir.append(tempfile.mkdtemp(prefix='gpuhost-ca-'))
+        atexit.register(shutil.rmtree, _ca_dir[0], True)
+    path = os.path.join(_ca_dir[0], hashlib.sha256(pem.encode()).hexdigest()[:16] + '.pem')
+    if not os.path.exists(path):
+        with open(path, 'w') as f:
+            f.write(pem)
+    return path
+
+
 @contextlib.contextmanager
 def client(api: dict):
-    """A proxmoxer client for root@pam with a password ticket; TLS verified against the given CA. The
-    login is retried on connection errors (it changes nothing); a refused login is not."""
+    """A proxmoxer client for root@pam with a password ticket; TLS verified against the given CA. One
+    login per endpoint and process, shared by every resource of the run (a provider process serves
+    them all). The login is retried on connection errors (it changes nothing); a refused one is not."""
+    import hashlib
+    key = (api['host'], str(api['port']), api['user'], hashlib.sha256(api['password'].encode()).hexdigest(),
+           hashlib.sha256(api['ca_cert'].encode()).hexdigest())
+    with _clients_lock:
+        prox = _clients.get(key)
+        if prox is None:
+            prox = _clients[key] = _login(api)
+    yield prox
+
+
+def _login(api: dict):
     import proxmoxer
     import requests
-    with tempfile.TemporaryDirectory(prefix='gpuhost-ca-') as d:
-        ca = os.path.join(d, 'ca.pem')
-        with open(ca, 'w') as f:
-            f.write(api['ca_cert'])
-        where = '%s:%s' % (api['host'], api['port'])
-        for attempt in range(READ_ATTEMPTS):
-            try:
-                prox = proxmoxer.ProxmoxAPI(api['host'], port=int(api['port']), user=api['user'],
-                                            password=api['password'], verify_ssl=ca,
-                                            timeout=float(api.get('timeout', 30)))
-                break
-            except proxmoxer.AuthenticationError:
-                raise PveError('Proxmox API at %s refused the login of %s (gpuhost:host.api.password); check the '
-                               'password of %s' % (where, api['user'], api['user'])) from None
-            except requests.exceptions.SSLError as e:
-                raise PveError('Proxmox API at %s: TLS certificate not trusted (%s); check gpuhost:host.api.ca_cert '
-                               '(/etc/pve/pve-root-ca.pem on the host)' % (where, reason(e))) from None
-            except (requests.exceptions.RequestException, OSError) as e:
-                if attempt + 1 < READ_ATTEMPTS:
-                    time.sleep(backoff(attempt))
-                    continue
-                raise PveError('cannot reach the Proxmox API at %s (%s) after %d attempts; nothing was changed. Check '
-                               'that pveproxy runs and the address is right, then re-run' % (
-                                   where, reason(e), READ_ATTEMPTS)) from None
-        # Kept for one re-login when Proxmox revokes the ticket mid-run (401): a refused request was
-        # not executed, so it is safe to send again.
-        prox._backend.auth._gpuhost_password = api['password']
-        prox._gpuhost_where = where
-        yield prox
+    ca = _ca_file(api['ca_cert'])
+    where = '%s:%s' % (api['host'], api['port'])
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            prox = proxmoxer.ProxmoxAPI(api['host'], port=int(api['port']), user=api['user'],
+                                        password=api['password'], verify_ssl=ca,
+                                        timeout=float(api.get('timeout', 30)))
+            break
+        except proxmoxer.AuthenticationError:
+            raise PveError('Proxmox API at %s refused the login of %s (gpuhost:host.api.password); check the '
+                           'password of %s' % (where, api['user'], api['user'])) from None
+        except requests.exceptions.SSLError as e:
+            raise PveError('Proxmox API at %s: TLS certificate not trusted (%s); check gpuhost:host.api.ca_cert '
+                           '(/etc/pve/pve-root-ca.pem on the host)' % (where, reason(e))) from None
+        except (requests.exceptions.RequestException, OSError) as e:
+            if attempt + 1 < READ_ATTEMPTS:
+                time.sleep(backoff(attempt))
+                continue
+            raise PveError('cannot reach the Proxmox API at %s (%s) after %d attempts; nothing was changed. Check '
+                           'that pveproxy runs and the address is right, then re-run' % (
+                               where, reason(e), READ_ATTEMPTS)) from None
+    # Kept for one re-login when Proxmox revokes the ticket mid-run (401): a refused request was
+    # not executed, so it is safe to send again.
+    prox._backend.auth._gpuhost_password = api['password']
+    return prox
 
 
-READ_ATTEMPTS = 3
+READ_ATTEMPTS = 5
 
 
 def backoff(attempt: int) -> float:
