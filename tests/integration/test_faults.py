@@ -20,9 +20,18 @@ def test_failed_boot_refresh_rolls_the_file_back_and_a_rerun_converges(lab):
     assert 'boot-systemd failed after writing /etc/kernel/cmdline' in out and 'the old file is back' in out, out[-3000:]
     assert open(lab.host.path('etc/kernel/cmdline')).read() == before
     assert not [n for n in os.listdir(lab.host.path('etc/kernel')) if n.startswith('.gpuhost')]
+    # The same run's other file, the nvidia options: absent, or written and baked into the initramfs.
+    modprobe = lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf')
+    installed = lab.host.path('boot/initrd-modprobe.d/gpuhost-nvidia.conf')
+    if os.path.exists(modprobe):
+        assert open(modprobe).read() == open(installed).read()
+    else:
+        assert not os.path.exists(installed)
+    assert not [n for n in os.listdir(lab.host.path('etc/modprobe.d')) if n.startswith('.gpuhost')]
     os.unlink(lab.host.path('faults', 'proxmox-boot-tool.refresh'))
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert 'iommu.strict=0' in lab.host.installed_cmdline()
+    assert 'NVreg_DmaRemapPeerMmio=1' in open(installed).read()
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
@@ -80,3 +89,27 @@ def test_blackwell_in_identity_group_stops_before_any_change(lab):
     assert res.returncode != 0
     assert 'Blackwell GPUs in identity IOMMU domains: 0000:11:00.0' in out and '0x177' in out, out[-3000:]
     assert open(lab.host.path('etc/kernel/cmdline')).read() == cmdline
+    # The power cycle the message asks for.
+    with open(os.path.join(lab.host.group_dir(group), 'type'), 'w') as f:
+        f.write('DMA-FQ\n')
+
+
+def test_a_failing_restart_inside_the_container_is_named_and_the_rerun_restarts(lab):
+    cfg = lab.stack_config()
+    cfg['gpuhost:container']['cores'] = 16
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 3, 'eagle_topk': 1,
+                                            'num_draft_tokens': 4}
+    lab.write_stack(STACK, cfg)
+    lab.fail_systemctl('restart')
+    try:
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        lab.clear_faults()
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'starting sglang-qwen.service in container 200 failed' in out, out[-3000:]
+    starts = lab.unit_starts()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.unit_starts() == starts + 1
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_steps'] == 3
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
