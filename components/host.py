@@ -27,6 +27,7 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from components import cmdline, remote
+from components.sglang import service_props
 from components.state import ObservedProvider, OperatorError, warn
 
 GRUB_FILE = '/etc/default/grub'
@@ -349,6 +350,9 @@ class HostStatusProvider(ObservedProvider):
         status = self.observe(target, props)
         if status['reboot_required'] and props.get('reboot') == 'when-required':
             reboot_and_wait(target)
+            if props.get('service'):
+                from components.sglang import verify_after_reboot
+                verify_after_reboot(target, props['service'])
             status = self.observe(target, props)
             if status['reboot_required']:
                 raise HostStateError('host rebooted but still differs from the declared state: ' +
@@ -440,7 +444,8 @@ class ProxmoxHost(pulumi.ComponentResource):
         # at the end of the run, so the outputs describe what the host has after it.
         observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)
         self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
-            'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot},
+            'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
+            'service': service_props(d)},
             pulumi.ResourceOptions(parent=self, depends_on=resources),
             outputs=HostStatusProvider.OUTPUTS)
         self.reboot_required = self.status.reboot_required

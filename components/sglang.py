@@ -101,6 +101,49 @@ def mismatches(expected: dict, got: dict) -> list:
             for k, v in expected.items() if got.get(k) != v]
 
 
+def service_props(d) -> dict:
+    """What it takes to check the service from outside: also used after a host reboot."""
+    s = d.sglang
+    return {'vmid': d.container.vmid, 'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit,
+            'venv': s.venv, 'version': s.version, 'endpoint': 'http://%s:%d' % (d.container.address, s.port),
+            'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s}
+
+
+def verify_serving(target, props, active) -> dict:
+    """Wait for /health (failing at once if the unit is not running: `active()`), then check that
+    /server_info reports the speculation the unit asked for. Returns the resolved settings."""
+    def failed():
+        if not active():
+            return ('%s is not running in container %s (it exited or failed to start); see `pct exec %s -- '
+                    'journalctl -u %s`' % (props['unit_name'], props['vmid'], props['vmid'], props['unit_name']))
+        return None
+    wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
+              '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
+    info = resolved(server_info(props['endpoint']))
+    bad = mismatches(props['expect'], info)
+    if bad:
+        raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
+                           'SGLang %s (journalctl -u %s in the container)' % (
+                               props['unit_name'], '; '.join(bad), props['version'], props['unit_name']))
+    return info
+
+
+def verify_after_reboot(target, props) -> None:
+    """After a host reboot: if the container came back with the unit enabled, SGLang must serve again
+    before the run ends (onboot guests start with the host; the unit starts with the container)."""
+    def facts():
+        return remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
+            props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout)
+    deadline = time.time() + 120
+    f = facts()
+    while f.get('ct') != 'running' and time.time() < deadline:
+        time.sleep(2)  # onboot guests start a little after the host answers SSH
+        f = facts()
+    if f.get('ct') != 'running' or f.get('UnitFileState') != 'enabled':
+        return  # no container or no service yet (first deployment), or not started at boot: the guest steps see to it
+    verify_serving(target, props, lambda: facts().get('ActiveState') in ('active', 'activating'))
+
+
 class SglangUnitProvider(ObservedProvider):
     # container_pid: the container's init; a new one (the container was started or rebooted, by this
     # run or anyone) means the service is checked again: /health and /server_info.
@@ -139,20 +182,7 @@ class SglangUnitProvider(ObservedProvider):
         restart = 'yes' if changed or force_restart else 'no'
         remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
 
-        def failed():
-            state = self.observe(target, props)
-            if not state['active']:
-                return ('%s is not running in container %s (it exited or failed to start); see `pct exec %s -- '
-                        'journalctl -u %s`' % (props['unit_name'], props['vmid'], props['vmid'], props['unit_name']))
-            return None
-        wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
-                  '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
-        info = resolved(server_info(props['endpoint']))
-        bad = mismatches(props['expect'], info)
-        if bad:
-            raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
-                               'SGLang %s (journalctl -u %s in the container)' % (
-                                   props['unit_name'], '; '.join(bad), props['version'], props['unit_name']))
+        info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
         after = self.observe(target, props)
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
@@ -202,15 +232,10 @@ class SglangService(pulumi.ComponentResource):
         d = deployment
         s = d.sglang
         self.unit = unit_text(d)
-        self.endpoint = 'http://%s:%d' % (d.container.address, s.port)
-        props = {
-            'connection': connection, 'vmid': d.container.vmid, 'container_uid': container.uid,
-            'container_pid': container.pid,
-            'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit, 'unit': self.unit,
-            'venv': s.venv, 'version': s.version, 'active': True, 'enabled': True, 'endpoint': self.endpoint,
-            'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s,
-            **dict.fromkeys(SglangUnitProvider.OUTPUTS),
-        }
+        self.endpoint = service_props(d)['endpoint']
+        props = dict(service_props(d), connection=connection, container_uid=container.uid,
+                     container_pid=container.pid, unit=self.unit, active=True, enabled=True,
+                     **dict.fromkeys(SglangUnitProvider.OUTPUTS))
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container],
                                                        protect=d.container.protect))

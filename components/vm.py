@@ -30,6 +30,8 @@ def vm_config(d) -> dict:
         'numa0': 'cpus=0-%d,hostnodes=%d,memory=%d,policy=bind' % (vm.cores - 1, vm.numa, vm.memory_mb),
         'affinity': d.host.numa_cpus[vm.numa],
         'net0': 'virtio,bridge=%s' % vm.bridge, 'scsihw': 'virtio-scsi-single',
+        # Started with the host, like the container: a reboot must not leave it off.
+        'onboot': int(vm.start),
     }
     if sev:
         config['amd-sev'] = sev

@@ -19,3 +19,26 @@ def test_when_required_reboots_once_and_ends_with_nothing_pending(lab):
     boot_id = open(lab.host.path('proc/boot_id')).read()
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
     assert open(lab.host.path('proc/boot_id')).read() == boot_id
+
+
+def test_a_reboot_with_the_service_deployed_ends_with_sglang_serving(lab):
+    """A later change that needs a reboot: the host goes down (SSH dropped, guests stopped), comes back,
+    starts the onboot container, and the run ends only when SGLang answers /health again."""
+    import urllib.request
+    cfg = lab.stack_config()
+    cfg['gpuhost:host']['reboot'] = 'when-required'
+    cfg['gpuhost:iommu'] = {'domain': 'DMA'}
+    lab.write_stack(STACK, cfg)
+    reboots, starts = len(lab.reboots()), lab.unit_starts()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert len(lab.reboots()) == reboots + 1
+    assert lab.unit_starts() == starts + 1
+    with urllib.request.urlopen('http://%s:30000/health' % lab.spec['addresses']['container'], timeout=5) as r:
+        assert r.status == 200
+    out = lab.outputs(STACK)
+    assert out['reboot_required'] is False and 'iommu.strict=1' in out['iommu']['running_cmdline']
+    assert lab.node().qemu(300).status.current.get()['status'] == 'running'  # onboot
+    # The next run sees the container's new init and checks the service once more; nothing else.
+    res = lab.pulumi('up', '--yes', '--refresh', '--skip-preview', stack=STACK)
+    assert '~ 1 updated' in res.stdout and lab.unit_starts() == starts + 1, res.stdout[-2000:]
+    lab.pulumi('preview', '--refresh', '--expect-no-changes', stack=STACK)
