@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import pulumi
 
+import hashlib
+import json
+
 from components import pve, remote
+from components.sglang import service_props
 
 
 class ContainerProvider(pve.PveGuestProvider):
@@ -47,7 +51,14 @@ class ContainerProvider(pve.PveGuestProvider):
 
     def update(self, id_, olds, news):
         self.check_devices(news)
-        return super().update(id_, olds, news)
+        result = super().update(id_, olds, news)
+        outs = result.outs
+        if news.get('service') and outs.get('status') == 'running' and outs.get('pid') != olds.get('pid'):
+            # This run started or rebooted the container: its SGLang unit starts with it, and the run
+            # ends only when it serves again (/health, then /server_info).
+            from components.sglang import verify_after_reboot
+            verify_after_reboot(remote.Target.from_inputs(news['connection']), news['service'])
+        return result
 
 
 def raw_lxc_lines(d) -> dict:
@@ -75,7 +86,7 @@ class GpuContainer(pulumi.ComponentResource):
             'api': api, 'connection': connection, 'node': d.host.node, 'kind': 'lxc', 'vmid': c.vmid,
             'create': {'ostemplate': c.ostemplate, 'rootfs': '%s:%d' % (c.storage, c.rootfs_gb),
                        'unprivileged': int(c.unprivileged)},
-            'config': config, 'start': True, 'protect': c.protect,
+            'config': config, 'start': True, 'protect': c.protect, 'service': service_props(d),
             'raw_lxc': raw_lxc_lines(d),
             'gpu_devices': gpu_devices,
             **dict.fromkeys(pve.PveGuestProvider.OUTPUTS),
@@ -85,7 +96,10 @@ class GpuContainer(pulumi.ComponentResource):
         self.vmid = self.guest.vmid
         self.status = self.guest.status
         self.uid = self.guest.uid
-        self.pid = self.guest.pid
+        # Which container this is, known at preview: it changes exactly when a create-only key does
+        # (the container is replaced), so the service depends on nothing else of the container.
+        self.identity = hashlib.sha256(json.dumps([d.host.node, c.vmid, props['create']], sort_keys=True)
+                                       .encode()).hexdigest()[:16]
         self.address = c.address
         self.devices = devices
         self.register_outputs({'vmid': self.vmid, 'status': self.status, 'uid': self.uid})

@@ -62,6 +62,18 @@ def unit_text(d) -> str:
                   exec_start=exec_start(['%s/bin/python' % s.venv, '-m', 'sglang.launch_server'] + d.launch_args()))
 
 
+def flag_groups(argv: list) -> list:
+    """["--flag value ...", ...]: one element per flag with its values, so a preview's diff of this
+    list shows exactly the flags that change (the ExecStart= line is too long to read in a diff)."""
+    out = []
+    for a in argv:
+        if a.startswith('-') or not out:
+            out.append(a)
+        else:
+            out[-1] += ' ' + a
+    return out
+
+
 def expected_speculation(d) -> dict:
     """What /server_info must report for the unit's flags (SGLang reports NEXTN as EAGLE)."""
     spec = d.sglang.speculative
@@ -102,11 +114,12 @@ def mismatches(expected: dict, got: dict) -> list:
 
 
 def service_props(d) -> dict:
-    """What it takes to check the service from outside: also used after a host reboot."""
+    """Where the service is and how long it may take to start: what the container step and a host
+    reboot need to wait for it (they do not compare its settings: the unit's own step does)."""
     s = d.sglang
     return {'vmid': d.container.vmid, 'unit_name': s.unit, 'unit_path': '/etc/systemd/system/%s' % s.unit,
             'venv': s.venv, 'version': s.version, 'endpoint': 'http://%s:%d' % (d.container.address, s.port),
-            'expect': expected_speculation(d), 'health_timeout': s.health_timeout_s}
+            'health_timeout': s.health_timeout_s}
 
 
 def verify_serving(target, props, active) -> dict:
@@ -120,7 +133,7 @@ def verify_serving(target, props, active) -> dict:
     wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
               '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
     info = resolved(server_info(props['endpoint']))
-    bad = mismatches(props['expect'], info)
+    bad = mismatches(props.get('expect') or {}, info)
     if bad:
         raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
                            'SGLang %s (journalctl -u %s in the container)' % (
@@ -145,9 +158,9 @@ def verify_after_reboot(target, props) -> None:
 
 
 class SglangUnitProvider(ObservedProvider):
-    # container_pid: the container's init; a new one (the container was started or rebooted, by this
-    # run or anyone) means the service is checked again: /health and /server_info.
-    DESIRED = ('unit', 'version', 'container_uid', 'container_pid', 'active', 'enabled', 'unit_name', 'vmid')
+    # container_uid: which container (changes when it is replaced). A container started or rebooted by
+    # this run is checked by the container step itself (/health, /server_info).
+    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid')
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it.
     OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed')
@@ -163,7 +176,7 @@ class SglangUnitProvider(ObservedProvider):
         return {'unit': unit, 'version': facts.get('sglang') if running else None,
                 'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
                 'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid'),
-                'container_pid': props.get('container_pid'), 'sha256': facts.get('unit') if running else None}
+                'sha256': facts.get('unit') if running else None}
 
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
@@ -233,8 +246,9 @@ class SglangService(pulumi.ComponentResource):
         s = d.sglang
         self.unit = unit_text(d)
         self.endpoint = service_props(d)['endpoint']
-        props = dict(service_props(d), connection=connection, container_uid=container.uid,
-                     container_pid=container.pid, unit=self.unit, active=True, enabled=True,
+        props = dict(service_props(d), expect=expected_speculation(d), connection=connection,
+                     container_uid=container.identity,
+                     unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True,
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container],

@@ -123,8 +123,10 @@ def test_mtp_steps_change_touches_only_the_unit(lab, stack):
     assert changed(plan) == {'sglang-unit': 'update'}
     unit_step = steps(plan)['sglang-unit']
     olds, news = unit_step['oldState']['inputs'], unit_step['newState']['inputs']
-    # The unit, and the settings /server_info must then report: nothing else.
-    assert {k for k in set(olds) | set(news) if olds.get(k) != news.get(k)} == {'unit', 'expect'}
+    # The unit (its text, and its flags one by one), and the settings /server_info must then report.
+    assert {k for k in set(olds) | set(news) if olds.get(k) != news.get(k)} == {'unit', 'launch_args', 'expect'}
+    assert sorted(set(news['launch_args']) - set(olds['launch_args'])) == [
+        '--speculative-num-draft-tokens 3', '--speculative-num-steps 2']
     old, new = olds['unit'], news['unit']
     assert '--speculative-num-steps 1' in old and '--speculative-num-steps 2' in new
     assert '--speculative-num-draft-tokens 3' in new
