@@ -492,6 +492,19 @@ class Vm(Model):
 
 # ---------------------------------------------------------------------- sglang
 
+def suggest_triple(steps, topk, draft) -> str:
+    """A consistent (num_steps, eagle_topk, num_draft_tokens) built from what the operator gave: with
+    topk 1 SGLang forces draft = steps + 1 (MTP on this model: 1, 1, 2)."""
+    if topk in (None, 1):
+        if steps is None:
+            steps = max(1, draft - 1) if draft else 1
+        topk, draft = 1, steps + 1
+    else:
+        steps = steps or 1
+        draft = draft or steps * topk + 1
+    return '{num_steps: %d, eagle_topk: %d, num_draft_tokens: %d}' % (steps, topk, draft)
+
+
 class Speculative(Model):
     algorithm: Literal['NEXTN', 'EAGLE', 'EAGLE3'] = 'NEXTN'
     num_steps: Optional[int] = Field(None, ge=1, le=16)
@@ -505,9 +518,10 @@ class Speculative(Model):
         unset = [k for k, v in triple.items() if v is None]
         if unset:
             given = ', '.join('%s=%s' % (k, v) for k, v in triple.items() if v is not None)
-            raise ValueError('gpuhost:sglang.speculative: %s%s missing; set all three (MTP on this model: num_steps '
-                             '1, eagle_topk 1, num_draft_tokens 2), or speculative: null to run without speculative '
-                             'decoding' % (given + ' set but ' if given else '', ', '.join(unset)))
+            raise ValueError('gpuhost:sglang.speculative: %s%s missing; set all three - from your numbers: %s - or '
+                             'speculative: null to run without speculative decoding' % (
+                                 given + ' set but ' if given else '', ', '.join(unset),
+                                 suggest_triple(self.num_steps, self.eagle_topk, self.num_draft_tokens)))
         if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
             raise ValueError('gpuhost:sglang.speculative.num_draft_tokens: %d with eagle_topk 1 and num_steps %d; '
                              'SGLang forces draft tokens = steps + 1 when topk is 1, so set num_draft_tokens: %d'

@@ -19,7 +19,7 @@ from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
 from components.render import exec_start, render
-from components.state import ObservedProvider, OperatorError
+from components.state import ObservedProvider, OperatorError, info
 
 
 class ServiceError(OperatorError):
@@ -29,8 +29,9 @@ class ServiceError(OperatorError):
 def wait_http(url: str, timeout: float, what: str, failed=None) -> None:
     """Wait for 200 from url. `failed()` (checked every few seconds) returns a reason when waiting is
     pointless - the unit has failed - so a crash is reported at once, not after the whole timeout."""
-    deadline = time.time() + timeout
-    last, next_check = None, time.time() + 3
+    start = time.time()
+    deadline = start + timeout
+    last, next_check, next_report = None, start + 3, start + 15
     while time.time() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
@@ -46,6 +47,12 @@ def wait_http(url: str, timeout: float, what: str, failed=None) -> None:
             if why:
                 raise ServiceError('%s: %s' % (what, why))
             next_check = time.time() + 3
+        if time.time() > next_report:
+            # The model takes minutes to load on the real host: say where the wait is.
+            info('%s: waiting for %s - %s (%d s of %d s)' % (
+                what, url, 'loading, last answer ' + last if last and last.startswith('HTTP') else
+                'not answering yet (%s)' % last, time.time() - start, timeout))
+            next_report = time.time() + 15
         time.sleep(0.5)
     raise ServiceError('%s: %s did not answer 200 within %d s (last: %s); see the unit\'s log in the container '
                        '(journalctl -u <unit>)' % (what, url, timeout, last))

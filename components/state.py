@@ -86,7 +86,15 @@ def exit_with_engine() -> None:
 
 
 def warn(message: str) -> None:
-    """A warning in the CLI's output (preview, up, refresh) from a dynamic-provider process.
+    log(message, 'WARNING')
+
+
+def info(message: str) -> None:
+    log(message, 'INFO')
+
+
+def log(message: str, severity: str = 'WARNING') -> None:
+    """A message in the CLI's output (preview, up, refresh) from a dynamic-provider process.
 
     The engine starts every provider plugin with its own address as the first argument; its Log
     service shows the message like a program's pulumi.log.warn. Outside a provider (unit tests) the
@@ -94,16 +102,16 @@ def warn(message: str) -> None:
     import sys
     addr = engine_address()
     if addr is None:
-        sys.stderr.write('warning: %s\n' % message)
+        sys.stderr.write('%s: %s\n' % (severity.lower(), message))
         return
     try:
         import grpc
         from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc
         with grpc.insecure_channel(addr) as channel:
-            engine_pb2_grpc.EngineStub(channel).Log(engine_pb2.LogRequest(severity=engine_pb2.WARNING,
-                                                                          message=message), timeout=10)
-    except Exception:  # noqa: BLE001 - a warning that cannot be delivered must not fail the step
-        sys.stderr.write('warning: %s\n' % message)
+            engine_pb2_grpc.EngineStub(channel).Log(engine_pb2.LogRequest(
+                severity=getattr(engine_pb2, severity), message=message), timeout=10)
+    except Exception:  # noqa: BLE001 - a message that cannot be delivered must not fail the step
+        sys.stderr.write('%s: %s\n' % (severity.lower(), message))
 
 
 def numbers(value):

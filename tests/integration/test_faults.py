@@ -113,3 +113,15 @@ def test_a_failing_restart_inside_the_container_is_named_and_the_rerun_restarts(
     assert lab.unit_starts() == starts + 1
     assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_steps'] == 3
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_a_slow_start_reports_progress_while_waiting(lab):
+    """The real model loads for minutes: the wait for /health says where it is every ~15 s."""
+    cfg = lab.stack_config()
+    cfg['gpuhost:sglang']['environment'] = {'LAB_SGLANG_STARTUP': '20'}  # the lab's SGLang loads for 20 s
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'waiting for http://%s:30000/health - loading, last answer HTTP 503' % lab.spec['addresses']['container'] \
+        in res.stdout, res.stdout[-3000:]
+    lab.write_stack(STACK, lab.stack_config())
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)

@@ -73,6 +73,8 @@ def test_launch_args_follow_the_version():
     ({'sglang__extra_args': ['--tp', '8']}, '--tp sets tp_size, which this program manages'),
     ({'container__cpus': 8}, 'gpuhost:container.cpus is not a setting here (did you mean cores?)'),
     ({'vm__vmid': 200}, 'gpuhost:vm.vmid: 200 is the container\'s vmid too'),
+    ({'sglang__speculative': {'num_steps': 3, 'num_draft_tokens': 4}},
+     'from your numbers: {num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}'),
     ({'host__ssh': {'host_key': 'nonsense', 'private_key': 'x'}}, 'is not a public key line'),
     ({'host__ssh': {'host_key': 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIlXMOnzn+VUtUJ2HPp/GySToF/fuDXoovapSPPhSllC'}},
      'set exactly one of private_key'),
