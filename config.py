@@ -1011,7 +1011,49 @@ def format_errors(e: ValidationError) -> str:
     return 'invalid stack configuration:\n  - ' + '\n  - '.join(lines)
 
 
+SECURE = {'type': 'object', 'description': 'a Pulumi secret (pulumi config set --secret)',
+          'properties': {'secure': {'type': 'string', 'pattern': '^v1:'}}, 'required': ['secure'],
+          'additionalProperties': False}
+
+
+def stack_schema() -> dict:
+    """A JSON schema for Pulumi.<stack>.yaml as written: `gpuhost:<key>` objects checked against the
+    model's structure and types, any value may be a `secure:` one, unknown keys and namespaces other
+    than Pulumi's own are refused. For editors and CI; the program's own checks go further."""
+    import copy
+
+    def securable(node):
+        if isinstance(node, dict):
+            node = {k: securable(v) for k, v in node.items()}
+            if node.get('type') in ('string', 'integer', 'number', 'boolean') or 'anyOf' in node or '$ref' in node:
+                return {'anyOf': [node, SECURE]} if node is not SECURE else node
+            return node
+        if isinstance(node, list):
+            return [securable(v) for v in node]
+        return node
+
+    model = copy.deepcopy(Deployment.model_json_schema())
+    defs = {k: securable(v) for k, v in model.pop('$defs', {}).items()}
+    props = {'gpuhost:' + k: securable(v) for k, v in model['properties'].items()}
+    return {
+        '$schema': 'https://json-schema.org/draft/2020-12/schema',
+        'title': 'Pulumi.<stack>.yaml of the gpuhost project',
+        'type': 'object',
+        'properties': {
+            'config': {'type': 'object', 'properties': props, 'required': ['gpuhost:' + r for r in model['required']],
+                       'patternProperties': {'^(%s):' % '|'.join(FOREIGN_NAMESPACES): {}},
+                       'additionalProperties': False},
+            'encryptionsalt': {'type': 'string'}, 'secretsprovider': {'type': 'string'},
+            'encryptedkey': {'type': 'string'}, 'environment': {},
+        },
+        'additionalProperties': False,
+        '$defs': defs,
+    }
+
+
 if __name__ == '__main__':
     import sys
     if sys.argv[1:] == ['schema']:
         print(json.dumps(Deployment.model_json_schema(), indent=2))
+    elif sys.argv[1:] == ['stack-schema']:
+        print(json.dumps(stack_schema(), indent=2))

@@ -1,0 +1,47 @@
+"""docs/stack.schema.json validates Pulumi.<stack>.yaml files as written (namespaced keys, secure: values):
+both committed stacks pass, and the mistakes an editor or CI should catch fail."""
+
+import copy
+import json
+import os
+
+import jsonschema
+import pytest
+import yaml
+
+import config
+from tests.lablib import REPO
+
+
+def schema():
+    with open(os.path.join(REPO, 'docs', 'stack.schema.json')) as f:
+        return json.load(f)
+
+
+def stack(name):
+    with open(os.path.join(REPO, 'Pulumi.%s.yaml' % name)) as f:
+        return yaml.safe_load(f)
+
+
+def test_the_committed_schema_is_the_generated_one():
+    assert schema() == json.loads(json.dumps(config.stack_schema())), 'run: python -m config stack-schema > docs/stack.schema.json'
+
+
+@pytest.mark.parametrize('name', ['lab', 'prod'])
+def test_both_stacks_validate(name):
+    jsonschema.validate(stack(name), schema())
+
+
+@pytest.mark.parametrize('edit,where', [
+    (lambda c: c.__setitem__('gpuhots:vm', c.pop('gpuhost:vm')), 'gpuhots:vm'),
+    (lambda c: c['gpuhost:sglang'].__setitem__('port', '30000'), 'port'),
+    (lambda c: c['gpuhost:container'].__setitem__('cpus', 8), 'cpus'),
+    (lambda c: c['gpuhost:container'].__setitem__('onboot', 'yes'), 'onboot'),
+    (lambda c: c.pop('gpuhost:container'), 'gpuhost:container'),
+])
+def test_a_broken_stack_does_not(edit, where):
+    doc = copy.deepcopy(stack('prod'))
+    edit(doc['config'])
+    with pytest.raises(jsonschema.ValidationError) as e:
+        jsonschema.validate(doc, schema())
+    assert where in str(e.value)
