@@ -4,23 +4,393 @@ Parses the real command line with the parser of the installed SGLang version, re
 sglang_argparse (a copy of components/sglang_argparse.py) from the table generated from that
 version's own argparse (sglang_flags_data/<version>.json, copied in by labctl): an unknown, removed,
 mistyped or ambiguous flag fails start-up exactly like SGLang does (argparse's usage and
-"<prog>: error: ..." on stderr, exit status 2). Then it serves the endpoints the program and
-monitoring use: /health (503 while "loading"), /ready, /server_info (the resolved settings),
-/get_server_info, /v1/models and /metrics. Stdlib only.
+"<prog>: error: ..." on stderr, exit status 2). Then it serves the endpoints the program, monitoring
+and a load generator use: /health (503 while "loading"), /ready, /server_info (the resolved
+settings), /get_server_info, /v1/models, an OpenAI-compatible /v1/chat/completions (plain and
+`stream: true` server-sent events) and, with --enable-metrics, /metrics.
+
+/metrics serves the metric families of the real SGLang release (names, types, labels, buckets, the
+"Multiprocess metric" help text of prometheus_client's multiprocess collector that SGLang uses), taken
+from its metrics collector (0.5.23: sglang/srt/observability/metrics_collector.py; before 0.5.10
+sglang/srt/metrics/collector.py), with the differences between releases in FEATURES. They move as
+requests are served: a simulated scheduler runs each request through queue, prefill and decode steps
+at the speed speed_model() gives for the resolved speculative settings. Stdlib only.
 """
 
 import argparse
+import collections
+import itertools
 import json
+import math
 import os
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang import __version__, sglang_argparse
 
 STARTUP_SECONDS = float(os.environ.get('LAB_SGLANG_STARTUP', '1.0'))
+# Lab time compression: every simulated duration is divided by it (10 = ten times faster than the
+# model below). Latencies and rates in /metrics are measured on the wall clock, as SGLang measures them.
+SPEED = float(os.environ.get('LAB_SGLANG_SPEED', '1.0'))
 
+
+# ------------------------------------------------------------------------------------- speed model
+
+def speed_model(settings, batch=1):
+    """How fast the simulated server is, for the resolved settings and `batch` running requests:
+
+      prefill_tok_s   prompt tokens per second (uncached part), before the first token
+      step_s          seconds per decode forward step of the batch (verify + draft steps with MTP)
+      accept_length   tokens each step yields per request (1 without speculation)
+      accept_rate     accepted / proposed draft tokens (0 without speculation)
+
+    SYSTEM.md's measurements: one request decodes ~110 tok/s without MTP and ~135 tok/s with
+    NEXTN steps 1 (+23%). Draft positions are accepted with falling probability (0.8, 0.64, ...), each
+    draft step costs 47% of a plain step, and a bigger batch slows every step a little. So with one
+    request: no MTP 110 tok/s; steps 1: 1.8 tokens / 13.4 ms = 135 tok/s; steps 2: 2.44 / 17.6 ms =
+    139 tok/s. Deterministic: no randomness anywhere."""
+    step_s = (1.0 + 0.03 * (max(batch, 1) - 1)) / 110.0
+    out = {'prefill_tok_s': 10000.0, 'step_s': step_s, 'accept_length': 1.0, 'accept_rate': 0.0}
+    steps = settings.get('speculative_num_steps') or 0 if settings.get('speculative_algorithm') else 0
+    if steps:
+        draft = settings.get('speculative_num_draft_tokens') or steps + 1
+        positions = max(draft - 1, 1)
+        accepted = sum(0.8 ** k for k in range(1, positions + 1))
+        out.update(step_s=step_s * (1.0 + 0.47 * steps), accept_length=1.0 + accepted,
+                   accept_rate=accepted / positions)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+def version_tuple(v):
+    return tuple(int(x) if x.isdigit() else 0 for x in v.replace('.post', '.').split('.'))
+
+
+# The first release whose metrics collector has each difference (read from the releases' wheels).
+FEATURES = {
+    'e2e_buckets_to_2400': '0.5.3',     # e2e latency buckets ... 400, 600, 1200, 1800, 2400 (was ..., 400, 800)
+    'spec_accept_rate': '0.5.4',        # sglang:spec_accept_rate
+    'moe_ep_rank': '0.5.7',             # scheduler label moe_ep_rank
+    'cache_source': '0.5.9',            # sglang:cached_tokens_total{cache_source=...}
+    'tokenizer_engine_type': '0.5.11',  # engine_type on the tokenizer's metrics too
+    'spec_num_steps': '0.5.13',         # sglang:spec_num_steps, sglang:spec_num_draft_tokens, spec_verify_calls
+    'is_streaming': '0.5.17',           # is_streaming on token counters, request counter, TTFT, e2e
+    'tpot': '0.5.22',                   # sglang:request_time_per_output_token_seconds
+}
+
+
+def has(feature, version=__version__):
+    return version_tuple(version) >= version_tuple(FEATURES[feature])
+
+
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+               0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+E2E_BUCKETS_OLD = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
+
+
+def go_float(value):
+    """A number as prometheus_client writes it (floatToGoString)."""
+    value = float(value)
+    if value == math.inf:
+        return '+Inf'
+    if value == -math.inf:
+        return '-Inf'
+    if math.isnan(value):
+        return 'NaN'
+    s = repr(value)
+    dot = s.find('e')
+    if dot > 0 and s[dot + 1] == '+':  # 1e+16 -> 1e16, as Go prints it
+        s = s[:dot + 1] + s[dot + 2:]
+    return s
+
+
+def label_text(labels):
+    if not labels:
+        return ''
+    return '{%s}' % ','.join('%s="%s"' % (k, str(v).replace('\\', r'\\').replace('\n', r'\n').replace('"', r'\"'))
+                             for k, v in labels)
+
+
+class Family(object):
+    """One metric family: samples per label set (counter and gauge values, or histogram buckets)."""
+
+    def __init__(self, name, kind, buckets=None):
+        self.name, self.kind, self.buckets = name, kind, buckets
+        self.values = collections.OrderedDict()
+
+    def inc(self, labels, amount=1.0):
+        self.values[labels] = self.values.get(labels, 0.0) + amount
+
+    def set(self, labels, value):
+        self.values[labels] = float(value)
+
+    def observe(self, labels, value, count=1, total=None):
+        """`count` observations of `value` (SGLang records a multi-token step's interval this way)."""
+        h = self.values.setdefault(labels, {'buckets': [0] * len(self.buckets), 'sum': 0.0, 'count': 0})
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                h['buckets'][i] += count
+                break
+        h['sum'] += value * count if total is None else total
+        h['count'] += count
+
+    def text(self):
+        # prometheus_client's multiprocess collector: help text "Multiprocess metric", counters as <name>_total,
+        # and only families that have samples.
+        if not self.values:
+            return []
+        lines = ['# HELP %s Multiprocess metric' % self.name, '# TYPE %s %s' % (self.name, self.kind)]
+        for labels, v in self.values.items():
+            if self.kind != 'histogram':
+                lines.append('%s%s %s' % (self.name, label_text(labels), go_float(v)))
+                continue
+            acc = 0
+            for bound, n in zip(self.buckets, v['buckets']):
+                acc += n
+                lines.append('%s_bucket%s %s' % (self.name, label_text(labels + (('le', go_float(bound)),)),
+                                                 go_float(acc)))
+            lines.append('%s_bucket%s %s' % (self.name, label_text(labels + (('le', '+Inf'),)), go_float(v['count'])))
+            lines.append('%s_count%s %s' % (self.name, label_text(labels), go_float(v['count'])))
+            lines.append('%s_sum%s %s' % (self.name, label_text(labels), go_float(v['sum'])))
+        return lines
+
+
+class Engine(object):
+    """The simulated scheduler and tokenizer manager: requests wait for a slot, prefill, then decode in
+    steps whose length and yield come from speed_model(); every step and every finished request is
+    recorded the way SGLang's collectors record it."""
+
+    KV_TOKENS = 1048576          # the simulated KV pool (sglang:max_total_num_tokens)
+    WINDOW_S = 3.0               # gen_throughput: tokens of the last few seconds (0 when idle)
+
+    def __init__(self, settings, version=__version__, max_running=None):
+        self.settings, self.version = settings, version
+        self.capacity = max_running or 64
+        self.cond = threading.Condition()
+        self.running = {}            # rid -> tokens held in the KV cache
+        self.waiting = collections.deque()
+        self.recent = collections.deque()   # (time, tokens) of decode steps, for gen_throughput
+        self.prompt_window = collections.deque(maxlen=32)  # (prompt, cached) for cache_hit_rate
+        self.seen_prefixes = set()
+        self.accept = {'tokens': 0.0, 'steps': 0, 'last_length': 0.0, 'last_rate': 0.0, 'active': False}
+        self.build_families()
+
+    # -- labels, as the releases set them
+    def scheduler_labels(self):
+        labels = [('model_name', self.settings['served_model_name']), ('engine_type', 'unified'),
+                  ('tp_rank', '0'), ('pp_rank', '0')]
+        if has('moe_ep_rank', self.version):
+            labels.append(('moe_ep_rank', '0'))
+        return tuple(labels)
+
+    def tokenizer_labels(self, streaming=None, **extra):
+        labels = [('model_name', self.settings['served_model_name'])]
+        if has('tokenizer_engine_type', self.version):
+            labels.append(('engine_type', 'unified'))
+        labels += sorted(extra.items())
+        if streaming is not None and has('is_streaming', self.version):
+            labels.append(('is_streaming', 'true' if streaming else 'false'))
+        return tuple(labels)
+
+    def build_families(self):
+        f = collections.OrderedDict()
+        for name in ('num_running_reqs', 'num_queue_reqs', 'num_grammar_queue_reqs', 'gen_throughput',
+                     'cache_hit_rate', 'token_usage', 'num_used_tokens', 'spec_accept_length'):
+            f[name] = Family('sglang:' + name, 'gauge')
+        if has('spec_accept_rate', self.version):
+            f['spec_accept_rate'] = Family('sglang:spec_accept_rate', 'gauge')
+        if has('spec_num_steps', self.version):
+            f['spec_num_steps'] = Family('sglang:spec_num_steps', 'gauge')
+            f['spec_num_draft_tokens'] = Family('sglang:spec_num_draft_tokens', 'gauge')
+        for name in ('prompt_tokens_total', 'generation_tokens_total', 'cached_tokens_total', 'num_requests_total'):
+            f[name] = Family('sglang:' + name, 'counter')
+        if has('spec_num_steps', self.version):
+            f['spec_verify_calls_total'] = Family('sglang:spec_verify_calls_total', 'counter')
+        f['ttft'] = Family('sglang:time_to_first_token_seconds', 'histogram', TTFT_BUCKETS)
+        f['itl'] = Family('sglang:inter_token_latency_seconds', 'histogram', ITL_BUCKETS)
+        if has('tpot', self.version):
+            f['tpot'] = Family('sglang:request_time_per_output_token_seconds', 'histogram', ITL_BUCKETS)
+        f['e2e'] = Family('sglang:e2e_request_latency_seconds', 'histogram',
+                          E2E_BUCKETS if has('e2e_buckets_to_2400', self.version) else E2E_BUCKETS_OLD)
+        self.families = f
+        self.update_gauges(time.time())
+
+    def speculative(self):
+        return bool(self.settings.get('speculative_algorithm') and self.settings.get('speculative_num_steps'))
+
+    def update_gauges(self, now):
+        """The scheduler's gauges (called with the lock held, on every step and every scrape)."""
+        f, s = self.families, self.scheduler_labels()
+        while self.recent and self.recent[0][0] < now - self.WINDOW_S:
+            self.recent.popleft()
+        used = sum(self.running.values())
+        prompt = sum(p for p, _ in self.prompt_window)
+        f['num_running_reqs'].set(s, len(self.running))
+        f['num_queue_reqs'].set(s, len(self.waiting))
+        f['num_grammar_queue_reqs'].set(s, 0)
+        f['gen_throughput'].set(s, sum(n for _, n in self.recent) / self.WINDOW_S)
+        f['cache_hit_rate'].set(s, (sum(c for _, c in self.prompt_window) / prompt) if prompt else 0.0)
+        f['token_usage'].set(s, round(used / float(self.KV_TOKENS), 4))
+        f['num_used_tokens'].set(s, used)
+        # Speculation gauges keep the last decode window's values (0 before any decode, 0 without it).
+        f['spec_accept_length'].set(s, self.accept['last_length'])
+        if 'spec_accept_rate' in f:
+            f['spec_accept_rate'].set(s, self.accept['last_rate'])
+        if 'spec_num_steps' in f:
+            active = self.accept['active'] and self.speculative()
+            f['spec_num_steps'].set(s, self.settings.get('speculative_num_steps') or 0 if active else 0)
+            f['spec_num_draft_tokens'].set(s, self.settings.get('speculative_num_draft_tokens') or 0 if active else 0)
+
+    def metrics(self):
+        with self.cond:
+            self.update_gauges(time.time())
+            lines = []
+            for fam in self.families.values():
+                lines += fam.text()
+        return '\n'.join(lines) + '\n'
+
+    def prompt_split(self, messages, prompt_tokens):
+        """(cached tokens) - the radix cache holds every earlier conversation prefix: a request whose
+        messages before the last one were seen before gets those tokens from the cache."""
+        prefix = json.dumps(messages[:-1], sort_keys=True)
+        cached = count_tokens(messages[:-1]) if len(messages) > 1 and prefix in self.seen_prefixes else 0
+        self.seen_prefixes.add(json.dumps(messages, sort_keys=True))
+        self.seen_prefixes.add(prefix)
+        return min(cached, prompt_tokens - 1)
+
+    def generate(self, messages, max_new, streaming, emit):
+        """Serve one request; emit(n_tokens) is called after each step that produced tokens.
+        Returns (prompt_tokens, completion_tokens, cached_tokens)."""
+        arrived = time.time()
+        rid = uuid.uuid4().hex
+        prompt_tokens = count_tokens(messages) + 3
+        with self.cond:
+            cached = self.prompt_split(messages, prompt_tokens)
+            self.waiting.append(rid)
+            while len(self.running) >= self.capacity or self.waiting[0] != rid:
+                self.cond.wait()
+            self.waiting.popleft()
+            self.running[rid] = prompt_tokens
+            self.prompt_window.append((prompt_tokens, cached))
+            batch = len(self.running)
+            self.cond.notify_all()
+        model = speed_model(self.settings, batch)
+        time.sleep((prompt_tokens - cached) / model['prefill_tok_s'] / SPEED)
+        first = time.time()
+        t_labels = self.tokenizer_labels()
+        with self.cond:
+            self.families['ttft'].observe(self.tokenizer_labels(streaming), first - arrived)
+            self.running[rid] += 1
+            self.recent.append((first, 1))
+        emit(1)
+        done, acc, last = 1, 0.0, first
+        try:
+            while done < max_new:
+                with self.cond:
+                    batch = len(self.running)
+                model = speed_model(self.settings, batch)
+                time.sleep(model['step_s'] / SPEED)
+                # Deterministic yield: the running sum of accept lengths, rounded down, per step.
+                acc += model['accept_length']
+                n = min(int(acc), max_new - done)
+                acc -= int(acc)
+                now = time.time()
+                with self.cond:
+                    self.running[rid] += n
+                    self.recent.append((now, n))
+                    self.families['itl'].observe(t_labels, (now - last) / n, count=n, total=now - last)
+                    if self.speculative():
+                        a = self.accept
+                        a['tokens'] += model['accept_length']
+                        a['steps'] += 1
+                        a['last_length'], a['last_rate'], a['active'] = (round(model['accept_length'], 4),
+                                                                         round(model['accept_rate'], 4), True)
+                        if 'spec_verify_calls_total' in self.families:
+                            self.families['spec_verify_calls_total'].inc(t_labels)
+                    self.update_gauges(now)
+                done += n
+                last = now
+                emit(n)
+        finally:
+            end = time.time()
+            with self.cond:
+                del self.running[rid]
+                f = self.families
+                f['prompt_tokens_total'].inc(self.tokenizer_labels(streaming), prompt_tokens)
+                f['generation_tokens_total'].inc(self.tokenizer_labels(streaming), done)
+                if cached:
+                    f['cached_tokens_total'].inc(self.tokenizer_labels(cache_source='device')
+                                                 if has('cache_source', self.version) else t_labels, cached)
+                f['num_requests_total'].inc(self.tokenizer_labels(streaming))
+                f['e2e'].observe(self.tokenizer_labels(streaming), end - arrived)
+                if 'tpot' in f and done > 1:
+                    f['tpot'].observe(self.tokenizer_labels(streaming), (end - first) / (done - 1))
+                self.update_gauges(end)
+                self.cond.notify_all()
+        return prompt_tokens, done, cached
+
+    def avg_accept_length(self):
+        with self.cond:
+            a = self.accept
+            return round(a['tokens'] / a['steps'], 4) if a['steps'] else None
+
+
+# -------------------------------------------------------------------------------------- chat
+
+WORDS = ('The', ' lab', ' serves', ' this', ' answer', ' one', ' simulated', ' token', ' at', ' a', ' time', '.')
+NATURAL_TOKENS = 64   # an answer's length when neither max_tokens nor ignore_eos ends it earlier
+
+
+def content_text(content):
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return ' '.join(p.get('text', '') for p in content if isinstance(p, dict))
+    return ''
+
+
+def count_tokens(messages):
+    """A tokenizer stand-in: ~4 characters a token, plus the chat template's tokens per message."""
+    return sum(4 + (len(content_text(m.get('content'))) + 3) // 4 for m in messages)
+
+
+def token_texts():
+    return itertools.cycle(WORDS)
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def parse_chat(body):
+    try:
+        req = json.loads(body.decode('utf-8') or '{}')
+    except ValueError as e:
+        raise BadRequest('invalid JSON body: %s' % e)
+    if not isinstance(req, dict):
+        raise BadRequest('the body must be a JSON object')
+    messages = req.get('messages')
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise BadRequest('messages: a non-empty list of {"role", "content"} objects is required')
+    limit = req.get('max_completion_tokens', req.get('max_tokens'))
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise BadRequest('max_tokens must be a positive integer')
+    if req.get('ignore_eos'):
+        if limit is None:
+            raise BadRequest('ignore_eos needs max_tokens')
+        n = limit
+    else:
+        n = min(limit or NATURAL_TOKENS, NATURAL_TOKENS)
+    return req, messages, n, 'length' if limit is not None and n == limit else 'stop'
+
+
+# ----------------------------------------------------------------------------------- settings
 
 def parse_args(version, argv):
     """SGLang's argparse for `version`: the namespace, or usage + error on stderr and exit 2 (0 for
@@ -81,6 +451,7 @@ def resolve(args, version):
         'enable_metrics': setting(args, version, 'enable_metrics', False),
         'mamba_radix_cache_strategy': strategy,
         'disable_custom_all_reduce': setting(args, version, 'disable_custom_all_reduce', False),
+        'max_running_requests': setting(args, version, 'max_running_requests'),
     }
     settings.update(spec)
     return settings
@@ -97,24 +468,9 @@ def bind_address(host):
     return host
 
 
-def main(argv=None):
-    args = parse_args(__version__, sys.argv[1:] if argv is None else argv)
-    triple = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
-    if args.speculative_algorithm and None in triple:
-        sys.exit('ValueError: speculative decoding needs --speculative-num-steps, --speculative-eagle-topk '
-                 'and --speculative-num-draft-tokens')
-    if ':' in (args.served_model_name or ''):
-        sys.exit('ValueError: served model name must not contain ":"')
-    settings = resolve(args, __version__)
-    # Lab knob: report other resolved values, as an SGLang that silently ignores a flag would.
-    if os.path.exists('/etc/lab-sglang-override.json'):
-        with open('/etc/lab-sglang-override.json') as f:
-            settings.update(json.load(f))
-    started = time.time()
-    accept = 2.0 if args.speculative_algorithm else None
-    counters = {'requests': 0}
-    lock = threading.Lock()
+# ------------------------------------------------------------------------------------- server
 
+def make_handler(settings, engine, started, metrics_on):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt, *a):
             sys.stderr.write('[lab-sglang] ' + (fmt % a) + '\n')
@@ -127,34 +483,116 @@ def main(argv=None):
             self.end_headers()
             self.wfile.write(data)
 
+        def ready(self):
+            return time.time() - started >= STARTUP_SECONDS
+
         def do_GET(self):
-            ready = time.time() - started >= STARTUP_SECONDS
-            with lock:
-                counters['requests'] += 1
             path = self.path.split('?')[0]
             if path in ('/health', '/health_generate', '/ready'):
-                return self.send(200 if ready else 503, b'' if ready else b'starting', 'text/plain')
+                ok = self.ready()
+                return self.send(200 if ok else 503, b'' if ok else b'starting', 'text/plain')
             if path in ('/server_info', '/get_server_info'):
                 info = dict(settings)
-                info['internal_states'] = [{'avg_spec_accept_length': accept}] if accept else [{}]
+                avg = engine.avg_accept_length() if engine.speculative() else None
+                # SGLang reports the average only once speculative decoding has run.
+                info['internal_states'] = [{'avg_spec_accept_length': avg} if avg is not None else {}]
                 return self.send(200, info)
             if path == '/v1/models':
                 return self.send(200, {'object': 'list', 'data': [
-                    {'id': settings['served_model_name'], 'object': 'model', 'owned_by': 'sglang',
-                     'root': settings['model_path']}]})
-            if path == '/metrics' and args.enable_metrics:
-                name = settings['served_model_name']
-                lines = ['sglang:num_running_reqs{model_name="%s"} 0' % name,
-                         'sglang:num_queue_reqs{model_name="%s"} 0' % name,
-                         'sglang:token_usage{model_name="%s"} 0.0' % name,
-                         'sglang:gen_throughput{model_name="%s"} 0.0' % name]
-                if accept:
-                    lines += ['sglang:spec_accept_length{model_name="%s"} %.2f' % (name, accept),
-                              'sglang:spec_accept_rate{model_name="%s"} 1.0' % name]
-                return self.send(200, ('\n'.join(lines) + '\n').encode(), 'text/plain; version=0.0.4')
+                    {'id': settings['served_model_name'], 'object': 'model', 'created': int(started),
+                     'owned_by': 'sglang', 'root': settings['model_path'], 'max_model_len': 262144}]})
+            if path == '/metrics' and metrics_on:
+                return self.send(200, engine.metrics().encode(), 'text/plain; version=0.0.4; charset=utf-8')
             return self.send(404, {'detail': 'Not Found'})
 
-    server = ThreadingHTTPServer((bind_address(args.host), args.port), Handler)
+        def error(self, code, message):
+            kind = 'BadRequestError' if code == 400 else 'ServiceUnavailableError'
+            return self.send(code, {'object': 'error', 'message': message, 'type': kind, 'param': None,
+                                    'code': code})
+
+        def do_POST(self):
+            path = self.path.split('?')[0]
+            if path != '/v1/chat/completions':
+                return self.send(404, {'detail': 'Not Found'})
+            body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+            if not self.ready():
+                return self.error(503, 'the server is still starting')
+            try:
+                req, messages, n, finish = parse_chat(body)
+            except BadRequest as e:
+                return self.error(400, str(e))
+            rid = 'chatcmpl-' + uuid.uuid4().hex
+            created = int(time.time())
+            model = req.get('model') or settings['served_model_name']
+            words = token_texts()
+            if not req.get('stream'):
+                parts = []
+                prompt, done, cached = engine.generate(messages, n, False,
+                                                       lambda k: parts.extend(next(words) for _ in range(k)))
+                return self.send(200, {
+                    'id': rid, 'object': 'chat.completion', 'created': created, 'model': model,
+                    'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': ''.join(parts),
+                                                         'reasoning_content': None, 'tool_calls': None},
+                                 'logprobs': None, 'finish_reason': finish, 'matched_stop': None}],
+                    'usage': usage(prompt, done, cached)})
+            include_usage = bool((req.get('stream_options') or {}).get('include_usage'))
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/event-stream')
+            self.send_header('Cache-Control', 'no-cache')
+            self.end_headers()
+
+            def chunk(delta, finish_reason=None, **extra):
+                doc = {'id': rid, 'object': 'chat.completion.chunk', 'created': created, 'model': model,
+                       'choices': [{'index': 0, 'delta': delta, 'logprobs': None, 'finish_reason': finish_reason,
+                                    'matched_stop': None}], 'usage': None}
+                doc.update(extra)
+                self.wfile.write(('data: %s\n\n' % json.dumps(doc)).encode())
+                self.wfile.flush()
+
+            first = [True]
+
+            def emit(k):
+                text = ''.join(next(words) for _ in range(k))
+                chunk({'role': 'assistant', 'content': text} if first[0] else {'content': text})
+                first[0] = False
+            try:
+                prompt, done, cached = engine.generate(messages, n, True, emit)
+                chunk({}, finish)
+                if include_usage:
+                    self.wfile.write(('data: %s\n\n' % json.dumps({
+                        'id': rid, 'object': 'chat.completion.chunk', 'created': created, 'model': model,
+                        'choices': [], 'usage': usage(prompt, done, cached)})).encode())
+                self.wfile.write(b'data: [DONE]\n\n')
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+
+    return Handler
+
+
+def usage(prompt, completion, cached):
+    return {'prompt_tokens': prompt, 'total_tokens': prompt + completion, 'completion_tokens': completion,
+            'prompt_tokens_details': None, 'reasoning_tokens': 0}
+
+
+def main(argv=None):
+    args = parse_args(__version__, sys.argv[1:] if argv is None else argv)
+    triple = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+    if args.speculative_algorithm and None in triple:
+        sys.exit('ValueError: speculative decoding needs --speculative-num-steps, --speculative-eagle-topk '
+                 'and --speculative-num-draft-tokens')
+    if ':' in (args.served_model_name or ''):
+        sys.exit('ValueError: served model name must not contain ":"')
+    settings = resolve(args, __version__)
+    # Lab knob: report (and run with) other resolved values, as an SGLang that silently ignores a flag would.
+    if os.path.exists('/etc/lab-sglang-override.json'):
+        with open('/etc/lab-sglang-override.json') as f:
+            settings.update(json.load(f))
+    engine = Engine(settings, __version__, settings.get('max_running_requests'))
+    server = ThreadingHTTPServer((bind_address(args.host), args.port),
+                                 make_handler(settings, engine, time.time(), bool(args.enable_metrics)))
+    server.daemon_threads = True
     sys.stderr.write('[lab-sglang] %s serving %s on %s:%d (speculative: %s)\n' % (
         __version__, settings['served_model_name'], server.server_address[0], args.port,
         settings['speculative_algorithm']))
