@@ -40,8 +40,10 @@ BLACKWELL_IDS = frozenset({'10de:2bb1', '10de:2bb4', '10de:2bb5'})
 FSP_EXPLANATION = ('identity (passthrough) IOMMU domains brick RTX PRO 6000 Blackwell GPUs until a power '
                    'cycle: the GPU firmware security processor fails to boot with error 0x177 and no FLR, '
                    'secondary bus reset or CXL reset clears it. SEV-SNP also needs a translating IOMMU')
+API_KEY_VAR = 'SGLANG_API_KEY'
 NVIDIA_CONTROL_DEVICES = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
-SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'))
+SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'),
+                ('sglang', 'api_key'))
 # Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
 FOREIGN_NAMESPACES = ('pulumi', 'command')
 
@@ -551,6 +553,9 @@ class Sglang(Model):
                                                'own argument parser; flags this program sets are refused')
     environment: dict[Annotated[str, AfterValidator(env_key)], Annotated[Text, Field(max_length=4096)]] = Field(
         default_factory=dict, max_length=128)
+    api_key: Optional[SecretStr] = Field(None, description='Bearer key for the OpenAI API (SGLang --api-key); a '
+                                         'secret, kept in a root-only file in the container, never in the unit. '
+                                         '/health and /metrics stay open for monitoring')
     health_timeout_s: float = Field(900.0, gt=0, le=86400,
                                     description='How long a (re)start may take to pass /health')
 
@@ -575,6 +580,14 @@ class Sglang(Model):
     def _mem(cls, v):
         if not 0 < v < 1:
             raise ValueError('%r is outside (0, 1); 0.75 leaves room for the MTP draft model' % v)
+        return v
+
+    @field_validator('api_key')
+    @classmethod
+    def _api_key(cls, v):
+        if v is not None and not re.match(r'^[A-Za-z0-9._~+/=\-]{16,256}$', v.get_secret_value()):
+            raise ValueError('must be 16-256 characters of letters, digits and ._~+/=- (not shown); make one with: '
+                             'openssl rand -base64 32 | pulumi config set --secret --path gpuhost:sglang.api_key')
         return v
 
     @field_validator('environment')
@@ -736,8 +749,10 @@ class Deployment(Model):
         return args
 
     def launch_args(self):
-        """`python -m sglang.launch_server` arguments for the declared version."""
-        return self.managed_launch_args() + list(self.sglang.extra_args)
+        """`python -m sglang.launch_server` arguments for the declared version. The API key is a
+        reference to the root-only environment file's variable, never its value."""
+        key = ['--api-key', systemd.EnvRef(API_KEY_VAR)] if self.sglang.api_key else []
+        return self.managed_launch_args() + key + list(self.sglang.extra_args)
 
     def service_environment(self):
         s = self.sglang

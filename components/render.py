@@ -34,6 +34,7 @@ _env.filters['systemd_exec'] = _exec_value
 _env.filters['systemd_text'] = systemd.text_value
 _env.filters['systemd_comment'] = systemd.comment_text
 _env.globals['systemd_environment'] = systemd.environment_line
+_env.globals['systemd_environment_file'] = systemd.environment_file_line
 
 
 class RenderError(RuntimeError):

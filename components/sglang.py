@@ -66,7 +66,27 @@ def unit_text(d) -> str:
                                                                  spec.num_draft_tokens)
                                if spec and spec.num_steps else None),
                   environment=d.service_environment(),
+                  environment_file=env_path(s.unit) if s.api_key else None,
                   exec_start=exec_start(['%s/bin/python' % s.venv, '-m', 'sglang.launch_server'] + d.launch_args()))
+
+
+def env_path(unit: str) -> str:
+    """The unit's root-only environment file in the container (mode 0600): where its secrets live."""
+    return '/etc/gpuhost/%s.env' % unit[:-len('.service')]
+
+
+def env_content(api_key: str) -> str:
+    from config import API_KEY_VAR
+    return '%s=%s\n' % (API_KEY_VAR, api_key)
+
+
+def key_from_env(text):
+    """The API key an environment file holds (what the service really uses), or None."""
+    from config import API_KEY_VAR
+    for line in (text or '').splitlines():
+        if line.startswith(API_KEY_VAR + '='):
+            return line.split('=', 1)[1]
+    return None
 
 
 def flag_groups(argv: list) -> list:
@@ -91,18 +111,23 @@ def expected_speculation(d) -> dict:
             'speculative_num_draft_tokens': spec.num_draft_tokens}
 
 
-def fetch_json(url: str, timeout: float = 10.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def fetch_json(url: str, timeout: float = 10.0, api_key=None):
+    req = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + api_key} if api_key else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read().decode())
 
 
-def server_info(endpoint: str) -> dict:
+def server_info(endpoint: str, api_key=None) -> dict:
+    """/server_info (behind the API key when there is one; /health and /metrics are not)."""
     try:
-        return fetch_json(endpoint + '/server_info')
+        return fetch_json(endpoint + '/server_info', api_key=api_key)
     except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise ServiceError('%s/server_info refused the API key (401): the service runs with another key than '
+                               'gpuhost:sglang.api_key' % endpoint) from None
         if e.code != 404:
             raise
-    return fetch_json(endpoint + '/get_server_info')  # the name before 0.5.x
+    return fetch_json(endpoint + '/get_server_info', api_key=api_key)  # the name before 0.5.x
 
 
 def resolved(info: dict) -> dict:
@@ -139,8 +164,10 @@ def verify_serving(target, props, active) -> dict:
         return None
     wait_http(props['endpoint'] + '/health', float(props['health_timeout']),
               '%s in container %s' % (props['unit_name'], props['vmid']), failed=failed)
-    info = resolved(server_info(props['endpoint']))
-    bad = mismatches(props.get('expect') or {}, info)
+    if props.get('expect') is None:
+        return None  # a restart of the whole container: serving again is what counts here
+    info = resolved(server_info(props['endpoint'], props.get('api_key')))
+    bad = mismatches(props['expect'], info)
     if bad:
         raise ServiceError('%s started, but /server_info does not match the unit: %s. Check the flags for '
                            'SGLang %s (journalctl -u %s in the container)' % (
@@ -167,7 +194,7 @@ def verify_after_reboot(target, props) -> None:
 class SglangUnitProvider(ObservedProvider):
     # container_uid: which container (changes when it is replaced). A container started or rebooted by
     # this run is checked by the container step itself (/health, /server_info).
-    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid')
+    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key')
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it.
     OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed')
@@ -176,14 +203,18 @@ class SglangUnitProvider(ObservedProvider):
         facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
             props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout)
         running = facts.get('ct') == 'running'
-        unit = None
+        unit = key = None
         if running:
             res = remote.run(target, 'ct_read_file.sh', [props['vmid'], props['unit_path']], check=False)
             unit = res.stdout if res.exit_code == 0 else None
+            if props.get('api_key'):
+                # Read back (it stays a secret: same name as the secret input) so a changed key is drift.
+                res = remote.run(target, 'ct_read_file.sh', [props['vmid'], env_path(props['unit_name'])], check=False)
+                key = key_from_env(res.stdout) if res.exit_code == 0 else None
         return {'unit': unit, 'version': facts.get('sglang') if running else None,
                 'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
                 'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid'),
-                'sha256': facts.get('unit') if running else None}
+                'api_key': key, 'sha256': facts.get('unit') if running else None}
 
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
@@ -197,8 +228,13 @@ class SglangUnitProvider(ObservedProvider):
             raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
                                'are rendered for the declared version - install it or change the config' % (
                                    props['vmid'], before['version'], props['version']))
+        key_changed = False
+        if props.get('api_key'):
+            # Mode 0600, root-only; the content travels on stdin and never reaches a message.
+            key_changed = remote.ct_put_file(target, props['vmid'], env_path(props['unit_name']),
+                                             env_content(props['api_key']), mode='0600')
         changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'],
-                                     expected=before['sha256'] or '-')
+                                     expected=before['sha256'] or '-') or key_changed
         restart = 'yes' if changed or force_restart else 'no'
         remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
 
@@ -230,8 +266,8 @@ class SglangUnitProvider(ObservedProvider):
         outs = dict(props, **self.observe(target, props))
         outs.pop('sha256', None)
         try:
-            outs['resolved'] = resolved(server_info(props['endpoint']))
-        except (OSError, ValueError):
+            outs['resolved'] = resolved(server_info(props['endpoint'], props.get('api_key')))
+        except (OSError, ValueError, ServiceError):
             outs['resolved'] = None
         return self.read_result(id_, outs)
 
@@ -253,7 +289,9 @@ class SglangService(pulumi.ComponentResource):
         s = d.sglang
         self.unit = unit_text(d)
         self.endpoint = service_props(d)['endpoint']
+        key = s.api_key.get_secret_value() if s.api_key else None
         props = dict(service_props(d), expect=expected_speculation(d), connection=connection,
+                     api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True,
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))

@@ -36,6 +36,8 @@ MANAGED_DESTS = {
     'mamba_radix_cache_strategy': 'gpuhost:sglang.mamba_radix_cache_strategy',
     'mamba_scheduler_strategy': 'gpuhost:sglang.mamba_radix_cache_strategy',
     'config': 'the unit\'s flags (a config file would override them unseen)',
+    'api_key': 'gpuhost:sglang.api_key, a secret kept out of the unit\'s text',
+    'admin_api_key': 'a secret: never in the unit\'s world-readable text',
 }
 # Older releases spell the parallel sizes out; newer ones add more ways to split the GPUs.
 for _dest in ('tensor_parallel_size', 'pipeline_parallel_size', 'data_parallel_size', 'expert_parallel_size',

@@ -96,9 +96,18 @@ def _plain(s: str) -> bool:
     return bool(s) and s != ';' and all(ch in _SAFE for ch in s)
 
 
+class EnvRef(str):
+    """An ExecStart= argument that is the value of an environment variable at exec time (`${NAME}`,
+    one word): for a secret kept in a root-only EnvironmentFile= instead of the unit's text."""
+
+
 def exec_arg(s: str) -> str:
     """One argument of an ExecStart= line (not the executable): after systemd's unquoting,
     unescaping, specifier expansion and, at exec time, $ expansion it is exactly s."""
+    if isinstance(s, EnvRef):
+        if not _ENV_NAME.match(s):
+            raise ValueError('ExecStart= variable reference %r is not a variable name' % str(s))
+        return '${%s}' % s
     _text(s, 'ExecStart= argument')
     return s if _plain(s) else _quote(s, dollar=True)
 
@@ -156,6 +165,13 @@ def environment_line(key: str, value: str) -> str:
     _text(value, 'Environment= value of %s' % key)
     line = 'Environment=' + _quote(key + '=' + value, dollar=False)
     return _fits(line, 'Environment= line for %s' % key, LONG_LINE_MAX - 1)
+
+
+def environment_file_line(path: str) -> str:
+    """EnvironmentFile=<absolute path>: a plain path (the file must exist: no '-' prefix)."""
+    if not isinstance(path, str) or not path.startswith('/') or not all(ch in _SAFE for ch in path):
+        raise ValueError('EnvironmentFile= path %r is not a plain absolute path' % (path,))
+    return 'EnvironmentFile=' + path.replace('%', '%%')
 
 
 def escape_specifiers(text: str) -> str:

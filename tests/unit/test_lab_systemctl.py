@@ -127,7 +127,8 @@ def test_a_rendered_unit_runs_with_exactly_the_declared_argv_and_environment(sc)
     argv = [sys.executable, '-c', script] + HOSTILE + [h.replace('PWNED', str(t / 'pwned')) for h in HOSTILE[:2]]
     env = {'NOTE%d' % k: v for k, v in enumerate(HOSTILE)}
     text = render.render('sglang.service.j2', version='0.5.23', served_model_name='m $X %n "q" \\ ;', tp=4,
-                         speculative=None, environment=env, exec_start=render.exec_start(argv))
+                         speculative=None, environment=env, environment_file=None,
+                         exec_start=render.exec_start(argv))
     install(sc, 'sglang-test.service', text)
     assert sc.main(['enable', '--now', 'sglang-test']) == 0
     wait_for(out)

@@ -176,7 +176,7 @@ def description(v):
 
 def unit_for(v):
     return render.render('sglang.service.j2', version=v['version'], served_model_name=v['served_model_name'],
-                         tp=v['tp'], speculative=v['speculative'], environment=v['environment'],
+                         tp=v['tp'], speculative=v['speculative'], environment=v['environment'], environment_file=None,
                          exec_start=render.exec_start(v['argv']))
 
 
@@ -303,7 +303,7 @@ def test_exec_line_takes_a_list():
         systemd.exec_line(['/bin/echo', 4])
     with pytest.raises(TypeError, match='exec_start'):
         render.render('sglang.service.j2', version='1', served_model_name='m', tp=1, speculative=None,
-                      environment={}, exec_start='/bin/true; /bin/touch /tmp/pwned')
+                      environment={}, environment_file=None, exec_start='/bin/true; /bin/touch /tmp/pwned')
 
 
 @pytest.mark.parametrize('key', ['', '1A', 'A-B', 'A B', 'A=B', 'Ä', 'A\n', '$A', 'A.B', '%n'])
