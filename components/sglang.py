@@ -276,6 +276,39 @@ class SglangUnitProvider(ObservedProvider):
         remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
 
 
+def smoke_test(name, d, connection, unit, key):
+    """One real chat completion through the OpenAI API, from the host, after every change of the unit
+    (or of the container it runs in): an action, not state, so pulumi-command's remote.Command runs it
+    (host key pinned; the API key on stdin, a secret). Its latency and token counts become outputs."""
+    import shlex
+    from pulumi_command import remote as command
+    connection = pulumi.Output.from_input(connection)
+    conn = command.ConnectionArgs(
+        host=connection.apply(lambda c: c['host']), port=connection.apply(lambda c: float(c['port'])),
+        user=connection.apply(lambda c: c['user']), private_key=connection.apply(lambda c: c['private_key']),
+        host_key=connection.apply(lambda c: c['host_key']), per_dial_timeout=10, dial_error_limit=6)
+    run = 'bash -c %s smoke_test.sh %s %s' % (shlex.quote(remote.script('smoke_test.sh')),
+                                             shlex.quote(service_props(d)['endpoint']),
+                                             shlex.quote(d.sglang.served_model_name))
+    return command.Command('%s-smoke-test' % name, connection=conn, create=run,
+                           stdin=pulumi.Output.secret(key) if key else '',
+                           triggers=[unit.unit, unit.container_uid],
+                           opts=pulumi.ResourceOptions(parent=unit, depends_on=[unit]))
+
+
+def smoke_summary(stdout: str) -> dict:
+    """The smoke test's line as an output: latency and usage (the answer's text is not kept)."""
+    try:
+        doc = json.loads(stdout.strip().splitlines()[-1])
+        resp = doc.get('response') or {}
+        usage = resp.get('usage') or {}
+        return {'latency_ms': doc.get('latency_ms'), 'model': resp.get('model'),
+                'prompt_tokens': usage.get('prompt_tokens'), 'completion_tokens': usage.get('completion_tokens'),
+                'finish_reason': ((resp.get('choices') or [{}])[0]).get('finish_reason')}
+    except (ValueError, IndexError, AttributeError):
+        return {'error': 'unreadable answer: %s' % stdout[-200:]}
+
+
 class SglangUnit(Resource, module='gpuhost', name='SglangUnit'):
     """The unit inside the container (SglangUnitProvider)."""
 
@@ -298,6 +331,7 @@ class SglangService(pulumi.ComponentResource):
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container],
                                                        protect=d.container.protect))
+        self.smoke = smoke_test(name, d, connection, self.service, key)
         self.resolved = self.service.resolved
         self.version = s.version
         self.active = self.service.active
