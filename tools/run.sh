@@ -34,6 +34,16 @@ select_stack() {
   pulumi stack select --create --secrets-provider passphrase "$1" >/dev/null
 }
 
+# The safety rules (policy/, README "Policy pack"), mandatory; policy/config.<stack>.json, when present,
+# lowers rules to advisory or opts in (the pack prints what it relaxes on every run).
+policy=()
+policy_args() {
+  policy=(--policy-pack policy)
+  if [ -f "policy/config.$1.json" ]; then
+    policy+=(--policy-pack-config "policy/config.$1.json")
+  fi
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -46,8 +56,9 @@ case "$cmd" in
       pulumi stack rm --yes --force --preserve-config lab >/dev/null 2>&1 || true
     fi
     select_stack lab
+    policy_args lab
     # --refresh: reconcile with what the host runs now (a reboot, a hand edit) before planning.
-    pulumi up --yes --skip-preview --refresh --suppress-progress
+    pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
     echo
     echo "Stack outputs (lab):"
     pulumi stack output --json
@@ -61,7 +72,8 @@ case "$cmd" in
   preview)
     deps
     select_stack "${1:?stack}"
-    pulumi preview --diff
+    policy_args "$1"
+    pulumi preview --diff "${policy[@]}"
     ;;
   render)
     deps

@@ -1,0 +1,88 @@
+"""The policy pack's test program: gpuhost's own components, with inputs the config model would refuse.
+
+The case comes from $GPUHOST_POLICY_CASE (JSON):
+  model:  {"iommu.extra_kernel_args": [...], "sglang.tp": 2, ...}  dotted paths into the Deployment
+          parsed from the repo's Pulumi.lab.yaml, set with model_copy (no validation: config.py is bypassed)
+  api:    {"user": "...", "token_id": "..."}                       merged into the guests' `api` input
+  props:  {"<resource name>": {"key": value}}                       merged into a dynamic resource's inputs
+          just before it registers (dicts merge, None deletes a key, {"__sub__": [[old, new], ...]} edits
+          a string) - a program that writes what it likes, components or not.
+Preview only: nothing here contacts a host (the credentials are dummies).
+"""
+
+import copy
+import json
+import os
+import sys
+
+REPO = os.environ.get('GPUHOST_REPO') or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import pulumi  # noqa: E402
+import yaml  # noqa: E402
+from pulumi import dynamic  # noqa: E402
+
+import config  # noqa: E402
+from components.container import GpuContainer  # noqa: E402
+from components.host import ProxmoxHost  # noqa: E402
+from components.sglang import SglangService  # noqa: E402
+from components.vm import SevSnpVm  # noqa: E402
+
+CASE = json.loads(os.environ.get('GPUHOST_POLICY_CASE') or '{}')
+
+
+def merge(base, over):
+    if isinstance(over, dict) and '__sub__' in over:
+        text = base
+        for old, new in over['__sub__']:
+            assert old in text, 'case edits %r, which is not in the value' % old
+            text = text.replace(old, new)
+        return text
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = merge(base.get(k), v)
+        return out
+    return copy.deepcopy(over)
+
+
+def doctored(model, path, value):
+    """model with the field at a dotted path set to value - model_copy, so nothing is validated."""
+    head, _, rest = path.partition('.')
+    if rest:
+        value = doctored(getattr(model, head), rest, value)
+    return model.model_copy(update={head: value})
+
+
+_register = dynamic.Resource.__init__
+
+
+def _init(self, provider, name, props, opts=None):
+    over = (CASE.get('props') or {}).get(name)
+    if over:
+        props = merge(props, over)
+    _register(self, provider, name, props, opts)
+
+
+dynamic.Resource.__init__ = _init
+
+with open(os.path.join(REPO, 'Pulumi.lab.yaml')) as f:
+    data = {k.split(':', 1)[1]: v for k, v in yaml.safe_load(f)['config'].items()}
+d = config.parse(data)
+for path, value in (CASE.get('model') or {}).items():
+    d = doctored(d, path, value)
+
+connection = pulumi.Output.secret({'host': d.host.address, 'port': 2222, 'user': 'root', 'private_key': 'dummy',
+                                   'host_key': 'ssh-ed25519 dummy', 'timeout': 5, 'command_timeout': 60})
+api = pulumi.Output.secret(merge({'host': d.host.address, 'port': 8006, 'user': 'root@pam',
+                                  'password': 'policy-test-password', 'ca_cert': 'dummy', 'timeout': 30},
+                                 CASE.get('api') or {}))
+
+host = ProxmoxHost('host', d, connection)
+container = GpuContainer('container', d, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
+if d.vm:
+    SevSnpVm('vm', d, api, opts=pulumi.ResourceOptions(depends_on=[host]))
+SglangService('sglang', d, connection, container)
