@@ -230,3 +230,24 @@ def test_speed_model_and_mtp_off(serve, tmp_path):
     assert round(mtp['accept_length'] / mtp['step_s']) == 135
     assert mtp['accept_length'] == 1.8 and round(mtp['accept_rate'], 2) == 0.8
     assert batch['step_s'] > mtp['step_s']
+
+
+def test_api_key_guards_everything_but_probes_and_metrics(serve):
+    base = serve(extra=['--api-key', 's3cret'])
+    for path in ('/health', '/ready', '/metrics'):
+        get(base, path)
+    for path in ('/server_info', '/v1/models'):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(base, path)
+        assert e.value.code == 401 and json.loads(e.value.read()) == {'error': 'Unauthorized'}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        post(base, {'model': 'x', 'messages': MESSAGES, 'max_tokens': 2})
+    assert e.value.code == 401
+    req = urllib.request.Request(base + '/v1/chat/completions', headers={'Authorization': 'Bearer s3cret'},
+                                 data=json.dumps({'model': 'x', 'messages': MESSAGES, 'max_tokens': 2}).encode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())['usage']['completion_tokens'] == 2
+    req = urllib.request.Request(base + '/server_info', headers={'Authorization': 'Bearer wrong'})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 401

@@ -7,7 +7,8 @@ mistyped or ambiguous flag fails start-up exactly like SGLang does (argparse's u
 "<prog>: error: ..." on stderr, exit status 2). Then it serves the endpoints the program, monitoring
 and a load generator use: /health (503 while "loading"), /ready, /server_info (the resolved
 settings), /get_server_info, /v1/models, an OpenAI-compatible /v1/chat/completions (plain and
-`stream: true` server-sent events) and, with --enable-metrics, /metrics.
+`stream: true` server-sent events) and, with --enable-metrics, /metrics; with --api-key, everything
+but /health, /ready and /metrics wants the key, as in SGLang.
 
 /metrics serves the metric families of the real SGLang release (names, types, labels, buckets, the
 "Multiprocess metric" help text of prometheus_client's multiprocess collector that SGLang uses), taken
@@ -19,6 +20,7 @@ at the speed speed_model() gives for the resolved speculative settings. Stdlib o
 
 import argparse
 import collections
+import hmac
 import itertools
 import json
 import math
@@ -470,7 +472,17 @@ def bind_address(host):
 
 # ------------------------------------------------------------------------------------- server
 
-def make_handler(settings, engine, started, metrics_on):
+def authorized(path, header, api_key):
+    """SGLang's API key rule (0.5.23 sglang/srt/utils/auth.py decide_request_auth, no admin key): with
+    --api-key every endpoint wants `Authorization: Bearer <key>` except /health*, /ready* and /metrics*
+    (probes and Prometheus scrape without secrets)."""
+    if not api_key or path.startswith(('/health', '/ready', '/metrics')):
+        return True
+    scheme, _, token = (header or '').partition(' ')
+    return scheme.lower() == 'bearer' and hmac.compare_digest(token, api_key)
+
+
+def make_handler(settings, engine, started, metrics_on, api_key=None):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt, *a):
             sys.stderr.write('[lab-sglang] ' + (fmt % a) + '\n')
@@ -486,8 +498,16 @@ def make_handler(settings, engine, started, metrics_on):
         def ready(self):
             return time.time() - started >= STARTUP_SECONDS
 
+        def refused(self, path):
+            if authorized(path, self.headers.get('Authorization'), api_key):
+                return False
+            self.send(401, {'error': 'Unauthorized'})
+            return True
+
         def do_GET(self):
             path = self.path.split('?')[0]
+            if self.refused(path):
+                return None
             if path in ('/health', '/health_generate', '/ready'):
                 ok = self.ready()
                 return self.send(200 if ok else 503, b'' if ok else b'starting', 'text/plain')
@@ -512,9 +532,11 @@ def make_handler(settings, engine, started, metrics_on):
 
         def do_POST(self):
             path = self.path.split('?')[0]
+            body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+            if self.refused(path):
+                return None
             if path != '/v1/chat/completions':
                 return self.send(404, {'detail': 'Not Found'})
-            body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
             if not self.ready():
                 return self.error(503, 'the server is still starting')
             try:
@@ -591,7 +613,8 @@ def main(argv=None):
             settings.update(json.load(f))
     engine = Engine(settings, __version__, settings.get('max_running_requests'))
     server = ThreadingHTTPServer((bind_address(args.host), args.port),
-                                 make_handler(settings, engine, time.time(), bool(args.enable_metrics)))
+                                 make_handler(settings, engine, time.time(), bool(args.enable_metrics),
+                                              setting(args, __version__, 'api_key')))
     server.daemon_threads = True
     sys.stderr.write('[lab-sglang] %s serving %s on %s:%d (speculative: %s)\n' % (
         __version__, settings['served_model_name'], server.server_address[0], args.port,
