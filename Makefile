@@ -1,9 +1,10 @@
 # gpuhost - see README.md. Every target sets itself up (tools/bootstrap.sh is idempotent).
 STACK ?= lab
 OUT ?= render/$(STACK)
+MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up test test-fast lab lab-down preview render bench bootstrap clean
+.PHONY: up test test-fast lab lab-down preview render monitoring bench bootstrap clean
 
 up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs
 	@tools/run.sh up
@@ -25,6 +26,9 @@ preview:       ## pulumi preview --diff of STACK (prod needs PULUMI_CONFIG_PASSP
 
 render:        ## write every file STACK would put on its hosts into OUT, contacting nothing
 	@tools/run.sh render $(STACK) $(OUT)
+
+monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK into MON_OUT (monitoring/STACK)
+	@tools/bootstrap.sh && . ./.env.sh && python -m tools.monitoring $(STACK) $(MON_OUT)
 
 bench:         ## no-op preview/up wall time and remote command count on the lab
 	@tools/run.sh bench

@@ -5,7 +5,7 @@ import os
 import pulumi
 
 import config
-from components import outputs, preflight
+from components import monitoring, outputs, preflight
 from components.container import GpuContainer
 from components.host import ProxmoxHost
 from components.sglang import SglangService
@@ -35,5 +35,7 @@ host = ProxmoxHost('host', deployment, connection)
 container = GpuContainer('container', deployment, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
 vm = SevSnpVm('vm', deployment, api, opts=pulumi.ResourceOptions(depends_on=[host])) if deployment.vm else None
 service = SglangService('sglang', deployment, connection, container)
+# node_exporter textfile with declared vs running state, after the host status and the unit are known.
+monitoring.host_metrics('host-metrics', deployment, connection, host, container, service)
 
 outputs.export(deployment, host, container, vm, service)

@@ -4,20 +4,19 @@ import hashlib
 
 import pulumi
 
+from components.monitoring import file_sd
 from components.sglang import expected_speculation
 
 
 def export(d, host, container, vm, service):
     base = service.endpoint
-    target = '%s:%d' % (d.container.address, d.sglang.port)
     pulumi.export('openai_base_url', base + '/v1')
     pulumi.export('health_url', base + '/health')
     pulumi.export('server_info_url', base + '/server_info')
     pulumi.export('metrics_url', base + '/metrics')
-    pulumi.export('prometheus_file_sd', [{
-        'targets': [target],
-        'labels': {'job': 'sglang', 'model': d.sglang.served_model_name, 'host': d.host.node,
-                   'container': str(d.container.vmid)}}])
+    # SGLang's /metrics and the host's node_exporter (components/monitoring.py): write it to a file
+    # Prometheus' file_sd_configs reads (`pulumi stack output prometheus_file_sd --json > ...`).
+    pulumi.export('prometheus_file_sd', file_sd(d))
     pulumi.export('gpu_assignment', host.gpus)
     pulumi.export('iommu', {'declared_domain': d.iommu.domain, 'declared_kernel_args': d.iommu.kernel_args(),
                             'running_domain_types': host.iommu_domain_types, 'running_cmdline': host.running_cmdline,

@@ -88,7 +88,9 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
     ip = lab.spec['addresses']['container']
     assert out['openai_base_url'] == 'http://%s:30000/v1' % ip
     assert out['metrics_url'] == 'http://%s:30000/metrics' % ip
-    assert out['prometheus_file_sd'][0]['targets'] == ['%s:30000' % ip]
+    assert out['prometheus_file_sd'] == [
+        {'targets': ['%s:30000' % ip], 'labels': {'id': 'lxc/200', 'node': 'pve-lab'}},
+        {'targets': ['%s:9100' % lab.spec['addresses']['ssh']], 'labels': {'id': 'node/pve-lab', 'node': 'pve-lab'}}]
     assert out['speculation']['resolved']['speculative_algorithm'] == 'EAGLE'
     assert out['speculation']['resolved']['speculative_num_draft_tokens'] == 2
     assert out['reboot_required'] is True
@@ -120,7 +122,8 @@ def test_mtp_steps_change_touches_only_the_unit(lab, stack):
                                             'num_draft_tokens': 3}
     lab.write_stack(STACK, cfg)
     plan = lab.preview_json(STACK, '--diff')
-    assert changed(plan) == {'sglang-unit': 'update'}
+    # (host-metrics: gpuhost.prom holds the requested and resolved speculation)
+    assert changed(plan) == {'sglang-unit': 'update', 'host-metrics': 'update'}
     unit_step = steps(plan)['sglang-unit']
     olds, news = unit_step['oldState']['inputs'], unit_step['newState']['inputs']
     # The unit (its text, and its flags one by one), and the settings /server_info must then report.
@@ -154,9 +157,10 @@ def test_out_of_band_drift_is_seen_by_refresh_and_repaired_by_up(lab, stack):
     # read() hands the connection back as an input: it must stay a secret through a refresh.
     assert lab.plaintext_secrets_in_state(STACK) == []
     plan = lab.preview_json(STACK)
-    # (host-status: re-read after the binding is repaired, so the outputs describe the end of the run)
+    # (host-status: re-read after the binding is repaired, so the outputs describe the end of the run;
+    # host-metrics: written from host-status' and the unit's outputs)
     assert changed(plan) == {'sglang-unit': 'update', 'container-lxc': 'update', 'vm-qemu': 'update',
-                             'host-vfio': 'update', 'host-status': 'update'}, res.stdout
+                             'host-vfio': 'update', 'host-status': 'update', 'host-metrics': 'update'}, res.stdout
     # The refresh stored what it saw, so the plan shows the drift itself.
     ct_step = steps(plan)['container-lxc']
     assert ct_step['oldState']['inputs']['config']['cores'] == 8
@@ -188,6 +192,11 @@ def test_reboot_clears_reboot_required(lab, stack):
     assert out['reboot_required'] is False, out['reboot_reasons']
     assert 'iommu.strict=0' in out['iommu']['running_cmdline']
     assert all(g['driver'] == ('vfio-pci' if a in VM_GPUS else 'nvidia') for a, g in out['gpu_assignment'].items())
+    # gpuhost.prom on the host still says what the last up found: the next up rewrites it, and only it.
+    assert changed(lab.preview_json(STACK)) == {'host-metrics': 'update'}
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost.prom').stdout
+    assert 'gpuhost_reboot_required 0\n' in prom and 'gpuhost_reboot_reasons{kind="kernel_cmdline_missing"} 0\n' in prom
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 

@@ -44,7 +44,7 @@ def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
                          cwd=proj, env=env, capture_output=True, text=True, timeout=300)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert '12 to create' in out
+    assert '14 to create' in out
     # Secrets stay secrets in the plan.
     assert 'placeholder-not-the-real-password' not in out
     assert 'BEGIN OPENSSH PRIVATE KEY' not in out

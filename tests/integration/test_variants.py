@@ -37,6 +37,9 @@ def test_no_vm_no_mtp_strict_iommu(lab):
     out = lab.outputs(STACK)
     assert out['reboot_required'] is False, out['reboot_reasons']
     assert out['iommu']['running_domain_types'] == ['DMA']
+    # The next up rewrites gpuhost.prom (reboot no longer required), nothing else; then nothing at all.
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert '~ 1 updated' in res.stdout and 'MetricsFile host-metrics updated' in res.stdout, res.stdout[-2000:]
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
