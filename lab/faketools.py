@@ -175,6 +175,11 @@ def ct_dir(vmid):
 
 def ct_status(vmid, node):
     path = os.path.join(ct_dir(vmid), 'status')
+    # The lab daemon mirrors fakepve's containers every 0.2 s; on a real host pct sees a container the
+    # moment the API created it, so give the mirror a moment before calling it absent.
+    deadline = time.time() + 1.0
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.1)
     if not os.path.exists(path):
         die("Configuration file 'nodes/%s/lxc/%s.conf' does not exist" % (node, vmid), 2)
     with open(path) as f:
