@@ -110,9 +110,12 @@ def env(lab, tmp_path_factory):
             pytest.fail('%s is missing: apt-get install -y prometheus prometheus-node-exporter' % tool_name)
     assert lab.on_host('rm -rf /var/lib/prometheus/node-exporter').exit_code == 0
     lab.write_stack(STACK, lab.stack_config())
-    started = time.time()
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    up_secs = time.time() - started
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    if res.returncode != 0 and 'no SGLang at /opt/sglang/venv' in res.stdout + res.stderr:
+        # The lab's race (as in test_policy_lab): its sync loop installs the new container's simulated
+        # SGLang, which a loaded machine can run after the unit step looked. A re-run converges.
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     # As README says: the output into the file Prometheus' file_sd_configs reads.
     targets = tmp / 'targets.json'
     subprocess.run('pulumi stack output prometheus_file_sd --json --stack %s > %s' % (STACK, targets), shell=True,
@@ -146,8 +149,7 @@ def env(lab, tmp_path_factory):
             stderr=open(str(tmp / 'prometheus.log'), 'w'), start_new_session=True))
         prom = Prometheus('http://%s:9090' % prom_addr)
         wait(lambda: urllib.request.urlopen(prom.url + '/-/ready', timeout=2).status == 200, 60, 'Prometheus ready')
-        yield {'prom': prom, 'tmp': tmp, 'deployment': d, 'up_secs': up_secs,
-               'base': lab.outputs(STACK)['openai_base_url']}
+        yield {'prom': prom, 'tmp': tmp, 'deployment': d, 'base': lab.outputs(STACK)['openai_base_url']}
     finally:
         for p in procs:
             try:
