@@ -22,6 +22,9 @@ def export(d, host, container, vm, service):
                             'running_domain_types': host.iommu_domain_types, 'running_cmdline': host.running_cmdline,
                             'boot': host.boot, 'nccl_p2p_disabled': d.p2p_disabled})
     pulumi.export('speculation', {'requested': expected_speculation(d), 'resolved': service.resolved})
+    # The last smoke test: one chat completion from the host after the unit (or its container) changed.
+    from components.sglang import smoke_summary
+    pulumi.export('smoke_test', service.smoke.stdout.apply(smoke_summary))
     pulumi.export('sglang_version', d.sglang.version)
     pulumi.export('sglang_unit_sha256', hashlib.sha256(service.unit.encode()).hexdigest())
     pulumi.export('reboot_required', host.reboot_required)

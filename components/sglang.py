@@ -219,7 +219,10 @@ class SglangUnitProvider(ObservedProvider):
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
         before = self.observe(target, props)
-        if before['version'] in (None, '-'):
+        if before['version'] is None:
+            raise ServiceError('container %s is not running, so its SGLang unit cannot be written; start it (pct start %s) '
+                               'or check the container step above' % (props['vmid'], props['vmid']))
+        if before['version'] == '-':
             raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
                                '(python -m venv %s && %s/bin/pip install "sglang[all]==%s")' % (
                                    props['vmid'], props['venv'], props['version'], props['venv'], props['venv'],
@@ -276,7 +279,7 @@ class SglangUnitProvider(ObservedProvider):
         remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
 
 
-def smoke_test(name, d, connection, unit, key):
+def smoke_test(name, d, connection, unit, key, unit_text_declared, container_identity):
     """One real chat completion through the OpenAI API, from the host, after every change of the unit
     (or of the container it runs in): an action, not state, so pulumi-command's remote.Command runs it
     (host key pinned; the API key on stdin, a secret). Its latency and token counts become outputs."""
@@ -292,8 +295,11 @@ def smoke_test(name, d, connection, unit, key):
                                              shlex.quote(d.sglang.served_model_name))
     return command.Command('%s-smoke-test' % name, connection=conn, create=run,
                            stdin=pulumi.Output.secret(key) if key else '',
-                           triggers=[unit.unit, unit.container_uid],
-                           opts=pulumi.ResourceOptions(parent=unit, depends_on=[unit]))
+                           # Declared values (known at preview): a new unit or container runs it again.
+                           triggers=[remote.sha256_hex(unit_text_declared), container_identity],
+                           # An action, replaced (run again) whenever its triggers change: never protected,
+                           # whatever its parent is.
+                           opts=pulumi.ResourceOptions(parent=unit, depends_on=[unit], protect=False))
 
 
 def smoke_summary(stdout: str) -> dict:
@@ -331,7 +337,7 @@ class SglangService(pulumi.ComponentResource):
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container],
                                                        protect=d.container.protect))
-        self.smoke = smoke_test(name, d, connection, self.service, key)
+        self.smoke = smoke_test(name, d, connection, self.service, key, self.unit, container.identity)
         self.resolved = self.service.resolved
         self.version = s.version
         self.active = self.service.active

@@ -99,6 +99,10 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
         [(b, 'container') for b in CT_GPUS] + [(b, 'vm') for b in VM_GPUS])
     assert out['iommu']['running_domain_types'] == ['DMA-FQ']
     assert len(out['sglang_unit_sha256']) == 64
+    # The smoke test ran one real chat completion through the OpenAI API from the host.
+    smoke = out['smoke_test']
+    assert smoke['completion_tokens'] >= 1 and smoke['latency_ms'] >= 0, smoke
+    assert smoke['model'] == 'qwen3.5-122b-a10b' and smoke['finish_reason'] in ('stop', 'length')
     assert lab.plaintext_secrets_in_state(STACK) == []
 
 
@@ -123,7 +127,8 @@ def test_mtp_steps_change_touches_only_the_unit(lab, stack):
     lab.write_stack(STACK, cfg)
     plan = lab.preview_json(STACK, '--diff')
     # (host-metrics: gpuhost.prom holds the requested and resolved speculation)
-    assert changed(plan) == {'sglang-unit': 'update', 'host-metrics': 'update'}
+    # The unit; the metrics file that reports it; the smoke test, run again for the new unit.
+    assert changed(plan) == {'sglang-unit': 'update', 'host-metrics': 'update', 'sglang-smoke-test': 'replace'}
     unit_step = steps(plan)['sglang-unit']
     olds, news = unit_step['oldState']['inputs'], unit_step['newState']['inputs']
     # The unit (its text, and its flags one by one), and the settings /server_info must then report.

@@ -46,11 +46,13 @@ def base(lab):
 
 def planned(lab):
     plan = json.loads(lab.pulumi('preview', '--json', stack=STACK).stdout)
-    return {s['urn'].split('::')[-1] for s in plan['steps'] if s['op'] != 'same' and 'dynamic' in s['urn']}, plan
+    return {s['urn'].split('::')[-1] for s in plan['steps']
+            if s['op'] != 'same' and ('dynamic' in s['urn'] or 'command:remote' in s['urn'])}, plan
 
 
 def applied(out):
-    return set(re.findall(r'pulumi-python:dynamic/gpuhost:\w+ (\S+) (?:updated|created|replaced|deleted)', out))
+    return set(re.findall(r'(?:pulumi-python:dynamic/gpuhost:\w+|command:remote:Command) (\S+) '
+                          r'(?:updated|created|replaced|deleted)', out))
 
 
 @pytest.mark.parametrize('name,pairs', CHANGES, ids=[c[0] for c in CHANGES])

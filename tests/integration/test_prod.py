@@ -25,6 +25,9 @@ def project(tmp_path):
                PULUMI_HOME=str(tmp_path / 'home'), PULUMI_CONFIG_PASSPHRASE=PROD_EXAMPLE_PASSPHRASE,
                PULUMI_SKIP_UPDATE_CHECK='true')
     (tmp_path / 'state').mkdir()
+    # pulumi-command's plugin (the smoke test), from the binary bootstrap cached: no download.
+    subprocess.run([os.path.join(REPO, 'tools', 'install-command-plugin.sh'), env['PULUMI_HOME']], env=env,
+                   check=True, capture_output=True)
     subprocess.run(['pulumi', 'stack', 'select', '--create', '--secrets-provider', 'passphrase', 'prod'],
                    cwd=proj, env=env, check=True, capture_output=True)
     return proj, env
