@@ -32,6 +32,7 @@ import re
 import threading
 
 from components import cmdline, sglang_argparse
+from components.pve import split_props  # Proxmox's own property-string reading, shared with the program
 
 # --------------------------------------------------------------------------- rule names
 
@@ -177,18 +178,6 @@ def same_gpu(a, b) -> bool:
 
 def fmt_bdf(a) -> str:
     return '%s:%s:%s%s' % (a[0], a[1], a[2], '.' + a[3] if a[3] is not None else '')
-
-
-def split_props(value) -> tuple:
-    """Proxmox's 'a,b=c' -> ('a', {'b': 'c'}) (the positional part may also be written k=v)."""
-    first, props = None, {}
-    for i, part in enumerate(str(value).split(',')):
-        if '=' in part:
-            k, v = part.split('=', 1)
-            props[k.strip()] = v.strip()
-        elif i == 0:
-            first = part.strip()
-    return first, props
 
 
 def hostpci_hosts(value) -> tuple:
