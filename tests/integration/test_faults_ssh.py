@@ -57,7 +57,8 @@ def test_drop_at_each_command(lab, states, n):
     at = lab.drop_ssh_at(n, mode=mode)
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
     out = res.stdout + res.stderr
-    assert not lab.ssh_drop_pending(), 'the up ran fewer than %d remote commands' % n
+    assert not lab.ssh_drop_pending(), 'the up ran fewer than %d remote commands: %s\n%s' % (
+        n, [e['cmd'] for e in lab.ssh_log()[-12:]], out[-3000:])
     step = next(e for e in lab.ssh_log() if e['n'] == at)
     assert res.returncode != 0, 'drop %s command %d (%s) went unnoticed:\n%s' % (mode, n, step['cmd'], out[-3000:])
     assert 'connection to root@%s:%d lost during' % (lab.info['ssh']['host'], lab.info['ssh']['port']) in out, \
