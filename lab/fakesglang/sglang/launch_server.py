@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import os
+import random
 import sys
 import threading
 import time
@@ -41,29 +42,112 @@ SPEED = float(os.environ.get('LAB_SGLANG_SPEED', '1.0'))
 
 # ------------------------------------------------------------------------------------- speed model
 
-def speed_model(settings, batch=1):
+# The model's parameters (README "The lab's speed model"; docs/bench.md). Defaults reproduce SYSTEM.md's
+# measurements: one request decodes ~110 tok/s without MTP and ~135 tok/s with NEXTN steps 1 (+23%), and
+# the gain shrinks as concurrency grows (about +16% at 4, +2% at 16, -7% at 32).
+SPEED_DEFAULTS = {
+    'base_tok_s': 110.0,      # one request, no speculation: one token per forward step at this rate
+    'batch_cost': 0.03,       # each further token in a forward step adds this fraction of a base step
+    'draft_cost': 0.44,       # one draft step (the MTP head) costs this fraction of a base step (x batch)
+    'accept_prob': 0.8,       # a draft position is accepted with this probability when the one before was
+    'prefill_tok_s': 10000.0,  # prompt tokens per second (uncached part), before the first token
+    'draw': 'mean',           # 'mean': every step yields the mean (running sum, deterministic);
+                              # 'random': each draft position accepted at random (accept_prob), seeded
+    'seed': 0,                # for draw 'random'
+}
+SPEED_FILE = '/etc/lab-sglang-speed.json'
+
+
+def speed_params(environ=None, path=SPEED_FILE):
+    """The speed model's parameters: SPEED_DEFAULTS, then a JSON object in the container's
+    /etc/lab-sglang-speed.json, then one in $LAB_SGLANG_SPEED_MODEL (what gpuhost:sglang.environment sets).
+    Unknown keys or non-numbers are refused at start-up, like a bad flag."""
+    environ = os.environ if environ is None else environ
+    params = dict(SPEED_DEFAULTS)
+    sources = []
+    if path and os.path.exists(path):
+        with open(path) as f:
+            sources.append((path, f.read()))
+    if environ.get('LAB_SGLANG_SPEED_MODEL'):
+        sources.append(('LAB_SGLANG_SPEED_MODEL', environ['LAB_SGLANG_SPEED_MODEL']))
+    for where, text in sources:
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise ValueError('%s: not JSON: %s' % (where, e))
+        if not isinstance(doc, dict):
+            raise ValueError('%s: a JSON object of %s is expected' % (where, ', '.join(SPEED_DEFAULTS)))
+        for key, value in doc.items():
+            if key not in SPEED_DEFAULTS:
+                raise ValueError('%s: unknown speed model key %r (known: %s)' % (where, key, ', '.join(SPEED_DEFAULTS)))
+            if key == 'draw':
+                if value not in ('mean', 'random'):
+                    raise ValueError("%s: draw must be 'mean' or 'random'" % where)
+            elif key == 'seed':
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ValueError('%s: seed must be an integer' % where)
+            elif not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or \
+                    (key in ('base_tok_s', 'prefill_tok_s') and value <= 0) or (key == 'accept_prob' and value > 1):
+                raise ValueError('%s: %s=%r is out of range' % (where, key, value))
+            params[key] = value
+    return params
+
+
+def speed_model(settings, batch=1, params=None):
     """How fast the simulated server is, for the resolved settings and `batch` running requests:
 
       prefill_tok_s   prompt tokens per second (uncached part), before the first token
-      step_s          seconds per decode forward step of the batch (verify + draft steps with MTP)
-      accept_length   tokens each step yields per request (1 without speculation)
-      accept_rate     accepted / proposed draft tokens (0 without speculation)
+      step_s          seconds per decode step of the batch (with MTP: one verify pass + the draft steps)
+      accept_length   mean tokens each step yields per request (1 without speculation)
+      accept_rate     mean accepted / proposed draft tokens (0 without speculation)
+      tok_s           accept_length / step_s: one request's decode rate at this batch size
 
-    SYSTEM.md's measurements: one request decodes ~110 tok/s without MTP and ~135 tok/s with
-    NEXTN steps 1 (+23%). Draft positions are accepted with falling probability (0.8, 0.64, ...), each
-    draft step costs 47% of a plain step, and a bigger batch slows every step a little. So with one
-    request: no MTP 110 tok/s; steps 1: 1.8 tokens / 13.4 ms = 135 tok/s; steps 2: 2.44 / 17.6 ms =
-    139 tok/s. Deterministic: no randomness anywhere."""
-    step_s = (1.0 + 0.03 * (max(batch, 1) - 1)) / 110.0
-    out = {'prefill_tok_s': 10000.0, 'step_s': step_s, 'accept_length': 1.0, 'accept_rate': 0.0}
+    The model (parameters in SPEED_DEFAULTS; `b` running requests, base step t = 1 / base_tok_s, per-token
+    cost c = batch_cost):
+      no speculation:   step = t * (1 + c * (b - 1))                       (b tokens in the forward pass)
+      NEXTN/EAGLE, steps s, draft tokens d (topk 1: d = s + 1):
+                        step = t * (1 + c * (b * d - 1))                   verify: b * d tokens
+                             + s * draft_cost * t * (1 + c * (b - 1))      s draft steps of the MTP head
+      accept_length   = 1 + sum(p ** k for k in 1 .. d - 1)   (p = accept_prob: position k is reached
+                                                               only if the ones before were accepted)
+    Defaults, one request: no MTP 110 tok/s; steps 1: 1.8 / (1.03 + 0.44) x 110 = 135 tok/s (+23%);
+    steps 2: 2.44 / 1.94 x 110 = 138 tok/s; steps 3: 2.95 / 2.41 x 110 = 135 tok/s. Verifying d tokens
+    per request makes a big batch's step grow faster with MTP, so the gain shrinks with concurrency.
+    With draw 'mean' (the default) nothing is random; with 'random' each step's yield is drawn
+    (position by position, accept_prob) around accept_length."""
+    p = params or PARAMS
+    base = 1.0 / p['base_tok_s']
+    b = max(batch, 1)
+    plain = base * (1.0 + p['batch_cost'] * (b - 1))
+    out = {'prefill_tok_s': p['prefill_tok_s'], 'step_s': plain, 'accept_length': 1.0, 'accept_rate': 0.0,
+           'draft_positions': 0}
     steps = settings.get('speculative_num_steps') or 0 if settings.get('speculative_algorithm') else 0
     if steps:
         draft = settings.get('speculative_num_draft_tokens') or steps + 1
         positions = max(draft - 1, 1)
-        accepted = sum(0.8 ** k for k in range(1, positions + 1))
-        out.update(step_s=step_s * (1.0 + 0.47 * steps), accept_length=1.0 + accepted,
-                   accept_rate=accepted / positions)
+        accepted = sum(p['accept_prob'] ** k for k in range(1, positions + 1))
+        verify = base * (1.0 + p['batch_cost'] * (b * (positions + 1) - 1))
+        out.update(step_s=verify + steps * p['draft_cost'] * plain, accept_length=1.0 + accepted,
+                   accept_rate=accepted / positions, draft_positions=positions)
+    out['tok_s'] = out['accept_length'] / out['step_s']
     return out
+
+
+def draw_yield(positions, accept_prob, rng):
+    """Tokens one decode step yields for one request, drawn: the bonus token plus the accepted draft
+    positions (each reached only when the one before was accepted)."""
+    n = 1
+    for _ in range(positions):
+        if rng.random() >= accept_prob:
+            break
+        n += 1
+    return n
+
+
+try:
+    PARAMS = speed_params()
+except ValueError as _e:  # at start-up, like a bad flag: one line, exit status 1
+    sys.exit('ValueError: lab speed model: %s' % _e)
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -181,6 +265,10 @@ class Engine(object):
         self.prompt_window = collections.deque(maxlen=32)  # (prompt, cached) for cache_hit_rate
         self.seen_prefixes = set()
         self.accept = {'tokens': 0.0, 'steps': 0, 'last_length': 0.0, 'last_rate': 0.0, 'active': False}
+        self.params = PARAMS
+        self.rng = random.Random(self.params['seed'])
+        # The last decode steps' yields (SGLang's gauges cover its decode log interval, 40 steps by default).
+        self.window = collections.deque(maxlen=40)
         self.build_families()
 
     # -- labels, as the releases set them
@@ -282,7 +370,7 @@ class Engine(object):
             self.prompt_window.append((prompt_tokens, cached))
             batch = len(self.running)
             self.cond.notify_all()
-        model = speed_model(self.settings, batch)
+        model = speed_model(self.settings, batch, self.params)
         time.sleep((prompt_tokens - cached) / model['prefill_tok_s'] / SPEED)
         first = time.time()
         t_labels = self.tokenizer_labels()
@@ -296,12 +384,19 @@ class Engine(object):
             while done < max_new:
                 with self.cond:
                     batch = len(self.running)
-                model = speed_model(self.settings, batch)
+                model = speed_model(self.settings, batch, self.params)
                 time.sleep(model['step_s'] / SPEED)
-                # Deterministic yield: the running sum of accept lengths, rounded down, per step.
-                acc += model['accept_length']
-                n = min(int(acc), max_new - done)
-                acc -= int(acc)
+                if self.params['draw'] == 'random':
+                    with self.cond:
+                        step_yield = draw_yield(model['draft_positions'], self.params['accept_prob'], self.rng)
+                    length = step_yield
+                    n = min(step_yield, max_new - done)
+                else:
+                    # Deterministic yield: the running sum of accept lengths, rounded down, per step.
+                    acc += model['accept_length']
+                    n = min(int(acc), max_new - done)
+                    acc -= int(acc)
+                    length = model['accept_length']
                 now = time.time()
                 with self.cond:
                     self.running[rid] += n
@@ -309,10 +404,16 @@ class Engine(object):
                     self.families['itl'].observe(t_labels, (now - last) / n, count=n, total=now - last)
                     if self.speculative():
                         a = self.accept
-                        a['tokens'] += model['accept_length']
+                        a['tokens'] += length
                         a['steps'] += 1
-                        a['last_length'], a['last_rate'], a['active'] = (round(model['accept_length'], 4),
-                                                                         round(model['accept_rate'], 4), True)
+                        if self.params['draw'] == 'random':
+                            # The gauges: accepted tokens per step over the last steps, as SGLang logs them.
+                            self.window.append(length)
+                            mean = sum(self.window) / float(len(self.window))
+                            rate = (mean - 1.0) / model['draft_positions']
+                        else:
+                            mean, rate = model['accept_length'], model['accept_rate']
+                        a['last_length'], a['last_rate'], a['active'] = round(mean, 4), round(rate, 4), True
                         if 'spec_verify_calls_total' in self.families:
                             self.families['spec_verify_calls_total'].inc(t_labels)
                     self.update_gauges(now)
