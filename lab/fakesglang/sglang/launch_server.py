@@ -380,12 +380,17 @@ class Engine(object):
             self.recent.append((first, 1))
         emit(1)
         done, acc, last = 1, 0.0, first
+        # Steps are scheduled on a clock (each one due step_s after the one before), not slept one after
+        # the other: the time the simulator itself spends per step (locks, metrics, the HTTP write; more on
+        # a loaded 2-core machine) is absorbed instead of slowing every request down.
+        due = first
         try:
             while done < max_new:
                 with self.cond:
                     batch = len(self.running)
                 model = speed_model(self.settings, batch, self.params)
-                time.sleep(model['step_s'] / SPEED)
+                due += model['step_s'] / SPEED
+                time.sleep(max(0.0, due - time.time()))
                 if self.params['draw'] == 'random':
                     with self.cond:
                         step_yield = draw_yield(model['draft_positions'], self.params['accept_prob'], self.rng)
@@ -699,6 +704,13 @@ def usage(prompt, completion, cached):
             'prompt_tokens_details': None, 'reasoning_tokens': 0}
 
 
+class Server(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a load generator opening a few dozen connections at once (and a
+    # Prometheus scrape beside it) overflows it, and the kernel's SYN retry adds a whole second to a
+    # request's TTFT. SGLang's uvicorn listens with a backlog of 2048.
+    request_queue_size = 2048
+
+
 def main(argv=None):
     args = parse_args(__version__, sys.argv[1:] if argv is None else argv)
     triple = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
@@ -708,12 +720,19 @@ def main(argv=None):
     if ':' in (args.served_model_name or ''):
         sys.exit('ValueError: served model name must not contain ":"')
     settings = resolve(args, __version__)
+    # Lab knob: die at start-up when the resolved settings match every key of this JSON object (a setting
+    # that does not fit on the GPUs, say), as SGLang does: a message, exit status 1, the unit failed.
+    if os.path.exists('/etc/lab-sglang-fail.json'):
+        with open('/etc/lab-sglang-fail.json') as f:
+            fail = json.load(f)
+        if all(settings.get(k) == v for k, v in fail.items() if k != 'message'):
+            sys.exit(fail.get('message') or 'RuntimeError: lab: start-up fails for %s' % json.dumps(fail, sort_keys=True))
     # Lab knob: report (and run with) other resolved values, as an SGLang that silently ignores a flag would.
     if os.path.exists('/etc/lab-sglang-override.json'):
         with open('/etc/lab-sglang-override.json') as f:
             settings.update(json.load(f))
     engine = Engine(settings, __version__, settings.get('max_running_requests'))
-    server = ThreadingHTTPServer((bind_address(args.host), args.port),
+    server = Server((bind_address(args.host), args.port),
                                  make_handler(settings, engine, time.time(), bool(args.enable_metrics),
                                               setting(args, __version__, 'api_key')))
     server.daemon_threads = True
