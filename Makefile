@@ -4,7 +4,7 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up test test-fast lab lab-down preview render monitoring bench bootstrap clean
+.PHONY: up test test-fast lab lab-down preview render monitoring bench bench-serve bootstrap clean
 
 up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs
 	@tools/run.sh up
@@ -32,6 +32,9 @@ monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK
 
 bench:         ## no-op preview/up wall time and remote command count on the lab
 	@tools/run.sh bench
+
+bench-serve:   ## load-test STACK's endpoint with AIPerf (VARIANTS=off,nextn1,... applies each, then restores; ARGS=more flags)
+	@tools/run.sh bench-serve $(STACK) $(if $(VARIANTS),--variants $(VARIANTS)) $(ARGS)
 
 bootstrap:
 	@tools/bootstrap.sh

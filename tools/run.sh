@@ -83,5 +83,15 @@ case "$cmd" in
     deps
     python -m tools.bench "$@"
     ;;
-  *) echo "usage: tools/run.sh up|test|lab|lab-down|preview STACK|render STACK OUT|bench" >&2; exit 2 ;;
+  bench-serve)
+    deps
+    tools/bench-venv.sh
+    stack=${1:?stack}
+    shift
+    stack_env "$stack"
+    policy_args "$stack"
+    # Every variant's `up` runs with the same policy pack as `make up`.
+    python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
+    ;;
+  *) echo "usage: tools/run.sh up|test|lab|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,180 @@
+"""make bench-serve on the lab: AIPerf against the stack's endpoint (the simulated SGLang, API key on),
+measuring what the lab's speed model was told to produce; the tuner applying speculation variants through
+the Automation API, picking the one the model makes best, and always putting the declared config back -
+after a variant that fails to start and after Ctrl-C alike.
+
+Tolerances (the closing note of issue 11): per-request output tok/s within 6% of the speed model's rate at
+the level's concurrency, accept length within 0.05 of the model's mean. The lab runs 5x faster than the
+model (LAB_SGLANG_SPEED=5) and the tool converts back."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.lablib import REPO
+
+STACK = 'bench'
+SPEED = 5
+KEY = 'bench-test-key-0123456789abcdef'
+SHORT = ['--input-tokens', '200', '--output-tokens', '300', '--requests', 'x2']
+
+
+def bench(lab, tmp_path, *args, timeout=600):
+    out = str(tmp_path / 'out')
+    res = subprocess.run([sys.executable, '-m', 'tools.bench_serve', STACK, '--cwd', lab.project, '--out', out]
+                         + SHORT + list(args), cwd=REPO, env=lab.env, capture_output=True, text=True, timeout=timeout)
+    return res, out
+
+
+def deploy(lab, speed_model=None):
+    cfg = lab.stack_config()
+    env = {'LAB_SGLANG_SPEED': str(SPEED)}
+    if speed_model:
+        env['LAB_SGLANG_SPEED_MODEL'] = json.dumps(speed_model)
+    cfg['gpuhost:sglang']['environment'] = env
+    lab.write_stack(STACK, cfg)
+    # The key as an operator sets it: a secret (the test's own, on its command line).
+    lab.pulumi('config', 'set', '--secret', '--path', 'gpuhost:sglang.api_key', KEY, stack=STACK)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK), 'rb') as f:
+        return f.read()
+
+
+def model(lab, settings, batch, params=None):
+    """The lab's speed model (the container's installed copy) for resolved settings and a batch size."""
+    lib = os.path.join(lab.ct_root(), 'opt', 'sglang', 'venv', 'lib', 'python')
+    code = ('import json, sys; from sglang.launch_server import speed_model as m; '
+            'print(json.dumps(m(json.loads(sys.argv[1]), int(sys.argv[2]))))')
+    env = {'PYTHONPATH': lib, 'PATH': '/usr/bin:/bin'}
+    if params:
+        env['LAB_SGLANG_SPEED_MODEL'] = json.dumps(params)
+    out = subprocess.run(['/usr/bin/python3', '-c', code, json.dumps(settings), str(batch)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+NEXTN = {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1, 'speculative_num_draft_tokens': 2}
+
+
+def assert_declared(lab, declared):
+    with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK), 'rb') as f:
+        assert f.read() == declared, 'the stack file is not the declared one'
+    resolved = lab.outputs(STACK)['speculation']['resolved']
+    assert resolved['speculative_num_steps'] == 1 and resolved['speculative_num_draft_tokens'] == 2, resolved
+    lab.pulumi('preview', '--expect-no-changes', stack=STACK)
+
+
+def no_key_anywhere(res, out):
+    assert KEY not in res.stdout + res.stderr
+    for dirpath, _, files in os.walk(out):
+        for name in files:
+            if name.endswith(('.json', '.jsonl', '.md', '.log', '.txt', '.csv')):
+                with open(os.path.join(dirpath, name), errors='replace') as f:
+                    assert KEY not in f.read(), os.path.join(dirpath, name)
+
+
+def test_the_benchmark_measures_what_the_simulator_was_told(lab, tmp_path):
+    deploy(lab)
+    res, out = bench(lab, tmp_path, '--concurrency', '1,4')
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    with open(os.path.join(out, 'results.json')) as f:
+        result = json.load(f)
+    assert result['simulated'] and result['time_scale'] == SPEED
+    levels = result['runs']['declared']['levels']
+    assert [lv['concurrency'] for lv in levels] == [1, 4]
+    for lv in levels:
+        want = model(lab, NEXTN, lv['concurrency'])
+        err = lv['output_tok_s_per_request'] / want['tok_s'] - 1
+        print('c=%d measured %.1f tok/s per request, model %.1f (%+.1f%%), accept length %.3f (model %.3f)' % (
+            lv['concurrency'], lv['output_tok_s_per_request'], want['tok_s'], 100 * err, lv['accept_length'],
+            want['accept_length']))
+        assert abs(err) < 0.06, (lv, want)
+        assert abs(lv['accept_length'] - want['accept_length']) < 0.05
+        assert lv['output_tokens_mean'] == 300 and lv['errors'] == 0 and lv['requests'] >= 8
+        assert lv['ttft_ms']['p50'] <= lv['ttft_ms']['p99'] and lv['itl_ms']['p50'] > 0
+    # Aggregate: about concurrency x per request.
+    assert levels[1]['output_tok_s'] > 3 * levels[0]['output_tok_s']
+    with open(os.path.join(out, 'results.md')) as f:
+        md = f.read()
+    assert 'SIMULATED' in md and '| 4 |' in md
+    assert os.path.getsize(os.path.join(out, 'plot.png')) > 10000
+    no_key_anywhere(res, out)
+
+
+# A steeper batch cost than the default: MTP wins clearly at concurrency 1 and loses clearly at 8.
+STEEP = {'batch_cost': 0.1}
+
+
+@pytest.mark.slow
+def test_the_tuner_picks_the_variant_the_model_makes_best_and_restores_the_stack(lab, tmp_path):
+    declared = deploy(lab, STEEP)
+    starts = lab.unit_starts()
+    res, out = bench(lab, tmp_path, '--variants', 'off,nextn2', '--concurrency', '1,8', '--target-concurrency', '8')
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    with open(os.path.join(out, 'results.json')) as f:
+        result = json.load(f)
+    off, n2 = result['runs']['off']['levels'], result['runs']['nextn2']['levels']
+    assert off[0]['accept_length'] is None and abs(n2[0]['accept_length'] - 2.44) < 0.05
+    spec2 = dict(NEXTN, speculative_num_steps=2, speculative_num_draft_tokens=3)
+    for c, i in ((1, 0), (8, 1)):
+        want = model(lab, spec2, c, STEEP)['tok_s'] / model(lab, {}, c, STEEP)['tok_s'] - 1
+        got = n2[i]['output_tok_s'] / off[i]['output_tok_s'] - 1
+        print('c=%d gain of nextn2 over off: measured %+.1f%%, model %+.1f%%' % (c, 100 * got, 100 * want))
+        assert abs(got - want) < 0.08
+    assert result['recommendation']['variant'] == 'off' and result['recommendation']['concurrency'] == 8
+    assert 'best at concurrency 8: off' in res.stdout and 'speculative: null' in res.stdout
+    assert 'gain of nextn2 over off: c=1 +' in res.stdout
+    # One restart per variant and one to restore.
+    assert lab.unit_starts() == starts + 3
+    assert_declared(lab, declared)
+    no_key_anywhere(res, out)
+
+
+def test_a_variant_that_fails_to_start_is_reported_and_the_stack_restored(lab, tmp_path):
+    declared = deploy(lab)
+    fail = os.path.join(lab.ct_root(), 'etc', 'lab-sglang-fail.json')
+    with open(fail, 'w') as f:
+        json.dump({'speculative_num_steps': 3, 'message': 'RuntimeError: lab: out of memory for the draft model'}, f)
+    try:
+        res, out = bench(lab, tmp_path, '--variants', 'nextn3,off', '--concurrency', '1')
+    finally:
+        os.unlink(fail)
+    text = res.stdout + res.stderr
+    assert res.returncode == 1, text[-3000:]
+    assert 'variant nextn3 FAILED' in text and 'sglang-qwen.service is not running in container 200' in text, text[-3000:]
+    assert 'variant nextn3: the stack is back on its declared config' in text
+    # The next variant still ran, from the declared config.
+    with open(os.path.join(out, 'results.json')) as f:
+        result = json.load(f)
+    assert result['runs']['nextn3']['error'] and result['runs']['off']['levels']
+    assert 'restored: Pulumi.%s.yaml is the declared config again' % STACK in text
+    assert_declared(lab, declared)
+
+
+def test_ctrl_c_during_a_variant_restores_the_declared_config(lab, tmp_path):
+    declared = deploy(lab)
+    out = str(tmp_path / 'out')
+    p = subprocess.Popen([sys.executable, '-m', 'tools.bench_serve', STACK, '--cwd', lab.project, '--out', out,
+                          '--variants', 'off', '--concurrency', '1', '--input-tokens', '100', '--output-tokens',
+                          '5000', '--requests', '4'], cwd=REPO, env=lab.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen = []
+    deadline = time.time() + 120
+    for line in p.stdout:
+        seen.append(line)
+        if 'variant off: serving' in line or time.time() > deadline:
+            break
+    time.sleep(3)  # in the middle of the benchmark
+    p.send_signal(signal.SIGINT)
+    rest, _ = p.communicate(timeout=180)
+    text = ''.join(seen) + rest
+    assert p.returncode == 130, text[-3000:]
+    assert 'SIGINT: stopping; the declared config will be restored' in text
+    assert 'restored: Pulumi.%s.yaml is the declared config again' % STACK in text, text[-3000:]
+    assert_declared(lab, declared)
