@@ -14,9 +14,9 @@ requests excluded. This module orchestrates, parses and compares:
 - per level: request throughput, output tok/s per request (median) and in aggregate, TTFT and inter-token
   latency p50/p90/p99 (AIPerf), and the speculation accept length over the level from SGLang's /metrics
   counters before and after it;
-- with --variants, each speculation setting is applied to the same stack through the Automation API
-  (Pulumi.<stack>.yaml's gpuhost:sglang.speculative, then `up`: one restart, the program's own /health
-  and /server_info checks), benchmarked, and the declared config is ALWAYS put back (the stack file byte
+- with --variants, each speculation setting is applied to the same stack (Pulumi.<stack>.yaml's
+  gpuhost:sglang.speculative, then `up` through the Automation API: one restart, the program's own
+  /health and /server_info checks), benchmarked, and the declared config is ALWAYS put back (the stack file byte
   for byte, then `up`) - after a failed variant, an error, Ctrl-C or SIGTERM alike;
 - results: results.json, results.md (tables, gain over "off" per level, the best setting at the target
   concurrency as `pulumi config set` lines) and plot.png (tok/s per request and aggregate vs concurrency).
@@ -457,20 +457,23 @@ def _atomic_write(path, data):
     os.replace(tmp, path)
 
 
-def _up_error(e):
-    """The reason an `up` failed, from the CLI's output (the program's errors, not the whole log)."""
-    text = '%s\n%s' % (getattr(e, 'stdout', '') or '', getattr(e, 'stderr', '') or '')
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and ('error' in line.lower() or 'failed' in line.lower())
-             and 'update failed' not in line.lower()]
-    return ' / '.join(dict.fromkeys(lines))[-800:] or str(e)[-800:]
+def _up_error(e, output=''):
+    """The reason an `up` failed: the program's `error:` diagnostics from the CLI's output (not the log)."""
+    text = '%s\n%s' % (output, e)
+    found = []
+    for line in text.splitlines():
+        m = re.search(r'\berror: (.*)', line)
+        if m and not re.search(r'update failed|Resource monitor has terminated', m.group(1)) and \
+                m.group(1).strip() not in found:
+            found.append(m.group(1).strip())
+    return ' / '.join(found)[-1200:] or str(e).strip().splitlines()[-1][-800:]
 
 
 class Tuner(object):
     """Applies variants to one stack and always puts the declared config back."""
 
-    def __init__(self, stack, workspace, stack_file, log, up_opts):
-        self.stack, self.ws, self.stack_file, self.log, self.up_opts = stack, workspace, stack_file, log, up_opts
+    def __init__(self, stack, stack_file, log, up_opts):
+        self.stack, self.stack_file, self.log, self.up_opts = stack, stack_file, log, up_opts
         with open(stack_file, 'rb') as f:
             self.declared = f.read()
         self.dirty = False
@@ -482,23 +485,24 @@ class Tuner(object):
         try:
             self.stack.up(on_output=lines.append, color='never', **self.up_opts)
         except auto.errors.CommandError as e:
-            raise BenchError('`pulumi up` for %s failed after %.0f s: %s' % (what, time.time() - t0, _up_error(e)))
+            raise BenchError('`pulumi up` for %s failed after %.0f s: %s' % (what, time.time() - t0,
+                                                                             _up_error(e, '\n'.join(lines))))
         return time.time() - t0
 
     def apply(self, name):
-        """gpuhost:sglang.speculative of the variant, through the workspace's stack settings (secure
-        values stay encrypted as they are), then `up`."""
+        """gpuhost:sglang.speculative of the variant in Pulumi.<stack>.yaml (secure values stay as they are,
+        encrypted), then `up` through the Automation API. The file is edited here because neither other
+        way can: the CLI's `config set` cannot write null (speculation off), and the Automation API's
+        stack settings keep only strings and secure values (structured values such as gpuhost:sglang
+        would be dropped)."""
+        import yaml
         self.dirty = True
-        settings = self.ws.stack_settings(self.stack.name)
-        config = dict(settings.config or {})
-        sglang = config.get('gpuhost:sglang')
+        doc = yaml.safe_load(self.declared) or {}
+        sglang = (doc.get('config') or {}).get('gpuhost:sglang')
         if not isinstance(sglang, dict):
             raise BenchError('Pulumi.%s.yaml has no gpuhost:sglang section to set the speculation in' % self.stack.name)
-        sglang = dict(sglang)
         sglang['speculative'] = variant_speculative(name)
-        config['gpuhost:sglang'] = sglang
-        settings.config = config
-        self.ws.save_stack_settings(self.stack.name, settings)
+        _atomic_write(self.stack_file, yaml.safe_dump(doc, sort_keys=False).encode())
         return self.up('variant %s' % name)
 
     def restore(self):
@@ -586,7 +590,6 @@ def main(argv=None, log=None):
     from pulumi import automation as auto
     try:
         a.tokenizer = ensure_tokenizer(a)
-        ws = auto.LocalWorkspace(work_dir=a.cwd)
         stack = auto.select_stack(a.stack, work_dir=a.cwd)
         target, sglang = stack_target(stack)
         target.model = target.served_model()
@@ -622,7 +625,7 @@ def main(argv=None, log=None):
             up_opts['policy_packs'] = a.policy_pack
         if a.policy_pack_config:
             up_opts['policy_pack_configs'] = a.policy_pack_config
-        tuner = Tuner(stack, ws, stack_file, log, up_opts)
+        tuner = Tuner(stack, stack_file, log, up_opts)
 
     def on_signal(signum, frame):
         name = signal.Signals(signum).name
