@@ -21,7 +21,10 @@ def export(d, host, container, vm, service):
     pulumi.export('iommu', {'declared_domain': d.iommu.domain, 'declared_kernel_args': d.iommu.kernel_args(),
                             'running_domain_types': host.iommu_domain_types, 'running_cmdline': host.running_cmdline,
                             'boot': host.boot, 'nccl_p2p_disabled': d.p2p_disabled})
-    pulumi.export('speculation', {'requested': expected_speculation(d), 'resolved': service.resolved})
+    pulumi.export('speculation', {'requested': expected_speculation(d), 'resolved': service.resolved,
+                                  'resolved_observed_at': service.observed_at})
+    # The unit as the last run (or refresh) found it: systemd's ActiveState == active, UnitFileState == enabled.
+    pulumi.export('sglang_unit', {'name': d.sglang.unit, 'active': service.active, 'enabled': service.enabled})
     # The last smoke test: one chat completion from the host after the unit (or its container) changed.
     from components.sglang import smoke_summary
     pulumi.export('smoke_test', service.smoke.stdout.apply(smoke_summary))

@@ -197,7 +197,9 @@ class SglangUnitProvider(ObservedProvider):
     DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key')
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it.
-    OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed')
+    # observed_at: when `resolved` was read from SGLang (UTC, ISO 8601): at every apply, and at a refresh
+    # that found it different (an unchanged value keeps its time, so a refresh alone is no change).
+    OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at')
 
     def observe(self, target, props):
         facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
@@ -245,7 +247,7 @@ class SglangUnitProvider(ObservedProvider):
         after = self.observe(target, props)
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
-                    confirmed=remote.sha256_hex(props['unit']))
+                    confirmed=remote.sha256_hex(props['unit']), observed_at=utc_now())
 
     def create(self, props):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
@@ -272,11 +274,18 @@ class SglangUnitProvider(ObservedProvider):
             outs['resolved'] = resolved(server_info(props['endpoint'], props.get('api_key')))
         except (OSError, ValueError, ServiceError):
             outs['resolved'] = None
+        if outs['resolved'] != props.get('resolved') or not props.get('observed_at'):
+            outs['observed_at'] = utc_now()
         return self.read_result(id_, outs)
 
     def delete(self, _id, props):
         target = remote.Target.from_inputs(props['connection'])
         remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
+
+
+def utc_now() -> str:
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
 def smoke_test(name, d, connection, unit, key, unit_text_declared, container_identity):
@@ -341,4 +350,6 @@ class SglangService(pulumi.ComponentResource):
         self.resolved = self.service.resolved
         self.version = s.version
         self.active = self.service.active
-        self.register_outputs({'resolved': self.resolved, 'active': self.active})
+        self.enabled = self.service.enabled
+        self.observed_at = self.service.observed_at
+        self.register_outputs({'resolved': self.resolved, 'active': self.active, 'enabled': self.enabled})

@@ -219,3 +219,9 @@ def test_outputs_describe_the_end_of_the_run(deployed):
     lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
     reasons = lab.outputs(STACK)['reboot_reasons']
     assert not any(VM_GPU in r for r in reasons), reasons
+    # A refresh that finds the unit stopped says so in the outputs (a monitoring team reads them).
+    unit_stopped(lab)
+    lab.pulumi('refresh', '--yes', '--skip-preview', '--run-program', stack=STACK)
+    assert lab.outputs(STACK)['sglang_unit']['active'] is False
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.outputs(STACK)['sglang_unit'] == {'name': 'sglang-qwen.service', 'active': True, 'enabled': True}

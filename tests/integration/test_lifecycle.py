@@ -99,6 +99,10 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
         [(b, 'container') for b in CT_GPUS] + [(b, 'vm') for b in VM_GPUS])
     assert out['iommu']['running_domain_types'] == ['DMA-FQ']
     assert len(out['sglang_unit_sha256']) == 64
+    assert out['sglang_unit'] == {'name': 'sglang-qwen.service', 'active': True, 'enabled': True}
+    import datetime
+    seen = datetime.datetime.strptime(out['speculation']['resolved_observed_at'], '%Y-%m-%dT%H:%M:%SZ')
+    assert abs(datetime.datetime.utcnow() - seen) < datetime.timedelta(minutes=10), seen
     # The smoke test ran one real chat completion through the OpenAI API from the host.
     smoke = out['smoke_test']
     assert smoke['completion_tokens'] >= 1 and smoke['latency_ms'] >= 0, smoke
