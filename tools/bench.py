@@ -30,6 +30,9 @@ def timed(fn):
     return time.perf_counter() - t
 
 
+KEEP_MARKER = '<!-- bench-serve: kept by tools/bench.py -->'
+
+
 def main():
     base = tempfile.mkdtemp(prefix='gpuhost-bench-')
     lab = Lab(base, 40).up()
@@ -69,8 +72,16 @@ def main():
               'reads, container unit facts); "host changed" compares a hash of every file of the simulated host.']
     text = '\n'.join(lines) + '\n'
     os.makedirs(os.path.join(ROOT, 'docs'), exist_ok=True)
-    with open(os.path.join(ROOT, 'docs', 'bench.md'), 'w') as f:
-        f.write(text)
+    path = os.path.join(ROOT, 'docs', 'bench.md')
+    # The endpoint benchmark's section (make bench-serve, written by hand from its results) is kept.
+    kept = ''
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        if KEEP_MARKER in old:
+            kept = '\n' + old[old.index(KEEP_MARKER):]
+    with open(path, 'w') as f:
+        f.write(text + kept)
     print(text)
 
 

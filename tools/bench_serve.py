@@ -213,8 +213,10 @@ def gains(runs, baseline='off', metric='output_tok_s'):
     for name, run in runs.items():
         if name == baseline or run.get('error'):
             continue
-        out[name] = {lv['concurrency']: (lv[metric] / base[lv['concurrency']] - 1.0)
-                     for lv in run.get('levels', []) if base.get(lv['concurrency'])}
+        per = {lv['concurrency']: (lv[metric] / base[lv['concurrency']] - 1.0)
+               for lv in run.get('levels', []) if base.get(lv['concurrency'])}
+        if per:
+            out[name] = per
     return out
 
 
@@ -423,8 +425,9 @@ class Runner(object):
         level.update(accept_stats(before, after, draft_tokens))
         return level, doc.get('aiperf_version')
 
-    def sweep(self, target, out_dir, draft_tokens, scale):
-        levels, version = [], None
+    def sweep(self, target, out_dir, draft_tokens, scale, levels):
+        """Every level in turn, appended to `levels` as measured (an interrupted sweep keeps what it has)."""
+        version = None
         for c in self.args.concurrency:
             t0 = time.time()
             raw, version = self.level(target, c, os.path.join(out_dir, 'c%d' % c), draft_tokens)
@@ -433,7 +436,7 @@ class Runner(object):
             self.log('  concurrency %3d: %7.1f tok/s per request, %8.1f aggregate, accept length %s (%d requests, '
                      '%.0f s)%s' % (c, lv['output_tok_s_per_request'], lv['output_tok_s'], _fmt(lv.get('accept_length'), 2),
                                    lv['requests'], time.time() - t0, ' SIMULATED' if scale != 1 or self.args.simulated else ''))
-        return levels, version
+        return version
 
     def terminate(self):
         p = self.proc
@@ -658,8 +661,9 @@ def main(argv=None, log=None):
                 run['resolved'] = {k: info.get(k) for k in ('speculative_algorithm', 'speculative_num_steps',
                                                             'speculative_eagle_topk', 'speculative_num_draft_tokens')}
                 draft = run['resolved']['speculative_num_draft_tokens'] if run['resolved']['speculative_algorithm'] else None
-                run['levels'], version = runner.sweep(target, os.path.join(out, name), draft, a.time_scale)
-                result['aiperf_version'] = version
+                run['levels'] = []
+                result['aiperf_version'] = runner.sweep(target, os.path.join(out, name), draft, a.time_scale,
+                                                        run['levels'])
             except BenchError as e:
                 run['error'] = str(e)
                 status = 1
