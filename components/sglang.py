@@ -17,7 +17,7 @@ import urllib.request
 import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
-from components import remote
+from components import remote, systemd
 from components.render import exec_start, render
 from components.state import ObservedProvider, OperatorError, info
 
@@ -94,6 +94,8 @@ def flag_groups(argv: list) -> list:
     list shows exactly the flags that change (the ExecStart= line is too long to read in a diff)."""
     out = []
     for a in argv:
+        if isinstance(a, systemd.EnvRef):
+            a = '${%s}' % a  # as ExecStart= has it: the value comes from the root-only environment file
         if a.startswith('-') or not out:
             out.append(a)
         else:

@@ -37,7 +37,7 @@ def strip_secure(value):
     """secure: leaves become a placeholder: nothing rendered here depends on a secret."""
     if isinstance(value, dict):
         if set(value) == {'secure'}:
-            return '<secret>'
+            return 'redacted-secret-placeholder'  # valid wherever a secret goes (e.g. an API key's grammar)
         return {k: strip_secure(v) for k, v in value.items()}
     if isinstance(value, list):
         return [strip_secure(v) for v in value]

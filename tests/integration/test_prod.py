@@ -51,3 +51,6 @@ def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
     # Secrets stay secrets in the plan.
     assert 'placeholder-not-the-real-password' not in out
     assert 'BEGIN OPENSSH PRIVATE KEY' not in out
+    # The OpenAI endpoint's key is on for prod: the unit takes it from its root-only environment file.
+    assert '${SGLANG_API_KEY}' in out
+    assert 'placeholder-sglang-api-key' not in out
