@@ -263,6 +263,7 @@ def markdown(result):
                 _fmt(lv['output_tok_s']), '/'.join(_fmt(lv['ttft_ms'][p]) for p in ('p50', 'p90', 'p99')),
                 '/'.join(_fmt(lv['itl_ms'][p], 2) for p in ('p50', 'p90', 'p99')),
                 _fmt(lv.get('accept_length'), 2), lv['requests'], ' (%d errors)' % lv['errors'] if lv['errors'] else ''))
+    lines += summary(result)
     g = gains(result['runs'])
     if g:
         levels = sorted({c for per in g.values() for c in per})
@@ -277,6 +278,31 @@ def markdown(result):
             rec['concurrency'], rec['variant'], rec['output_tok_s'], ', SIMULATED' if sim else ''), '',
                   'To make it the declared setting:', '', '```sh'] + rec['config_set'] + ['```']
     return '\n'.join(lines) + '\n'
+
+
+def summary(result):
+    """One table for all variants: per concurrency, tok/s per request / aggregate and the aggregate's gain over off."""
+    runs = {n: r for n, r in result['runs'].items() if r.get('levels')}
+    if len(runs) < 2:
+        return []
+    base = {lv['concurrency']: lv['output_tok_s'] for lv in runs.get('off', {}).get('levels', [])}
+    levels = sorted({lv['concurrency'] for r in runs.values() for lv in r['levels']})
+    lines = ['', '## Summary: output tok/s per request / aggregate%s%s' % (
+        ' (gain over off)' if base else '', ' - SIMULATED' if result.get('simulated') else ''), '',
+        '| concurrency | ' + ' | '.join(runs) + ' |', '|---|' + '---|' * len(runs)]
+    for c in levels:
+        cells = []
+        for name, run in runs.items():
+            lv = next((x for x in run['levels'] if x['concurrency'] == c), None)
+            if lv is None:
+                cells.append('-')
+                continue
+            cell = '%.1f / %.0f' % (lv['output_tok_s_per_request'], lv['output_tok_s'])
+            if base.get(c) and name != 'off':
+                cell += ' (%+.0f%%)' % (100 * (lv['output_tok_s'] / base[c] - 1))
+            cells.append(cell)
+        lines.append('| %d | %s |' % (c, ' | '.join(cells)))
+    return lines
 
 
 def plot(result, path):

@@ -139,6 +139,7 @@ def test_the_report_labels_lab_figures_simulated():
     md = b.markdown(result)
     assert md.startswith('# bench-serve: stack `lab` (SIMULATED')
     assert '## off - SIMULATED' in md and '| nextn1 | +20.0% |' in md
+    assert '| 4 | %.1f / 100 | %.1f / 120 (+20%%) |' % ((lv['output_tok_s_per_request'],) * 2) in md
     assert 'pulumi config set --stack lab --path gpuhost:sglang.speculative.num_steps 1' in md
     result['simulated'] = False
     assert 'SIMULATED' not in b.markdown(result)
