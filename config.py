@@ -131,11 +131,24 @@ def model_ref(value: str) -> str:
     return value
 
 
+# Environment names that carry credentials (HF_TOKEN, AWS_SECRET_ACCESS_KEY, WANDB_API_KEY, ...).
+# Whole words between underscores, so TOKENIZERS_PARALLELISM or SGLANG_MAX_TOKENS pass.
+SECRET_ENV_RE = re.compile(r'(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?)(_|$)|(API|ACCESS|PRIVATE|SECRET)_?KEY',
+                           re.I)
+
+# Half of the kernel's command line (cmdline.COMMAND_LINE_MAX) for what this program writes: the rest is the
+# host's own (root=, BOOT_IMAGE=, console=...).
+EXTRA_KERNEL_ARGS_MAX = 1024
+
+
 def unit_name(value: str) -> str:
     no_control(value)
     if not systemd.valid_unit_name(value):
         raise ValueError('%s is not a systemd service name (letters, digits and ":_.-", ending in .service, no '
                          '"/" and no template "@"); write e.g. sglang-qwen.service' % show(value))
+    if value[:1] in ('-', '.', '\\'):
+        raise ValueError('%s starts with %r: a command line would read it as an option (or a hidden file); start '
+                         'it with a letter or digit, e.g. sglang-qwen.service' % (show(value), value[:1]))
     return value
 
 
@@ -597,6 +610,12 @@ class Sglang(Model):
             why = sglang_flags.MANAGED_ENV.get(key)
             if why:
                 raise ValueError('%s is set by this program (%s); remove it from gpuhost:sglang.environment' % (key, why))
+            if SECRET_ENV_RE.search(key):
+                raise ValueError('%s looks like a credential: gpuhost:sglang.environment is written into the unit file, '
+                                 'which every user of the container can read, and into the stack\'s state as plain '
+                                 'text. Remove it; the OpenAI API key goes into gpuhost:sglang.api_key (a secret), and '
+                                 'a model is served from a local path (gpuhost:sglang.model_path) with no hub token'
+                                 % key)
         return v
 
 
@@ -670,6 +689,12 @@ class Deployment(Model):
                 raise ValueError('gpuhost:iommu.extra_kernel_args[%d]: %s %s%s' % (
                     i, show(arg), why, '' if 'identity' not in why else '. Use gpuhost:iommu.domain: DMA-FQ (the '
                     'default) and drop it'))
+        total = len(' '.join(list(managed) + list(self.iommu.extra_kernel_args)).encode())
+        if total > EXTRA_KERNEL_ARGS_MAX:
+            raise ValueError('gpuhost:iommu.extra_kernel_args: with the managed arguments they make %d bytes; the kernel '
+                             'keeps only %d bytes of its whole command line (the host\'s root=, BOOT_IMAGE= and '
+                             'others included) and silently drops the rest, so keep these under %d' % (
+                                 total, cmdline.COMMAND_LINE_MAX, EXTRA_KERNEL_ARGS_MAX))
         if self.iommu.domain == 'identity':
             if host.has_blackwell:
                 raise ValueError('gpuhost:iommu.domain: identity asks for identity (passthrough) domains, but the host '

@@ -140,7 +140,7 @@ def iommu_mode(words: list) -> str:
             b = strtobool(value)
             if b is not None:
                 strict = b
-        elif key == 'amd_iommu':
+        elif key in ('amd_iommu', 'intel_iommu'):
             if any(item.startswith('off') for item in items(value)):
                 off = True
     if off:
@@ -198,6 +198,8 @@ def danger(word: str, policy: dict) -> Optional[str]:
             return 'turns the IOMMU off (vfio-pci and SEV-SNP need it)'
     if key == 'iommu.passthrough' and strtobool(value):
         return IDENTITY_WHY
+    if key == 'intel_iommu' and any(i.startswith('off') for i in items(value)):
+        return 'turns the Intel IOMMU off (vfio-pci needs it)'
     if key == 'amd_iommu':
         its = items(value)
         if any(i.startswith('off') for i in its):
@@ -214,6 +216,19 @@ def danger(word: str, policy: dict) -> Optional[str]:
     if policy.get('snp') and key == 'mem_encrypt' and value == 'off':
         return 'turns memory encryption off, which SEV-SNP needs'
     return None
+
+
+# The options the IOMMU drivers read from their parameter (drivers/iommu/amd/init.c parse_amd_iommu_options,
+# drivers/iommu/intel/iommu.c intel_iommu_setup); anything else is ignored by the kernel.
+IOMMU_DRIVER_OPTIONS = {
+    # 'on' is not one of them (the AMD IOMMU is on by default), but many guides write it: harmless.
+    'amd_iommu': ('on', 'fullflush', 'force_enable', 'off', 'force_isolation', 'pgtbl_v1', 'pgtbl_v2', 'irtcachedis',
+                  'nohugepages', 'v2_pgsizes_only'),
+    'intel_iommu': ('on', 'off', 'igfx_off', 'forcedac', 'strict', 'sp_off', 'sm_on', 'sm_off', 'tboot_noforce'),
+}
+STRICT_OPTIONS = ('fullflush', 'strict')
+# x86's COMMAND_LINE_SIZE: the kernel keeps 2047 bytes of its command line and drops the rest.
+COMMAND_LINE_MAX = 2047
 
 
 def check_extra(arg: str, ensure: list, policy: dict) -> Optional[str]:
@@ -240,6 +255,17 @@ def check_extra(arg: str, ensure: list, policy: dict) -> Optional[str]:
                 'instead' % ' '.join(a for a in ensure if norm(param(a)[0]) in [norm(m) for m in MANAGED]))
     if key in [norm(m) for m in NVIDIA_MANAGED]:
         return 'sets an nvidia option that gpuhost:nvidia.dma_remap_peer_mmio manages; set it there'
+    if key in IOMMU_DRIVER_OPTIONS:
+        known = IOMMU_DRIVER_OPTIONS[key]
+        for item in items(value):
+            # The drivers match each item by prefix (strncmp with the option's length) and ignore the rest.
+            match = next((k for k in known if item.startswith(k)), None)
+            if match is None:
+                return ('has no effect: %s= has no option %r (it knows %s); the IOMMU mode is set by '
+                        'gpuhost:iommu.domain' % (name, item, ', '.join(known)))
+            if match in STRICT_OPTIONS:
+                return ('sets the IOMMU mode (%s=%s is iommu.strict=1), which gpuhost:iommu.domain manages; set '
+                        'the domain instead (DMA is strict)' % (name, match))
     if key in [norm(b) for b in BOOT_OWNED] or arg == '--':
         return 'belongs to the host\'s boot setup (root file system, init), which this program never changes'
     return None

@@ -63,6 +63,16 @@ def grub_with(text: str, values: dict) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def check_length(line: str) -> None:
+    """The kernel keeps only COMMAND_LINE_MAX bytes of its command line: whatever is beyond - possibly the
+    IOMMU settings this program adds - would be silently dropped at boot."""
+    if len(line.encode()) > cmdline.COMMAND_LINE_MAX:
+        raise HostStateError('the kernel command line would be %d bytes, but the kernel keeps only %d and drops the '
+                             'rest (the IOMMU settings among them); shorten gpuhost:iommu.extra_kernel_args or the '
+                             'host\'s own arguments. Nothing was changed.' % (len(line.encode()),
+                                                                           cmdline.COMMAND_LINE_MAX))
+
+
 def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
     """What the configured command line must become: {file-level edits} or {} when it is right.
     systemd-boot: {'line': ...}; GRUB: {'GRUB_CMDLINE_LINUX': ..., 'GRUB_CMDLINE_LINUX_DEFAULT': ...}
@@ -71,6 +81,7 @@ def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
     if facts.boot == 'systemd-boot':
         words = cmdline.split(facts.configured)
         new = cmdline.edit(words, ensure, policy)
+        check_length(cmdline.join(new))
         return {} if new == words else {'line': cmdline.join(new)}
     lw, dw = cmdline.split(facts.grub_linux), cmdline.split(facts.grub_default)
     elsewhere = [w for w, _ in cmdline.dangers(cmdline.split(facts.configured), policy) if w not in lw + dw]
@@ -81,6 +92,8 @@ def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
     new_l = cmdline.edit(lw, ensure, policy, add=False)
     new_d = cmdline.edit(dw, ensure, policy, add=False)
     new_d += [a for a in ensure if not cmdline.has(new_l + new_d, a)]
+    # update-grub adds BOOT_IMAGE=... and root=... in front (about 100 bytes).
+    check_length('BOOT_IMAGE=/boot/vmlinuz-0.0.0-0-pve root=ZFS=rpool/ROOT/pve-1 ' + cmdline.join(new_l + new_d))
     out = {}
     if new_l != lw:
         out['GRUB_CMDLINE_LINUX'] = cmdline.join(new_l)

@@ -6,7 +6,8 @@ any resource step runs - so before anything is deleted, replaced or written:
   * no Blackwell GPU sits in an identity IOMMU domain, and no container GPU is bound to vfio-pci
     (both mean the host is in a state where changing anything may brick or misassign a GPU);
   * what the guests need exists on the Proxmox side: the node (online), the container's storage,
-    its OS template, and the bridges.
+    its OS template, and the bridges;
+  * the SGLang unit's name is not one the container already has of its own.
 
 Each failure is one ConfigError-like message naming the config key, what was found and what to do.
 """
@@ -83,6 +84,20 @@ def check_proxmox(d, api: dict) -> None:
                     key, bridge, node, ', '.join(sorted(b for b in bridges if b)) or 'none'))
 
 
+def check_unit_name(d, connection: dict) -> None:
+    """gpuhost:sglang.unit names a unit of this program's, or a free name: never one the container has
+    of its own (ssh.service, a vendor unit...), which writing ours would override and destroy would delete."""
+    from components.sglang import service_props
+    props = service_props(d)
+    out = remote.run(remote.Target.from_inputs(connection), 'ct_unit_owner.sh',
+                     [d.container.vmid, d.sglang.unit, props['unit_path']]).stdout.strip()
+    if out.startswith('foreign '):
+        raise PreflightError('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang '
+                             'unit under that name would replace it. Choose another name, e.g. sglang-qwen.service'
+                             % (d.sglang.unit, d.container.vmid, out[len('foreign '):]))
+
+
 def run(d, connection: dict, api: dict) -> None:
     check_host(d, connection)
     check_proxmox(d, api)
+    check_unit_name(d, connection)

@@ -53,6 +53,7 @@ MANAGED_ENV = {
     'NCCL_P2P_DISABLE': 'the IOMMU translates, so GPU peer-to-peer DMA must stay off (SYSTEM.md)',
     'NCCL_P2P_LEVEL': 'the IOMMU translates, so GPU peer-to-peer DMA must stay off (SYSTEM.md)',
     'CUDA_VISIBLE_DEVICES': 'the container sees exactly its GPUs, gpuhost:container.gpus',
+    'SGLANG_API_KEY': 'gpuhost:sglang.api_key, a secret kept in a root-only file',
 }
 
 

@@ -147,3 +147,27 @@ def test_renaming_the_unit_moves_the_service(lab, deployed):
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert not os.path.exists(os.path.join(units, 'sglang-qwen35.service'))
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+@pytest.mark.parametrize('where', ['run/systemd/system', 'etc/systemd/system'])
+def test_a_unit_name_the_container_already_uses_is_refused_before_any_change(lab, deployed, where):
+    """gpuhost:sglang.unit: ssh.service would override (or overwrite) the container's own SSH unit, and a
+    later destroy would delete it: refused at the start of up, naming the file, nothing changed."""
+    own = os.path.join(lab.ct_root(), where, 'ssh.service')
+    os.makedirs(os.path.dirname(own), exist_ok=True)
+    with open(own, 'w') as f:
+        f.write('[Unit]\nDescription=OpenBSD Secure Shell server\n[Service]\nExecStart=/usr/sbin/sshd -D\n')
+    try:
+        lab.write_stack(STACK, with_changes(deployed, ((S, 'unit'), 'ssh.service')))
+        digest, starts = lab.host_digest(), lab.unit_starts()
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode != 0
+        assert 'gpuhost:sglang.unit: ssh.service is a unit container 200 has of its own (/%s/ssh.service)' % where \
+            in out, out[-3000:]
+        assert open(own).read().startswith('[Unit]\nDescription=OpenBSD')
+        assert lab.host_digest() == digest and lab.unit_starts() == starts
+    finally:
+        os.remove(own)
+        lab.write_stack(STACK, deployed)
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)

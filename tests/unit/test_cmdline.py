@@ -61,6 +61,12 @@ def test_iommu_mode(words, mode):
     ('iommu_strict=1'.replace('iommu_', 'iommu.'), 'gpuhost:iommu.domain'),
     ('iommu=nopt', 'gpuhost:iommu.domain'),
     ('amd_iommu=off', 'AMD IOMMU off'),
+    ('intel_iommu=off', 'Intel IOMMU off'),
+    ('intel_iommu=on,off', 'Intel IOMMU off'),
+    ('amd_iommu=pt', "no option 'pt'"),
+    ('amd_iommu=force_isolation,passthrough', "no option 'passthrough'"),
+    ('amd_iommu=fullflush', 'iommu.strict=1'),
+    ('intel_iommu=on,strict', 'iommu.strict=1'),
     ('amd_iommu=pgtbl_v2', 'SEV-SNP'),
     ('amd_iommu=fullflush,pgtbl_v2', 'SEV-SNP'),
     ('modprobe.blacklist=nouveau,nvidia', 'blacklists'),
@@ -83,7 +89,8 @@ def test_operator_arguments_are_checked_with_kernel_semantics(arg, why):
     assert got and why in got, got
 
 
-@pytest.mark.parametrize('arg', ['pcie_aspm=off', 'amd_iommu=force_isolation', 'nomodeset', 'console=ttyS0,115200',
+@pytest.mark.parametrize('arg', ['pcie_aspm=off', 'amd_iommu=force_isolation', 'amd_iommu=on', 'intel_iommu=on,sm_on',
+                                 'nomodeset', 'console=ttyS0,115200',
                                  'hugepagesz=1G', 'default_hugepagesz=1G'])
 def test_harmless_arguments_pass(arg):
     assert cmdline.check_extra(arg, ENSURE, POLICY) is None
@@ -113,6 +120,16 @@ def test_grub_edits_both_variables():
     assert plan == {'GRUB_CMDLINE_LINUX': '', 'GRUB_CMDLINE_LINUX_DEFAULT': 'quiet iommu.passthrough=0 iommu.strict=0'}
     # Right already (the program's arguments may sit in either variable): nothing to do.
     assert plan_cmdline(grub_facts('iommu.passthrough=0', 'quiet iommu.strict=0'), ENSURE, POLICY) == {}
+
+
+def test_intel_iommu_off_is_an_iommu_that_is_off():
+    assert cmdline.iommu_mode(['quiet', 'intel_iommu=off']) == 'off'
+
+
+def test_a_line_beyond_the_kernel_limit_stops_before_any_edit():
+    long = ' '.join('pad%d=%s' % (i, 'x' * 100) for i in range(20))
+    with pytest.raises(HostStateError, match='keeps only 2047'):
+        plan_cmdline(grub_facts('', 'quiet ' + long), ENSURE, POLICY)
 
 
 def test_grub_danger_from_grub_d_stops_before_any_edit():
