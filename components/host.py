@@ -166,6 +166,45 @@ def modprobe_content(dma_remap_peer_mmio: int) -> str:
     return render('gpuhost-nvidia.conf.j2', dma_remap_peer_mmio=dma_remap_peer_mmio)
 
 
+GPU_MODULES = ('nvidia', 'nvidia_uvm', 'nvidia_modeset', 'vfio', 'vfio_pci', 'vfio_iommu_type1')
+
+
+def modprobe_conflicts(facts: remote.HostFacts, dma_remap_peer_mmio: int) -> list:
+    """'<file>:<line>: <text> - <why>' for each line of modprobe's configuration outside this program's
+    files that would undo, at the next boot, what it sets: binding by ID, a GPU module blacklisted or
+    replaced, a contradicting nvidia option."""
+    out = []
+    for path, text in facts.modprobe:
+        lineno, _, line = text.partition(':')
+        words = line.split()
+        if len(words) < 2:
+            continue
+        verb, module, rest = words[0], words[1].replace('-', '_'), words[2:]
+        why = None
+        if verb == 'options' and module in ('vfio_pci', 'pci_stub') and any(w.startswith('ids=') for w in rest):
+            why = ('binds GPUs by vendor:device ID at boot, and all eight share one ID, so it takes the container\'s '
+                   'GPUs too (the VM\'s are bound by PCI address)')
+        elif verb == 'blacklist' and module in GPU_MODULES:
+            why = 'keeps %s from loading at boot' % words[1]
+        elif verb == 'install' and module in GPU_MODULES:
+            why = 'replaces loading %s with another command' % words[1]
+        elif verb == 'options' and module == 'nvidia':
+            for w in rest:
+                k, _, v = w.partition('=')
+                if k == 'NVreg_DmaRemapPeerMmio' and v != str(dma_remap_peer_mmio):
+                    why = ('sets NVreg_DmaRemapPeerMmio=%s against gpuhost:nvidia.dma_remap_peer_mmio: %d (%s)'
+                           % (v, dma_remap_peer_mmio, MODPROBE_FILE))
+        if why:
+            out.append('%s:%s: %s - %s' % (path, lineno, line.strip(), why))
+    return out
+
+
+def modprobe_stop(conflicts: list) -> str:
+    return ('modprobe configuration outside this program would undo its GPU settings at the next boot: %s. Remove '
+            'or fix %s (then update-initramfs -u -k all) and re-run; nothing was changed.' % (
+                '; '.join(conflicts), 'those lines' if len(conflicts) > 1 else 'that line'))
+
+
 def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
     return remote.parse_facts(remote.run(target, 'host_facts.sh', list(files)).stdout)
 
@@ -288,7 +327,7 @@ class VfioProvider(ObservedProvider):
     """GPU bindings, both sides: the VM's GPUs on vfio-pci by PCI address (driverctl override, so it
     survives reboots), the container's on nvidia with no override. A VM GPU elsewhere is re-bound (and
     said so); a container GPU on vfio-pci stops the run with the steps to recover."""
-    DESIRED = ('driver', 'devices', 'container_devices')
+    DESIRED = ('driver', 'devices', 'container_devices', 'modprobe_conflicts')
     OUTPUTS = ('overrides', 'bound', 'applied')
 
     def observe(self, facts, props):
@@ -298,7 +337,8 @@ class VfioProvider(ObservedProvider):
         ct_ok = [b for b in ct if facts.gpus.get(b) is not None and facts.gpus[b].driver == 'nvidia'
                  and b not in facts.overrides]
         return {'devices': ok, 'container_devices': ct_ok, 'overrides': dict(sorted(facts.overrides.items())),
-                'bound': {b: facts.gpus[b].driver for b in list(props['devices']) + list(ct) if b in facts.gpus}}
+                'bound': {b: facts.gpus[b].driver for b in list(props['devices']) + list(ct) if b in facts.gpus},
+                'modprobe_conflicts': modprobe_conflicts(facts, props.get('dma_remap_peer_mmio', 1))}
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
@@ -308,6 +348,9 @@ class VfioProvider(ObservedProvider):
                    (facts.gpus[b].driver == 'vfio-pci' or facts.overrides.get(b) == 'vfio-pci')]
         if on_vfio:
             raise HostStateError(vfio_recovery(on_vfio, props.get('container_vmid')))
+        conflicts = modprobe_conflicts(facts, props.get('dma_remap_peer_mmio', 1))
+        if conflicts:
+            raise HostStateError(modprobe_stop(conflicts))
         todo = [b for b in props['devices'] if b not in self.observe(facts, props)['devices']]
         if todo:
             was = {b: facts.gpus[b].driver if b in facts.gpus else None for b in todo}
@@ -333,6 +376,8 @@ class VfioProvider(ObservedProvider):
                  'before any change and print the steps to recover.' % (
                      's' if len(wrong) > 1 else '', ', '.join(wrong),
                      ', '.join(sorted({str(out['bound'].get(b)) for b in wrong}))))
+        for line in out['modprobe_conflicts']:
+            warn('host-vfio: DANGER - %s. `pulumi up` will stop before any change.' % line)
         return out
 
 
@@ -448,6 +493,7 @@ class ProxmoxHost(pulumi.ComponentResource):
         self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
             'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
             'container_devices': list(d.container.gpus), 'container_vmid': d.container.vmid,
+            'modprobe_conflicts': [], 'dma_remap_peer_mmio': d.nvidia.dma_remap_peer_mmio,
             'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=VfioProvider.OUTPUTS)
         resources = [self.kernel, self.nvidia, self.vfio]
         expect = {'ensure_args': ensure, 'policy': policy, 'domain': d.iommu.domain,

@@ -5,6 +5,8 @@ any resource step runs - so before anything is deleted, replaced or written:
     vendor:device ID and NUMA node (also when no host-level setting changed);
   * no Blackwell GPU sits in an identity IOMMU domain, and no container GPU is bound to vfio-pci
     (both mean the host is in a state where changing anything may brick or misassign a GPU);
+  * no modprobe configuration outside the program's own file binds GPUs by ID, blacklists or replaces
+    a GPU module, or contradicts the nvidia option (the next boot would undo what the program sets);
   * what the guests need exists on the Proxmox side: the node (online), the container's storage,
     its OS template, and the bridges;
   * the SGLang unit's name is not one the container already has of its own.
@@ -36,6 +38,9 @@ def check_host(d, connection: dict) -> remote.HostFacts:
     on_vfio = container_gpus_on_vfio(facts, list(d.container.gpus))
     if on_vfio:
         raise PreflightError(host_mod.vfio_recovery(on_vfio, d.container.vmid))
+    conflicts = host_mod.modprobe_conflicts(facts, d.nvidia.dma_remap_peer_mmio)
+    if conflicts:
+        raise PreflightError(host_mod.modprobe_stop(conflicts))
     return facts
 
 

@@ -319,6 +319,7 @@ class HostFacts:
     overrides: dict = dataclasses.field(default_factory=dict)
     files: dict = dataclasses.field(default_factory=dict)
     pending: dict = dataclasses.field(default_factory=dict)   # path -> follow-up step never finished
+    modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
 
     def running_args(self):
         from components import cmdline
@@ -358,6 +359,8 @@ def parse_facts(text: str) -> HostFacts:
             facts.overrides[fields[0]] = fields[1]
         elif kind == 'file':
             facts.files[fields[0]] = None if fields[1] == '-' else fields[1]
+        elif kind == 'modprobe':
+            facts.modprobe.append((fields[0], '\t'.join(fields[1:])))
         elif kind == 'pending':
             facts.pending[fields[0]] = fields[1] if len(fields) > 1 else '?'
     return facts

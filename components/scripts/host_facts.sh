@@ -59,6 +59,15 @@ if command -v driverctl >/dev/null; then
     if [ -n "$bdf" ]; then echo "override${tab}${bdf}${tab}${drv}"; fi
   done
 fi
+# modprobe's configuration from every directory it reads, except this program's own files: lines about
+# the GPU modules (vfio-pci ids=, blacklists, install overrides, nvidia options) that decide the next boot.
+for f in /etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/local/lib/modprobe.d/*.conf /lib/modprobe.d/*.conf \
+         /usr/lib/modprobe.d/*.conf; do
+  [ -f "$f" ] || continue
+  if head -n 1 "$f" | grep -q '^# Managed by gpuhost'; then continue; fi
+  { grep -nE '^[[:space:]]*(options|blacklist|install)[[:space:]]+(nvidia|vfio|pci[-_]stub)' "$f" || true; } |
+    while IFS= read -r line; do echo "modprobe${tab}${f}${tab}$(printf '%s' "$line" | oneline)"; done
+done
 for f in "$@"; do
   if [ -f "$f" ]; then echo "file${tab}${f}${tab}$(sha256sum "$f" | cut -d' ' -f1)"; else echo "file${tab}${f}${tab}-"; fi
   # put_file.sh's marker: written, but its follow-up step (boot refresh, initramfs) never finished.

@@ -149,3 +149,26 @@ def test_grub_file_rewrite_replaces_the_last_assignment_and_quotes_for_the_shell
                          text=True).stdout
     assert got == 'quiet a="b c" $x `y` \\z'
     assert grub_with('GRUB_DEFAULT=0\n', {'GRUB_CMDLINE_LINUX': 'a'}).endswith('GRUB_CMDLINE_LINUX="a"\n')
+
+
+def test_modprobe_lines_that_undo_the_gpu_settings_are_named():
+    from components.host import modprobe_conflicts
+    facts = remote.HostFacts()
+    facts.modprobe = [('/etc/modprobe.d/vfio.conf', '3:options vfio-pci ids=10de:2bb5 disable_vga=1'),
+                      ('/etc/modprobe.d/a.conf', '1:options vfio_pci disable_idle_d3=1'),
+                      ('/etc/modprobe.d/b.conf', '2:blacklist nvidia'),
+                      ('/etc/modprobe.d/b.conf', '3:blacklist nvidia_drm'),
+                      ('/lib/modprobe.d/c.conf', '1:install nvidia-uvm /bin/false'),
+                      ('/etc/modprobe.d/d.conf', '1:options nvidia NVreg_DmaRemapPeerMmio=0'),
+                      ('/etc/modprobe.d/d.conf', '2:options nvidia NVreg_DmaRemapPeerMmio=1 NVreg_X=2')]
+    got = modprobe_conflicts(facts, 1)
+    assert [g.split(' - ')[0] for g in got] == [
+        '/etc/modprobe.d/vfio.conf:3: options vfio-pci ids=10de:2bb5 disable_vga=1',
+        '/etc/modprobe.d/b.conf:2: blacklist nvidia',
+        '/lib/modprobe.d/c.conf:1: install nvidia-uvm /bin/false',
+        '/etc/modprobe.d/d.conf:1: options nvidia NVreg_DmaRemapPeerMmio=0']
+
+
+def test_host_facts_carry_modprobe_lines():
+    facts = remote.parse_facts('boot\tgrub\nmodprobe\t/etc/modprobe.d/x.conf\t2:blacklist nvidia\n')
+    assert facts.modprobe == [('/etc/modprobe.d/x.conf', '2:blacklist nvidia')]
