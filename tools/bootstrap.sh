@@ -70,11 +70,24 @@ PY
 
 # The environment of every go command: the shared mirror first when present, the two modules it
 # serves exempt from the checksum database (go.sum holds their hashes), go.sum never rewritten.
+# Where the mirror is looked for: $GPUHOST_GOPROXY_DIR, `../shared/goproxy` beside this checkout, and -
+# for a clone of a local checkout (CI's fresh clone) - beside the checkout it was cloned from.
+mirror_dir() {
+  local origin cand
+  origin=$(git -C "$root" config --get remote.origin.url 2>/dev/null || true)
+  for cand in "${GPUHOST_GOPROXY_DIR:-}" "$root/../shared/goproxy" \
+              ${origin:+$( [ -d "$origin" ] && printf '%s' "$origin/../shared/goproxy" )}; do
+    if [ -n "$cand" ] && [ -d "$cand" ]; then (cd "$cand" && pwd); return 0; fi
+  done
+  return 1
+}
+
 go_env() {
-  local mirror=$root/../shared/goproxy
+  local mirror
   GOPROXY=$(go env GOPROXY)
-  if [ -d "$mirror" ]; then
-    GOPROXY="file://$(cd "$mirror" && pwd),$GOPROXY"
+  if mirror=$(mirror_dir); then
+    log "go: module mirror $mirror in front of GOPROXY"
+    GOPROXY="file://$mirror,$GOPROXY"
   fi
   GONOSUMDB=$(go env GONOSUMDB)
   GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/pulumi/pulumi-command/provider,github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python
