@@ -318,13 +318,19 @@ def plot(result, path):
         xs = [lv['concurrency'] for lv in levels]
         ax1.plot(xs, [lv['output_tok_s_per_request'] for lv in levels], marker='o', label=name)
         ax2.plot(xs, [lv['output_tok_s'] for lv in levels], marker='o', label=name)
+    ticks = sorted({lv['concurrency'] for run in result['runs'].values() for lv in run.get('levels') or []})
     for ax, title in ((ax1, 'output tok/s per request (p50)'), (ax2, 'output tok/s aggregate')):
         ax.set_xscale('log', base=2)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(c) for c in ticks])
+        ax.minorticks_off()
         ax.set_xlabel('concurrency')
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend()
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        if result.get('simulated'):
+            ax.text(0.5, 0.5, 'SIMULATED', transform=ax.transAxes, fontsize=34, color='grey', alpha=0.18,
+                    ha='center', va='center', rotation=20)
     title = 'bench-serve %s: %d in / %d out tokens' % (result['stack'], result['input_tokens'], result['output_tokens'])
     if result.get('simulated'):
         title = 'SIMULATED (lab speed model, not a GPU) - ' + title
@@ -720,7 +726,7 @@ def main(argv=None, log=None):
                                     'config_set': config_set_lines(best[0], a.stack) if best[0] != 'declared'
                                     else ['# the declared setting is the best: nothing to change']}
     with open(os.path.join(out, 'results.json'), 'w') as f:
-        json.dump(result, f, indent=1, sort_keys=True)
+        json.dump(result, f, indent=1)  # runs in the order measured
     report = markdown(result)
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write(report)

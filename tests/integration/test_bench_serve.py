@@ -4,8 +4,9 @@ the Automation API, picking the one the model makes best, and always putting the
 after a variant that fails to start and after Ctrl-C alike.
 
 Tolerances (the closing note of issue 11): per-request output tok/s within 6% of the speed model's rate at
-the level's concurrency, accept length within 0.05 of the model's mean. The lab runs 5x faster than the
-model (LAB_SGLANG_SPEED=5) and the tool converts back."""
+the level's concurrency, accept length within 0.05 of the model's mean. The lab runs 3x faster than the
+model (LAB_SGLANG_SPEED=3: at most ~1600 simulated tokens a second here, well under what the 2-core
+machine streams, docs/bench.md) and the tool converts back."""
 
 import json
 import os
@@ -20,7 +21,7 @@ import yaml
 from tests.lablib import REPO
 
 STACK = 'bench'
-SPEED = 5
+SPEED = 3
 KEY = 'bench-test-key-0123456789abcdef'
 SHORT = ['--input-tokens', '200', '--output-tokens', '300', '--requests', 'x2']
 
