@@ -94,6 +94,7 @@ STEPS = {
     'ct_unit.sh': ('starting {1} in container {0}', 300),
     'ct_unit_facts.sh': ('reading the state of {1} in container {0}', 60),
     'ct_unit_owner.sh': ('checking who owns {1} in container {0}', 60),
+    'ct_remove_dropins.sh': ('removing the drop-ins of {1} in container {0}', 60),
     'ct_stop_unit.sh': ('stopping and removing {1} in container {0}', 300),
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'remove_file.sh': ('removing {0}', 60),

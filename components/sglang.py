@@ -19,7 +19,7 @@ from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote, systemd
 from components.render import exec_start, render
-from components.state import ObservedProvider, OperatorError, info
+from components.state import ObservedProvider, OperatorError, info, warn
 
 
 class ServiceError(OperatorError):
@@ -196,7 +196,8 @@ def verify_after_reboot(target, props) -> None:
 class SglangUnitProvider(ObservedProvider):
     # container_uid: which container (changes when it is replaced). A container started or rebooted by
     # this run is checked by the container step itself (/health, /server_info).
-    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key')
+    # dropins: <unit>.d/*.conf files (systemctl edit) - they change the unit as systemd runs it: none.
+    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key', 'dropins')
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it.
     # observed_at: when `resolved` was read from SGLang (UTC, ISO 8601): at every apply, and at a refresh
@@ -204,8 +205,10 @@ class SglangUnitProvider(ObservedProvider):
     OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at')
 
     def observe(self, target, props):
-        facts = remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
-            props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout)
+        text = remote.run(target, 'ct_unit_facts.sh', [
+            props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout
+        facts = remote.parse_kv(text)
+        dropins = sorted(line.split('\t', 1)[1] for line in text.splitlines() if line.startswith('dropin\t'))
         running = facts.get('ct') == 'running'
         unit = key = None
         if running:
@@ -218,7 +221,7 @@ class SglangUnitProvider(ObservedProvider):
         return {'unit': unit, 'version': facts.get('sglang') if running else None,
                 'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
                 'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid'),
-                'api_key': key, 'sha256': facts.get('unit') if running else None}
+                'api_key': key, 'sha256': facts.get('unit') if running else None, 'dropins': dropins}
 
     def apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
@@ -240,6 +243,13 @@ class SglangUnitProvider(ObservedProvider):
             # Mode 0600, root-only; the content travels on stdin and never reaches a message.
             key_changed = remote.ct_put_file(target, props['vmid'], env_path(props['unit_name']),
                                              env_content(props['api_key']), mode='0600')
+        if before['dropins']:
+            moved = remote.run(target, 'ct_remove_dropins.sh', [props['vmid'], props['unit_name']]).stdout.split('\n')
+            moved = [m.split('\t') for m in moved if '\t' in m]
+            warn('sglang-unit: removed drop-in%s of %s set outside Pulumi (they changed how the service runs): %s; '
+                 'copies kept in the container' % ('s' if len(moved) > 1 else '', props['unit_name'],
+                                                   ', '.join('%s -> %s' % (a, b) for a, b in moved)))
+            key_changed = True   # the unit systemd runs changes: restart
         changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'],
                                      expected=before['sha256'] or '-') or key_changed
         restart = 'yes' if changed or force_restart else 'no'
@@ -343,7 +353,7 @@ class SglangService(pulumi.ComponentResource):
         props = dict(service_props(d), expect=expected_speculation(d), connection=connection,
                      api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
-                     unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True,
+                     unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container],

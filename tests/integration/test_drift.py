@@ -97,6 +97,16 @@ def unit_edited(lab):
         f.write('# edited by hand\n')
 
 
+def unit_dropin_added(lab):
+    """What `systemctl edit sglang-qwen.service` leaves, loaded and running."""
+    d = os.path.join(lab.ct_root(), 'etc', 'systemd', 'system', 'sglang-qwen.service.d')
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, 'override.conf'), 'w') as f:
+        f.write('[Service]\nEnvironment=SGLANG_BY_HAND=1\n')
+    ct_exec(lab, 'systemctl', 'daemon-reload')
+    ct_exec(lab, 'systemctl', 'restart', 'sglang-qwen.service')
+
+
 def unit_disabled(lab):
     ct_exec(lab, 'systemctl', 'disable', 'sglang-qwen.service')
 
@@ -138,6 +148,7 @@ KINDS = [
     ('container net0 extra property', ct_net_extra_property, {'container-lxc': {'config'}}, None),
     ('raw lxc line removed in place', raw_line_removed, {'container-lxc': {'raw_lxc'}}, None),
     ('unit text edited', unit_edited, {'sglang-unit': {'unit'}}, None),
+    ('unit drop-in added', unit_dropin_added, {'sglang-unit': {'dropins'}}, None),
     ('unit disabled', unit_disabled, {'sglang-unit': {'enabled'}}, None),
     ('unit stopped', unit_stopped, {'sglang-unit': {'active'}}, None),
     ('container stopped', ct_stopped, {'container-lxc': {'start'}}, None),
@@ -153,6 +164,7 @@ REPAIRED = {
     'iommu=pt added': 'removed iommu=pt from /etc/kernel/cmdline',
     'VM hostpci on a container GPU': 'repaired hostpci1: %s,pcie=1 in /etc/pve/qemu-server/300.conf' % CT_GPU,
     'VM GPU back on nvidia': 're-bound the VM\'s GPU %s (was nvidia) to vfio-pci' % VM_GPU,
+    'unit drop-in added': 'removed drop-in of sglang-qwen.service set outside Pulumi',
 }
 
 
@@ -189,8 +201,12 @@ def test_drift_is_seen_repaired_and_then_gone(deployed, name, make, expected, wa
     # Whatever was repaired, the service is healthy at the end of the run.
     out = lab.outputs(STACK)
     assert out['speculation']['resolved']['speculative_algorithm'] == 'EAGLE'
-    if name in ('container stopped', 'unit stopped', 'unit text edited'):
+    if name in ('container stopped', 'unit stopped', 'unit text edited', 'unit drop-in added'):
         assert lab.unit_starts() == starts + 1
+    if name == 'unit drop-in added':
+        assert not os.listdir(os.path.join(lab.ct_root(), 'etc', 'systemd', 'system', 'sglang-qwen.service.d'))
+        pid = int(open(os.path.join(lab.ct_root(), 'run', 'lab-systemd', 'sglang-qwen.service.pid')).read())
+        assert b'SGLANG_BY_HAND' not in open('/proc/%d/environ' % pid, 'rb').read()
 
 
 def test_container_gpu_on_vfio_is_shown_and_stops_up_with_recovery_steps(deployed):
