@@ -679,6 +679,11 @@ def main(argv=None, log=None):
             run = {'setting': None if name == 'declared' else variant_speculative(name)}
             result['runs'][name] = run
             try:
+                if name == 'declared' and tuner is not None and tuner.dirty:
+                    # After another variant: back to the declared config first, then measure it.
+                    why = tuner.restore()
+                    if why:
+                        raise BenchError(why)
                 if name != 'declared':
                     log('variant %s: applying %s (pulumi up)' % (name, json.dumps(run['setting'])))
                     secs = tuner.apply(name)
@@ -703,7 +708,7 @@ def main(argv=None, log=None):
                 if tuner is not None:
                     restore_error = tuner.restore()
                     if restore_error:
-                        raise
+                        break  # no further variant on a stack that is not back; said once more below
                     log('variant %s: the stack is back on its declared config; going on with the next variant' % name)
     except Interrupted as e:
         log('interrupted (%s)' % e)

@@ -26,6 +26,13 @@ KEY = 'bench-test-key-0123456789abcdef'
 SHORT = ['--input-tokens', '200', '--output-tokens', '300', '--requests', 'x2']
 
 
+@pytest.fixture(scope='module', autouse=True)
+def bench_venv():
+    """AIPerf's own virtualenv, as `make bench-serve` makes it (idempotent; a fresh clone installs it)."""
+    res = subprocess.run([os.path.join(REPO, 'tools', 'bench-venv.sh')], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, 'tools/bench-venv.sh failed:\n' + res.stderr[-3000:]
+
+
 def bench(lab, tmp_path, *args, timeout=600):
     out = str(tmp_path / 'out')
     res = subprocess.run([sys.executable, '-m', 'tools.bench_serve', STACK, '--cwd', lab.project, '--out', out]
