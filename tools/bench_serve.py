@@ -701,7 +701,7 @@ def main(argv=None, log=None):
                 run['levels'] = []
                 result['aiperf_version'] = runner.sweep(target, os.path.join(out, name), draft, a.time_scale,
                                                         run['levels'])
-            except BenchError as e:
+            except (BenchError, OSError, ValueError, KeyError) as e:  # URLError is an OSError
                 run['error'] = str(e)
                 status = 1
                 log('variant %s FAILED: %s' % (name, e))

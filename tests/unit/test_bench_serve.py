@@ -154,3 +154,51 @@ def test_the_target_never_shows_its_key():
     argv = b.Runner(a, print).aiperf_argv(t, 4, '/tmp/x')
     assert not any('sekrit' in x for x in argv) and '--api-key' not in argv
     assert argv[argv.index('--extra-inputs') + 1] == 'ignore_eos:true' and '--use-server-token-count' in argv
+
+
+class FakeStack(object):
+    """Records the stack file as each `up` sees it."""
+
+    def __init__(self, path, fail_when=None):
+        self.name, self.path, self.fail_when, self.seen = 'prod', path, fail_when, []
+
+    def up(self, **kwargs):
+        with open(self.path) as f:
+            text = f.read()
+        self.seen.append(text)
+        if self.fail_when and self.fail_when in text:
+            from pulumi.automation import errors
+            raise errors.CommandError('code: 255\n stdout: \n  gpuhost: sglang: error: it did not start\n stderr: ')
+
+
+STACK_FILE = """# the operator's comment
+config:
+  gpuhost:sglang:
+    model_path: /models/Qwen3.5-122B-A10B
+    api_key:
+      secure: v1:abc/def==
+    speculative: {algorithm: NEXTN, num_steps: 1, eagle_topk: 1, num_draft_tokens: 2}
+encryptionsalt: v1:salt
+"""
+
+
+def test_a_variant_edits_only_the_speculation_and_the_restore_is_byte_for_byte(tmp_path):
+    import yaml
+    path = str(tmp_path / 'Pulumi.prod.yaml')
+    with open(path, 'w') as f:
+        f.write(STACK_FILE)
+    stack = FakeStack(path, fail_when='num_steps: 3')
+    tuner = b.Tuner(stack, path, lambda msg: None, {})
+    tuner.apply('off')
+    doc = yaml.safe_load(stack.seen[-1])
+    assert doc['config']['gpuhost:sglang']['speculative'] is None
+    assert doc['config']['gpuhost:sglang']['api_key'] == {'secure': 'v1:abc/def=='}  # still encrypted
+    assert doc['encryptionsalt'] == 'v1:salt'
+    with pytest.raises(b.BenchError) as e:
+        tuner.apply('nextn3')
+    assert str(e.value).startswith('`pulumi up` for variant nextn3 failed') and 'it did not start' in str(e.value)
+    assert tuner.restore() is None
+    with open(path) as f:
+        assert f.read() == STACK_FILE  # comments and all
+    assert stack.seen[-1] == STACK_FILE and not tuner.dirty
+    assert tuner.restore() is None and len(stack.seen) == 3  # nothing to restore: no further up
