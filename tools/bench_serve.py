@@ -627,7 +627,12 @@ def main(argv=None, log=None):
         a.tokenizer = ensure_tokenizer(a)
         stack = auto.select_stack(a.stack, work_dir=a.cwd)
         target, sglang = stack_target(stack)
-        target.model = target.served_model()
+        try:
+            target.model = target.served_model()
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            raise BenchError('%s/v1/models does not answer with the served model (%s): is the stack deployed and '
+                             'SGLang serving? (`pulumi stack output --stack %s`; for the lab: make up)' % (
+                                 target.base_url, getattr(e, 'reason', e), a.stack))
     except auto.errors.CommandError as e:
         log('stack %s: %s' % (a.stack, _up_error(e)))
         return 2
