@@ -134,6 +134,8 @@ def prepare(lab, spec_path):
         'container_ip': spec['addresses']['container'],
         'template': TEMPLATE,
         'sglang_version': spec.get('sglang_version', '0.5.23'),
+        # The simulated SGLang's speed model (docs/bench.md), written into each container it creates.
+        'sglang_speed': spec.get('sglang_speed'),
     }
 
 
@@ -292,6 +294,8 @@ class Lab(object):
             if os.path.exists('/etc/' + name):
                 shutil.copyfile('/etc/' + name, os.path.join(root, 'etc', name))
         hostsim.write(os.path.join(root, 'etc/lab-ct.json'), json.dumps({'ip': self.info['container_ip']}) + '\n')
+        if self.info.get('sglang_speed'):
+            hostsim.write(os.path.join(root, 'etc/lab-sglang-speed.json'), json.dumps(self.info['sglang_speed']) + '\n')
         # The SGLang installation the service expects: a virtualenv whose python runs the lab's
         # simulated sglang package (lab/fakesglang) at the spec's version.
         pkg = os.path.join(root, SGLANG_VENV, 'lib/python/sglang')
