@@ -465,9 +465,10 @@ class Runner(object):
             raw, version = self.level(target, c, os.path.join(out_dir, 'c%d' % c), draft_tokens)
             lv = rescale(raw, scale)
             levels.append(lv)
+            sim = ' SIMULATED' if scale != 1 or self.args.simulated else ''
             self.log('  concurrency %3d: %7.1f tok/s per request, %8.1f aggregate, accept length %s (%d requests, '
-                     '%.0f s)%s' % (c, lv['output_tok_s_per_request'], lv['output_tok_s'], _fmt(lv.get('accept_length'), 2),
-                                   lv['requests'], time.time() - t0, ' SIMULATED' if scale != 1 or self.args.simulated else ''))
+                     '%.0f s)%s' % (c, lv['output_tok_s_per_request'], lv['output_tok_s'],
+                                   _fmt(lv.get('accept_length'), 2), lv['requests'], time.time() - t0, sim))
         return version
 
     def terminate(self):
@@ -702,7 +703,8 @@ def main(argv=None, log=None):
                 info = target.server_info()
                 run['resolved'] = {k: info.get(k) for k in ('speculative_algorithm', 'speculative_num_steps',
                                                             'speculative_eagle_topk', 'speculative_num_draft_tokens')}
-                draft = run['resolved']['speculative_num_draft_tokens'] if run['resolved']['speculative_algorithm'] else None
+                spec_on = run['resolved']['speculative_algorithm']
+                draft = run['resolved']['speculative_num_draft_tokens'] if spec_on else None
                 run['levels'] = []
                 result['aiperf_version'] = runner.sweep(target, os.path.join(out, name), draft, a.time_scale,
                                                         run['levels'])

@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-import yaml
 
 from tests.lablib import REPO
 

@@ -1,6 +1,8 @@
 """The lab SGLang's speed model (docs/bench.md "The lab's speed model"): its parameters from
 $LAB_SGLANG_SPEED_MODEL, refused at start-up when malformed; the random draw's accept length around the
-model's mean (the start-up failure knob is tested on the lab: tests/integration/test_bench_serve.py). Run with the system python3, stdlib only, as in a lab container."""
+model's mean; the lab spec's sglang_speed in the containers it creates. The start-up failure knob is
+tested on the lab (tests/integration/test_bench_serve.py). Run with the system python3, as in a lab
+container."""
 
 import json
 import os
@@ -115,8 +117,10 @@ def test_the_lab_spec_sets_the_speed_model_of_the_containers_it_creates(tmp_path
     labctl.Lab.make_rootfs(fake, 200)
     root = tmp_path / 'ct' / '200' / 'rootfs'
     path = root / 'etc' / 'lab-sglang-speed.json'
-    code = 'import json, sys; from sglang.launch_server import speed_params; print(json.dumps(speed_params({}, sys.argv[1])))'
+    code = ('import json, sys; from sglang.launch_server import speed_params; '
+            'print(json.dumps(speed_params({}, sys.argv[1])))')
+    lib = str(root / 'opt' / 'sglang' / 'venv' / 'lib' / 'python')
     res = subprocess.run(['/usr/bin/python3', '-c', code, str(path)], capture_output=True, text=True, check=True,
-                         env={'PYTHONPATH': str(root / 'opt' / 'sglang' / 'venv' / 'lib' / 'python'), 'PATH': '/usr/bin:/bin'})
+                         env={'PYTHONPATH': lib, 'PATH': '/usr/bin:/bin'})
     params = json.loads(res.stdout)
     assert params['base_tok_s'] == 90 and params['batch_cost'] == 0.05 and params['accept_prob'] == 0.8
