@@ -12,6 +12,20 @@ from components.sglang import SglangService
 from components.state import OperatorError
 from components.vm import SevSnpVm
 
+
+def _cancelled(_signum, _frame):
+    # Ctrl-C: the engine cancels the run and the language host asks the program to stop with SIGINT.
+    # The program holds no state of its own (the engine does), so it ends here, quietly: no
+    # KeyboardInterrupt traceback in the operator's output (the CLI says "update canceled").
+    os._exit(130)
+
+
+try:
+    import signal
+    signal.signal(signal.SIGINT, _cancelled)
+except ValueError:  # not the main thread: the language host's default handling stays
+    pass
+
 try:
     deployment = config.from_pulumi()
     connection, api = config.connection_inputs(deployment, os.getcwd())

@@ -1,0 +1,134 @@
+"""Ctrl-C and kill in the middle of an `up`, as an operator's terminal delivers them: SIGINT to the whole
+foreground process group (the CLI, the language host, the provider processes), once or twice, and
+SIGKILL of the CLI alone. The run says what happened without Python frames, no managed file is
+half-written, and the commands in README ("if a run was interrupted") make the next run converge."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+STACK = 'interrupt'
+pytestmark = pytest.mark.slow
+
+
+def unit_path(lab):
+    return os.path.join(lab.ct_root(), 'etc', 'systemd', 'system', 'sglang-qwen.service')
+
+
+def with_steps(cfg, steps):
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': steps, 'eagle_topk': 1,
+                                            'num_draft_tokens': steps + 1}
+    return cfg
+
+
+@pytest.fixture(scope='module')
+def deployed(lab):
+    cfg = lab.stack_config()
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    return cfg
+
+
+def up_interrupted(lab, marker, sigs, timeout=240, at_marker=None):
+    """`pulumi up` in a session of its own; when `marker` shows in its output, deliver `sigs` (a list of
+    (signal, to_group, delay_before)). Returns (exit code, output)."""
+    proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=lab.project,
+                            env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines, seen = [], threading.Event()
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                seen.set()
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    assert seen.wait(timeout), 'never saw %r:\n%s' % (marker, ''.join(lines)[-3000:])
+    if at_marker:
+        at_marker()
+    for sig, group, delay in sigs:
+        time.sleep(delay)
+        try:
+            (os.killpg if group else os.kill)(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+    rc = proc.wait(timeout=timeout)
+    t.join(timeout=10)
+    out = ''.join(lines)
+    with open('/tmp/gpuhost-interrupted-up.log', 'w') as f:
+        f.write(out)
+    assert 'Traceback (most recent call last)' not in out and 'KeyboardInterrupt' not in out, out[-4000:]
+    return rc, out
+
+
+def test_one_ctrl_c_while_sglang_restarts_ends_cleanly_and_the_rerun_converges(lab, deployed):
+    old = open(unit_path(lab)).read()
+    lab.write_stack(STACK, with_steps(lab.stack_config(), 2))
+    rc, out = up_interrupted(lab, 'sglang-unit updating', [(signal.SIGINT, True, 0.5)])
+    assert rc != 0, out[-3000:]
+    assert 'canceled' in out or 'cancelled' in out or 'interrupted' in out, out[-3000:]
+    text = open(unit_path(lab)).read()
+    assert text == old or 'speculative-num-steps 2' in text
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'speculative-num-steps 2' in open(unit_path(lab)).read()
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_steps'] == 2
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_two_ctrl_c_leave_nothing_half_written_and_readme_commands_converge(lab, deployed):
+    lab.write_stack(STACK, with_steps(lab.stack_config(), 3))
+    old = open(unit_path(lab)).read()
+    rc, out = up_interrupted(lab, 'sglang-unit updating', [(signal.SIGINT, True, 0.3), (signal.SIGINT, True, 0.3)])
+    assert rc != 0, out[-3000:]
+    text = open(unit_path(lab)).read()
+    assert text == old or 'speculative-num-steps 3' in text
+    assert not [n for n in os.listdir(os.path.dirname(unit_path(lab))) if n.startswith('.gpuhost')]
+    # README: "if a run was interrupted".
+    lab.pulumi('cancel', '--yes', stack=STACK, check=False)
+    lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_steps'] == 3
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_kill_9_of_the_cli_leaves_no_program_process_and_the_readme_commands_converge(lab, deployed):
+    lab.write_stack(STACK, with_steps(lab.stack_config(), 4))
+    running = []
+    rc, out = up_interrupted(lab, 'sglang-unit updating', [(signal.SIGKILL, False, 0.3)],
+                             at_marker=lambda: running.extend(_providers_of(lab.project)))
+    assert running, 'no provider process seen while the unit was updating'
+    assert rc == -signal.SIGKILL
+    # The provider process notices the engine is gone and exits (README: within ~6 s).
+    deadline = time.time() + 30
+    while time.time() < deadline and _providers_of(lab.project):
+        time.sleep(1)
+    assert not _providers_of(lab.project)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    if res.returncode != 0:
+        assert 'locked' in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
+        lab.pulumi('cancel', '--yes', stack=STACK)
+        lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
+        lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_steps'] == 4
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def _providers_of(project):
+    """PIDs of dynamic-provider processes serving this project (their cwd is the project)."""
+    out = []
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open('/proc/%s/cmdline' % pid, 'rb').read()
+            cwd = os.readlink('/proc/%s/cwd' % pid)
+        except OSError:
+            continue
+        if b'pulumi-resource-pulumi-python' in cmd and cwd == project or (b'pulumi.dynamic' in cmd and cwd == project):
+            out.append(int(pid))
+    return out
