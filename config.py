@@ -644,6 +644,15 @@ class Deployment(Model):
         if self.vm and self.vm.vmid == self.container.vmid:
             raise ValueError('gpuhost:vm.vmid: %d is the container\'s vmid too; each guest needs its own (e.g. vm.vmid: '
                              '%d)' % (self.vm.vmid, self.container.vmid + 100))
+        bind = ipaddress.ip_address(self.sglang.host)
+        if not bind.is_unspecified and bind != ipaddress.ip_address(self.container.address):
+            raise ValueError('gpuhost:sglang.host: %s is not the container\'s address (gpuhost:container.ip: %s): %s, '
+                             'while /health, the smoke test and monitoring reach SGLang at %s. Use %s (the container\'s '
+                             'own address only) or 0.0.0.0 (all of its addresses)' % (
+                                 self.sglang.host, self.container.ip,
+                                 'SGLang would answer only inside the container' if bind.is_loopback else
+                                 'SGLang could not listen there (the restart would fail)',
+                                 self.container.address, self.container.address))
         seen = {}
         for side, guest in sides:
             for addr in guest.gpus:

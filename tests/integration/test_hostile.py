@@ -61,6 +61,10 @@ CASES = [
     ('version with shell', m(((S, 'version'), '0.5.23; reboot')), ['gpuhost:sglang.version', 'not a release number']),
     ('version unknown', m(((S, 'version'), '9.9.9')), ['gpuhost:sglang.version', 'no flag table', 'supported']),
     ('listen host not an address', m(((S, 'host'), 'localhost\n')), ['gpuhost:sglang.host']),
+    ('listen on another host\'s address', m(((S, 'host'), '10.99.0.5')),
+     ['gpuhost:sglang.host: 10.99.0.5 is not the container\'s address', 'could not listen there']),
+    ('listen on loopback only', m(((S, 'host'), '127.0.0.1')),
+     ['gpuhost:sglang.host: 127.0.0.1', 'only inside the container', '0.0.0.0']),
     # 2. Paths from names.
     ('unit path traversal', m(((S, 'unit'), '../../../etc/passwd')),
      ['gpuhost:sglang.unit', 'not a systemd service name']),
