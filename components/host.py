@@ -63,14 +63,18 @@ def grub_with(text: str, values: dict) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def check_length(line: str) -> None:
+# What update-grub puts in front of GRUB's variables (BOOT_IMAGE=..., root=...), in bytes.
+GRUB_PREFIX_RESERVE = 100
+
+
+def check_length(line: str, reserve: int = 0) -> None:
     """The kernel keeps only COMMAND_LINE_MAX bytes of its command line: whatever is beyond - possibly the
     IOMMU settings this program adds - would be silently dropped at boot."""
-    if len(line.encode()) > cmdline.COMMAND_LINE_MAX:
+    size = len(line.encode()) + reserve
+    if size > cmdline.COMMAND_LINE_MAX:
         raise HostStateError('the kernel command line would be %d bytes, but the kernel keeps only %d and drops the '
                              'rest (the IOMMU settings among them); shorten gpuhost:iommu.extra_kernel_args or the '
-                             'host\'s own arguments. Nothing was changed.' % (len(line.encode()),
-                                                                           cmdline.COMMAND_LINE_MAX))
+                             'host\'s own arguments. Nothing was changed.' % (size, cmdline.COMMAND_LINE_MAX))
 
 
 def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
@@ -92,8 +96,7 @@ def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
     new_l = cmdline.edit(lw, ensure, policy, add=False)
     new_d = cmdline.edit(dw, ensure, policy, add=False)
     new_d += [a for a in ensure if not cmdline.has(new_l + new_d, a)]
-    # update-grub adds BOOT_IMAGE=... and root=... in front (about 100 bytes).
-    check_length('BOOT_IMAGE=/boot/vmlinuz-0.0.0-0-pve root=ZFS=rpool/ROOT/pve-1 ' + cmdline.join(new_l + new_d))
+    check_length(cmdline.join(new_l + new_d), reserve=GRUB_PREFIX_RESERVE)
     out = {}
     if new_l != lw:
         out['GRUB_CMDLINE_LINUX'] = cmdline.join(new_l)

@@ -95,7 +95,7 @@ def flag_groups(argv: list) -> list:
     out = []
     for a in argv:
         if isinstance(a, systemd.EnvRef):
-            a = '${%s}' % a  # as ExecStart= has it: the value comes from the root-only environment file
+            a = systemd.exec_arg(a)  # `${NAME}`, as ExecStart= has it (the value is in the root-only env file)
         if a.startswith('-') or not out:
             out.append(a)
         else:

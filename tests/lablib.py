@@ -178,6 +178,13 @@ class Lab(object):
             yaml.safe_dump({'config': cfg}, f, sort_keys=False)
         self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
 
+    def deploy(self, stack):
+        """The lab's stack config written as `stack` and deployed; returns the config."""
+        cfg = self.stack_config()
+        self.write_stack(stack, cfg)
+        self.pulumi('up', '--yes', '--skip-preview', stack=stack)
+        return cfg
+
     # -- the CLI
 
     def pulumi(self, *args, check=True, stack=None, timeout=600, env=None):

@@ -22,10 +22,7 @@ def with_changes(cfg, *changes):
 
 @pytest.fixture(scope='module')
 def deployed(lab):
-    cfg = lab.stack_config()
-    lab.write_stack(STACK, cfg)
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    return cfg
+    return lab.deploy(STACK)
 
 
 def guests(lab):

@@ -27,10 +27,7 @@ def with_steps(cfg, steps):
 
 @pytest.fixture(scope='module')
 def deployed(lab):
-    cfg = lab.stack_config()
-    lab.write_stack(STACK, cfg)
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    return cfg
+    return lab.deploy(STACK)
 
 
 def up_interrupted(lab, marker, sigs, timeout=240, at_marker=None):
@@ -60,8 +57,6 @@ def up_interrupted(lab, marker, sigs, timeout=240, at_marker=None):
     rc = proc.wait(timeout=timeout)
     t.join(timeout=10)
     out = ''.join(lines)
-    with open('/tmp/gpuhost-interrupted-up.log', 'w') as f:
-        f.write(out)
     assert 'Traceback (most recent call last)' not in out and 'KeyboardInterrupt' not in out, out[-4000:]
     return rc, out
 
@@ -129,6 +124,6 @@ def _providers_of(project):
             cwd = os.readlink('/proc/%s/cwd' % pid)
         except OSError:
             continue
-        if b'pulumi-resource-pulumi-python' in cmd and cwd == project or (b'pulumi.dynamic' in cmd and cwd == project):
+        if cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd):
             out.append(int(pid))
     return out
