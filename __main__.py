@@ -26,15 +26,43 @@ try:
 except ValueError:  # not the main thread: the language host's default handling stays
     pass
 
+def _preflight_all(fleet, inputs):
+    """Every host's preflight at once (one thread and one SSH connection each); all refusals are
+    reported together, each naming its host."""
+    from concurrent.futures import ThreadPoolExecutor
+    from components.state import describe_unexpected
+
+    def one(h):
+        connection, api = inputs[h.index]
+        try:
+            preflight.run(h.deployment, connection, api)
+        except (config.ConfigError, OperatorError) as e:
+            return (('host %s: ' % h.name) if fleet.is_fleet else '') + str(e)
+        except Exception as e:  # noqa: BLE001 - never frames for the operator
+            return (('host %s: ' % h.name) if fleet.is_fleet else '') + describe_unexpected(e)
+        return None
+    with ThreadPoolExecutor(max_workers=min(16, len(fleet.hosts))) as pool:
+        problems = [p for p in pool.map(one, fleet.hosts) if p]
+    if problems:
+        raise OperatorError('\n'.join(problems) if len(problems) == 1 else
+                            'preflight refused %d of %d hosts; nothing was changed on any host:\n  - %s' % (
+                                len(problems), len(fleet.hosts), '\n  - '.join(problems)))
+
+
 try:
-    deployment = config.from_pulumi()
-    connection, api = config.connection_inputs(deployment, os.getcwd())
-    for warning in deployment.warnings:
-        pulumi.log.warn(warning)
+    fleet = config.fleet_from_pulumi()
+    inputs = []
+    for h in fleet.hosts:
+        try:
+            inputs.append(config.connection_inputs(h.deployment, os.getcwd()))
+        except config.ConfigError as e:
+            raise (config.prefixed(e, 'host %s (gpuhost:hosts[%d])' % (h.name, h.index)) if fleet.is_fleet else e)
+        for warning in h.deployment.warnings:
+            pulumi.log.warn(('host %s: ' % h.name if fleet.is_fleet else '') + warning)
     if not pulumi.runtime.is_dry_run():
-        # `up` only (preview contacts no host): the host and Proxmox are what the config describes,
-        # before any step can delete, replace or write anything.
-        preflight.run(deployment, connection, api)
+        # `up` only (preview contacts no host): every host and its Proxmox are what the config describes,
+        # before any step can delete, replace or write anything on any host.
+        _preflight_all(fleet, inputs)
 except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.
     raise pulumi.RunError(str(e)) from None
@@ -42,14 +70,30 @@ except Exception as e:  # noqa: BLE001 - never frames for the operator; the trac
     from components.state import describe_unexpected
     raise pulumi.RunError(describe_unexpected(e)) from None
 
-connection = pulumi.Output.secret(connection)
-api = pulumi.Output.secret(api)
+built = []
+for h in fleet.hosts:
+    d = h.deployment
+    name = h.resource_name
+    connection = pulumi.Output.secret(inputs[h.index][0])
+    api = pulumi.Output.secret(inputs[h.index][1])
+    # Rolling changes: whatever may stop this host's SGLang (a reboot, a container change, a unit
+    # restart) waits until the host before it in its rollout lane serves again (/health, /server_info).
+    ahead = fleet.lane_before(h.index)
+    gate = [built[ahead.index][3].service] if ahead is not None else []
+    rollout = fleet.rollout_info(h.index)
+    fleet_host = h.name if fleet.is_fleet else None
+    host = ProxmoxHost(name('host'), d, connection, gate=gate, rollout=rollout, fleet_host=fleet_host)
+    container = GpuContainer(name('container'), d, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]),
+                             gate=gate, fleet_host=fleet_host)
+    vm = (SevSnpVm(name('vm'), d, api, opts=pulumi.ResourceOptions(depends_on=[host]), fleet_host=fleet_host)
+          if d.vm else None)
+    service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
+                            fleet_host=fleet_host)
+    # node_exporter textfile with declared vs running state, after the host status and the unit are known.
+    monitoring.host_metrics(name('host-metrics'), d, connection, host, container, service)
+    built.append((host, container, vm, service))
 
-host = ProxmoxHost('host', deployment, connection)
-container = GpuContainer('container', deployment, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
-vm = SevSnpVm('vm', deployment, api, opts=pulumi.ResourceOptions(depends_on=[host])) if deployment.vm else None
-service = SglangService('sglang', deployment, connection, container)
-# node_exporter textfile with declared vs running state, after the host status and the unit are known.
-monitoring.host_metrics('host-metrics', deployment, connection, host, container, service)
-
-outputs.export(deployment, host, container, vm, service)
+if fleet.is_fleet:
+    outputs.export_fleet(fleet, built)
+else:
+    outputs.export(fleet.hosts[0].deployment, *built[0])

@@ -70,7 +70,7 @@ def raw_lxc_lines(d) -> dict:
 class GpuContainer(pulumi.ComponentResource):
     """Outputs: vmid, address, status, devices (devN entries), uid (changes when the container is replaced)."""
 
-    def __init__(self, name, deployment, api, connection, opts=None):
+    def __init__(self, name, deployment, api, connection, opts=None, gate=(), fleet_host=None):
         super().__init__('gpuhost:index:GpuContainer', name, None, opts)
         d = deployment
         c = d.container
@@ -91,8 +91,11 @@ class GpuContainer(pulumi.ComponentResource):
             'gpu_devices': gpu_devices,
             **dict.fromkeys(pve.PveGuestProvider.OUTPUTS),
         }
+        if fleet_host:
+            props['fleet_host'] = fleet_host
+        # gate: in a fleet, the host before this one in its rollout lane (a container change may restart it).
         self.guest = pve.Guest(ContainerProvider(), '%s-lxc' % name, props,
-                               pulumi.ResourceOptions(parent=self, protect=c.protect))
+                               pulumi.ResourceOptions(parent=self, protect=c.protect, depends_on=list(gate)))
         self.vmid = self.guest.vmid
         self.status = self.guest.status
         self.uid = self.guest.uid

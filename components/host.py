@@ -28,7 +28,7 @@ from pulumi.dynamic import Resource
 
 from components import cmdline, remote
 from components.sglang import service_props
-from components.state import ObservedProvider, OperatorError, warn
+from components.state import ObservedProvider, OperatorError, rollout_failed, warn
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
@@ -410,14 +410,17 @@ class HostStatusProvider(ObservedProvider):
         target = remote.Target.from_inputs(props['connection'])
         status = self.observe(target, props)
         if status['reboot_required'] and props.get('reboot') == 'when-required':
-            reboot_and_wait(target)
-            if props.get('service'):
-                from components.sglang import verify_after_reboot
-                verify_after_reboot(target, props['service'])
-            status = self.observe(target, props)
-            if status['reboot_required']:
-                raise HostStateError('host rebooted but still differs from the declared state: ' +
-                                     '; '.join(status['reboot_reasons']))
+            try:
+                reboot_and_wait(target)
+                if props.get('service'):
+                    from components.sglang import verify_after_reboot
+                    verify_after_reboot(target, props['service'])
+                status = self.observe(target, props)
+                if status['reboot_required']:
+                    raise HostStateError('host rebooted but still differs from the declared state: ' +
+                                         '; '.join(status['reboot_reasons']))
+            except OperatorError as e:
+                raise rollout_failed(props, e, 'its reboot') from None
         return dict(props, **status)
 
     def current(self, props):
@@ -474,7 +477,8 @@ class ProxmoxHost(pulumi.ComponentResource):
     """See the module docstring. Outputs: reboot_required, reboot_reasons, gpus, iommu_domain_types,
     running_cmdline, boot."""
 
-    def __init__(self, name: str, deployment, connection: pulumi.Input[dict], opts=None):
+    def __init__(self, name: str, deployment, connection: pulumi.Input[dict], opts=None, gate=(), rollout=None,
+                 fleet_host=None):
         super().__init__('gpuhost:index:ProxmoxHost', name, None, opts)
         d = deployment
         child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
@@ -497,7 +501,8 @@ class ProxmoxHost(pulumi.ComponentResource):
             'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
             'container_devices': list(d.container.gpus), 'container_vmid': d.container.vmid,
             'modprobe_conflicts': [], 'dma_remap_peer_mmio': d.nvidia.dma_remap_peer_mmio,
-            'inventory': inventory, 'blackwell_ids': blackwell}, child, outputs=VfioProvider.OUTPUTS)
+            'inventory': inventory, 'blackwell_ids': blackwell, **({'fleet_host': fleet_host} if fleet_host else {})},
+            child, outputs=VfioProvider.OUTPUTS)
         resources = [self.kernel, self.nvidia, self.vfio]
         expect = {'ensure_args': ensure, 'policy': policy, 'domain': d.iommu.domain,
                   'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
@@ -507,8 +512,10 @@ class ProxmoxHost(pulumi.ComponentResource):
         observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)
         self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
             'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
-            'service': service_props(d)},
-            pulumi.ResourceOptions(parent=self, depends_on=resources),
+            'service': service_props(d), **({'rollout': rollout} if rollout else {})},
+            # gate: in a fleet, a reboot (host.reboot: when-required) waits for the host before this one in
+            # its rollout lane to serve again.
+            pulumi.ResourceOptions(parent=self, depends_on=resources + list(gate)),
             outputs=HostStatusProvider.OUTPUTS)
         self.reboot_required = self.status.reboot_required
         self.reboot_reasons = self.status.reboot_reasons

@@ -19,7 +19,7 @@ from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote, systemd
 from components.render import exec_start, render
-from components.state import ObservedProvider, OperatorError, info, warn
+from components.state import ObservedProvider, OperatorError, info, rollout_failed, warn
 
 
 class ServiceError(OperatorError):
@@ -224,6 +224,12 @@ class SglangUnitProvider(ObservedProvider):
                 'api_key': key, 'sha256': facts.get('unit') if running else None, 'dropins': dropins}
 
     def apply(self, props, force_restart=False):
+        try:
+            return self._apply(props, force_restart)
+        except OperatorError as e:
+            raise rollout_failed(props, e, 'its SGLang unit') from None
+
+    def _apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
         before = self.observe(target, props)
         if before['version'] is None:
@@ -343,7 +349,7 @@ class SglangUnit(Resource, module='gpuhost', name='SglangUnit'):
 class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
-    def __init__(self, name, deployment, connection, container, opts=None):
+    def __init__(self, name, deployment, connection, container, opts=None, gate=(), rollout=None, fleet_host=None):
         super().__init__('gpuhost:index:SglangService', name, None, opts)
         d = deployment
         s = d.sglang
@@ -355,8 +361,14 @@ class SglangService(pulumi.ComponentResource):
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))
+        if rollout:
+            # Not compared by diff (not DESIRED): where this host stands in the fleet's rollout, for the
+            # message when its restart fails. Adding or removing a host changes no other host's unit.
+            props['rollout'] = rollout
+        if fleet_host:
+            props['fleet_host'] = fleet_host
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
-                                pulumi.ResourceOptions(parent=self, depends_on=[container],
+                                pulumi.ResourceOptions(parent=self, depends_on=[container] + list(gate),
                                                        protect=d.container.protect))
         self.smoke = smoke_test(name, d, connection, self.service, key, self.unit, container.identity)
         self.resolved = self.service.resolved

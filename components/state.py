@@ -214,6 +214,22 @@ class ObservedProvider(ResourceProvider):
         return ReadResult(id_, outs, inputs)
 
 
+def rollout_failed(props: dict, e: OperatorError, what: str) -> OperatorError:
+    """A fleet's rolling change stopped at this host: the message says which hosts came before it (done)
+    and which wait behind it (not started, keeping their old unit). Without a rollout, e unchanged."""
+    r = props.get('rollout')
+    if not r:
+        return e
+    before, after = r.get('before') or [], r.get('after') or []
+    lanes = r.get('max_unavailable') or 1
+    note = ('rollout stopped at host %s (%s): hosts done before it in its lane: %s; not started, still on their '
+            'old unit: %s%s. Fix %s and re-run `pulumi up`: it goes on from here.' % (
+                r['host'], what, ', '.join(before) or 'none', ', '.join(after) or 'none',
+                ' (with max_unavailable %d, the other lanes stopped where the output above shows)' % lanes
+                if lanes > 1 else '', r['host']))
+    return type(e)('%s\n%s' % (note, e))
+
+
 def only(d: dict, keys: Iterable) -> dict:
     return {k: d[k] for k in keys if k in d}
 

@@ -43,7 +43,7 @@ def vm_config(d) -> dict:
 class SevSnpVm(pulumi.ComponentResource):
     """Outputs: vmid, status, pending (config keys waiting for a VM restart), hostpci."""
 
-    def __init__(self, name, deployment, api, opts=None):
+    def __init__(self, name, deployment, api, opts=None, fleet_host=None):
         super().__init__('gpuhost:index:SevSnpVm', name, None, opts)
         d = deployment
         config = vm_config(d)
@@ -51,6 +51,8 @@ class SevSnpVm(pulumi.ComponentResource):
                  'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {}, 'protect': d.vm.protect,
                  'guard_gpus': list(d.container.gpus),
                  **dict.fromkeys(pve.PveGuestProvider.OUTPUTS)}
+        if fleet_host:
+            props['fleet_host'] = fleet_host
         self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props,
                                pulumi.ResourceOptions(parent=self, protect=d.vm.protect))
         self.vmid = self.guest.vmid

@@ -207,17 +207,33 @@ class Registry(object):
 
     def record(self, res: Res):
         kind = res.kind
+        scope = scope_of(res)
         with self.lock:
             if kind == 'vfio':
                 devs = [bdf(d) for d in _list(res.get('devices')) if isinstance(d, str) and bdf(d)]
                 cdevs = [bdf(d) for d in _list(res.get('container_devices')) if isinstance(d, str) and bdf(d)]
-                self.vfio[res.urn] = {'name': res.name, 'devices': devs, 'container_devices': cdevs}
+                self.vfio[res.urn] = {'name': res.name, 'devices': devs, 'container_devices': cdevs, 'scope': scope}
             elif kind == 'lxc':
                 self.lxc[res.urn] = {'name': res.name, 'vmid': as_int(res.get('vmid')),
-                                     'gpus': lxc_gpus(res), 'nvidia_nodes': nvidia_nodes(res)}
+                                     'gpus': lxc_gpus(res), 'nvidia_nodes': nvidia_nodes(res), 'scope': scope}
             elif kind == 'qemu':
                 self.qemu[res.urn] = {'name': res.name, 'vmid': as_int(res.get('vmid')),
-                                      'hostpci': [(k, a) for k, a, _ in qemu_hostpci(res) if a]}
+                                      'hostpci': [(k, a) for k, a, _ in qemu_hostpci(res) if a], 'scope': scope}
+
+    def on_host(self, table: dict, res: 'Res') -> dict:
+        """The entries of `table` declared for the same host as res (a fleet stack holds several hosts,
+        and PCI addresses or vmids repeat between them)."""
+        scope = scope_of(res)
+        return {u: v for u, v in table.items() if v.get('scope') == scope}
+
+
+def scope_of(res: 'Res'):
+    """Which host of a fleet a resource belongs to: its `fleet_host` input (the program sets it on the
+    vfio binding, the guests and the unit of every host of a fleet). None in a one-host stack."""
+    value = res.get('fleet_host')
+    if isinstance(value, str):
+        return value
+    return None
 
 
 def _list(value):
@@ -472,8 +488,8 @@ def vfio_by_address(res: Res, reg: Registry, cfg: dict) -> list:
                            'gpuhost:vm.gpus or from gpuhost:container.gpus' % (res.name, i, d))
     elif kind == 'qemu':
         with reg.lock:
-            bound = [a for v in reg.vfio.values() for a in v['devices']]
-            binders = [v['name'] for v in reg.vfio.values()]
+            bound = [a for v in reg.on_host(reg.vfio, res).values() for a in v['devices']]
+            binders = [v['name'] for v in reg.on_host(reg.vfio, res).values()]
         for key, a, problem in qemu_hostpci(res):
             if problem:
                 out.append('%s: %s %s; the VM\'s GPUs are passed and bound by PCI address. Fix: write %s: '
@@ -499,8 +515,8 @@ def gpu_one_side(res: Res, reg: Registry, cfg: dict) -> list:
     if kind == 'qemu':
         guard = [bdf(g) for g in _list(res.get('guard_gpus')) if isinstance(g, str) and bdf(g)]
         with reg.lock:
-            lxcs = [(v['name'], v['gpus']) for u, v in reg.lxc.items() if u != res.urn]
-            cdevs = [(v['name'], v['container_devices']) for v in reg.vfio.values()]
+            lxcs = [(v['name'], v['gpus']) for u, v in reg.on_host(reg.lxc, res).items() if u != res.urn]
+            cdevs = [(v['name'], v['container_devices']) for v in reg.on_host(reg.vfio, res).values()]
         sources = [('its guard_gpus (the container\'s GPUs)', guard)] + \
                   [('container %s' % n, g) for n, g in lxcs] + \
                   [('the container_devices of %s' % n, g) for n, g in cdevs]
@@ -514,7 +530,7 @@ def gpu_one_side(res: Res, reg: Registry, cfg: dict) -> list:
     elif kind == 'lxc':
         gpus = lxc_gpus(res)
         with reg.lock:
-            vms = [(v['name'], v['hostpci']) for u, v in reg.qemu.items() if u != res.urn]
+            vms = [(v['name'], v['hostpci']) for u, v in reg.on_host(reg.qemu, res).items() if u != res.urn]
         for a in gpus:
             for name, hostpci in vms:
                 for key, b in hostpci:
@@ -616,7 +632,7 @@ def tp_equals_container_gpus(res: Res, reg: Registry, cfg: dict) -> list:
         tp = flags.ns.get('tp_size')
         vmid = as_int(need(res.get('vmid'), 'vmid'))
         with reg.lock:
-            cts = [v for v in reg.lxc.values() if v['vmid'] == vmid]
+            cts = [v for v in reg.on_host(reg.lxc, res).values() if v['vmid'] == vmid]
         if not cts:
             return ['%s: the unit runs in container %s, but no container with that vmid was declared before it, so '
                     '--tp-size %s cannot be checked against its GPUs. Fix: the unit must depend on its container '

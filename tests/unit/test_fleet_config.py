@@ -1,0 +1,106 @@
+"""gpuhost:hosts: a fleet in one stack - host entries merged over the shared settings, each validated
+on its own with its name in every refusal; checks across hosts; the rollout order."""
+
+import copy
+
+import pytest
+
+import config
+from tests.unit.test_config import lab_data
+
+
+def fleet(*entries, rollout=None, **shared_changes):
+    data = copy.deepcopy(lab_data())
+    data.update(shared_changes)
+    data['hosts'] = list(entries)
+    if rollout is not None:
+        data['rollout'] = rollout
+    return config.parse_fleet(data)
+
+
+def entry(name, net, **more):
+    e = {'name': name, 'host': {'address': '127.1.%d.3' % net, 'api': {'address': '127.1.%d.2' % net},
+                                'node': 'pve-%s' % name},
+         'container': {'ip': '127.1.%d.4/8' % net}}
+    out = config.deep_merge(e, more)
+    out.update({k: None for k, v in more.items() if v is None})   # a null in the entry itself
+    return out
+
+
+def test_one_host_stack_is_a_fleet_of_one_with_its_old_names():
+    f = config.parse_fleet(copy.deepcopy(lab_data()))
+    assert not f.is_fleet and len(f.hosts) == 1
+    assert f.hosts[0].resource_name('container') == 'container'
+    assert f.lane_before(0) is None and f.rollout_info(0) is None
+
+
+def test_entries_override_the_shared_settings_and_null_removes():
+    f = fleet(entry('gpu01', 1), entry('gpu02', 2, sglang={'port': 30001}, vm=None))
+    a, b = (h.deployment for h in f.hosts)
+    assert a.host.address == '127.1.1.3' and b.host.address == '127.1.2.3'
+    assert a.host.api.port == 8006 and b.host.api.address == '127.1.2.2'   # merged, not replaced
+    assert a.sglang.port == 30000 and b.sglang.port == 30001
+    assert a.vm is not None and b.vm is None
+    assert b.sglang.model_path == a.sglang.model_path == '/models/Qwen3.5-122B-A10B'
+    assert [h.resource_name('host') for h in f.hosts] == ['gpu01-host', 'gpu02-host']
+
+
+def test_rollout_lanes():
+    names = ['gpu%02d' % i for i in range(1, 6)]
+    f = fleet(*[entry(n, i + 1) for i, n in enumerate(names)], rollout={'max_unavailable': 2})
+    assert [f.lane_before(i) and f.lane_before(i).name for i in range(5)] == [None, None, 'gpu01', 'gpu02', 'gpu03']
+    info = f.rollout_info(2)
+    assert info['before'] == ['gpu01'] and info['after'] == ['gpu05'] and info['max_unavailable'] == 2
+    one = fleet(*[entry(n, i + 1) for i, n in enumerate(names)])
+    assert one.rollout_info(1)['after'] == ['gpu03', 'gpu04', 'gpu05']
+
+
+@pytest.mark.parametrize('entries,message', [
+    ([entry('gpu01', 1), entry('gpu02', 2, sglang={'tp': 2})],
+     r'host gpu02 \(gpuhost:hosts\[1\].*\n  - gpuhost:sglang.tp: 2 but the container has 4 GPUs'),
+    ([entry('gpu01', 1, host={'address': 'bad host;rm'})], r'(?s)host gpu01 .*gpuhost:host.address'),
+    ([entry('gpu01', 1, container={'gpus': ['0000:81:00.0']})], r'(?s)host gpu01 .*sits on NUMA node 1'),
+    ([entry('gpu01', 1), entry('gpu01', 2)], r'hosts\[1\].name: gpu01 is also the name of gpuhost:hosts\[0\]'),
+    ([entry('GPU_01', 1)], r'hosts\[0\].name: .GPU_01. is not a host name'),
+    ([{'host': {'address': '127.1.1.3'}}], r'hosts\[0\].name: None is not a host name'),
+    ([entry('gpu01', 1, sglnag={'port': 1})], r'hosts\[0\] \(gpu01\): sglnag is not a setting of a host \(did you '
+                                              r'mean sglang\?\)'),
+    ([entry('gpu01', 1), entry('gpu02', 1)], r'host gpu02 .*host.address:ssh.port 127.1.1.3:2222 is also host gpu01'),
+    ([entry('gpu01', 1), entry('gpu02', 2, container={'ip': '127.1.1.4/8'})],
+     r'host gpu02 .*container.ip 127.1.1.4 is also host gpu01\'s'),
+    ([entry('gpu01', 1), entry('gpu02', 2, host={'api': {'address': '127.1.1.2'}})],
+     r'host gpu02 .*vmid 200@127.1.1.2:8006 is also host gpu01\'s'),
+    (['gpu01'], r'hosts\[0\]: .gpu01. is not a mapping'),
+])
+def test_refusals_name_the_host(entries, message):
+    with pytest.raises(config.ConfigError, match=message):
+        fleet(*entries)
+
+
+def test_hosts_must_be_a_list_and_rollout_is_checked():
+    data = copy.deepcopy(lab_data())
+    data['hosts'] = {'gpu01': {}}
+    with pytest.raises(config.ConfigError, match='gpuhost:hosts: .* is not a list of hosts'):
+        config.parse_fleet(data)
+    with pytest.raises(config.ConfigError, match='max_unavailable'):
+        fleet(entry('gpu01', 1), rollout={'max_unavailable': 0})
+    data = copy.deepcopy(lab_data())
+    data['rollout'] = {'max_unavailable': 2}
+    with pytest.raises(config.ConfigError, match='gpuhost:rollout: set, but the stack has no gpuhost:hosts'):
+        config.parse_fleet(data)
+
+
+def test_plain_secret_in_a_host_entry_is_refused():
+    e = entry('gpu02', 2, host={'api': {'password': 'hunter2', 'password_file': None}})
+    with pytest.raises(config.ConfigError, match=r'gpuhost:hosts\[1\].host.api.password is set as plain text'):
+        config.check_secrets(e, lambda k: False, None, prefix=('hosts', '1'))
+    # Secure in the stack file: accepted.
+    config.check_secrets(e, lambda k: True, {('hosts', '1', 'host', 'api', 'password')}, prefix=('hosts', '1'))
+    with pytest.raises(config.ConfigError, match='plain text'):
+        config.check_secrets(e, lambda k: True, {('hosts', '0', 'host', 'api', 'password')}, prefix=('hosts', '1'))
+
+
+def test_unknown_fleet_level_namespace_key_is_still_refused():
+    config.check_namespaces(['gpuhost:hosts', 'gpuhost:rollout', 'gpuhost:sglang'])
+    with pytest.raises(config.ConfigError, match='gpuhost:host_list is not a setting'):
+        config.check_namespaces(['gpuhost:host_list'])
