@@ -6,8 +6,8 @@ SHELL := /bin/bash
 
 .PHONY: up test test-fast lab lab-down preview render monitoring bench bench-serve bootstrap clean
 
-up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs
-	@tools/run.sh up
+up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs (FLEET=N: N hosts)
+	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up)
 
 test:          ## the whole test suite (unit, component, integration against the lab)
 	@tools/run.sh test
@@ -15,10 +15,10 @@ test:          ## the whole test suite (unit, component, integration against the
 test-fast:     ## the suite without the slow scenarios (marked `slow`)
 	@tools/run.sh test -m 'not slow'
 
-lab:           ## start the lab (simulated host + fakepve) unless running
-	@tools/run.sh lab
+lab:           ## start the lab (simulated host + fakepve) unless running; HOSTS=N: a fleet lab of N hosts
+	@tools/run.sh lab $(HOSTS)
 
-lab-down:      ## stop the lab and wipe its state
+lab-down:      ## stop the lab (and the fleet lab) and wipe its state
 	@tools/run.sh lab-down
 
 preview:       ## pulumi preview --diff of STACK (prod needs PULUMI_CONFIG_PASSPHRASE)

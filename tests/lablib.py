@@ -85,6 +85,33 @@ def _alive(pid):
         return False
 
 
+def project_env(base, lab_dir):
+    env = dict(os.environ, PULUMI_BACKEND_URL='file://' + os.path.join(base, 'state'),
+               PULUMI_HOME=os.path.join(base, 'pulumi-home'), PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
+               PULUMI_SKIP_UPDATE_CHECK='true', PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true',
+               GPUHOST_LAB=lab_dir)
+    env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
+    return env
+
+
+def make_project(base):
+    """A copy of the project under base/project, a file backend in base/state and a PULUMI_HOME with
+    pulumi-command's provider plugin (from the binary tools/bootstrap.sh cached: no download)."""
+    project = os.path.join(base, 'project')
+    os.makedirs(project)
+    for name in PROJECT_FILES:
+        src = os.path.join(REPO, name)
+        dst = os.path.join(project, name)
+        (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, dst)
+    os.symlink(os.path.join(REPO, '.venv'), os.path.join(project, '.venv'))
+    os.makedirs(os.path.join(base, 'state'))
+    env = project_env(base, None)
+    res = subprocess.run([os.path.join(REPO, 'tools', 'install-command-plugin.sh'), env['PULUMI_HOME']],
+                         env={k: v for k, v in env.items() if v is not None}, capture_output=True, text=True)
+    assert res.returncode == 0, 'install-command-plugin.sh failed:\n' + res.stderr
+    return project
+
+
 class Lab(object):
     """A running lab plus a project copy wired to it. `net` picks the loopback addresses."""
 
@@ -92,12 +119,7 @@ class Lab(object):
         self.base = base
         self.project = os.path.join(base, 'project')
         self.dir = os.path.join(self.project, '.lab')
-        os.makedirs(self.project)
-        for name in PROJECT_FILES:
-            src = os.path.join(REPO, name)
-            dst = os.path.join(self.project, name)
-            (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, dst)
-        os.symlink(os.path.join(REPO, '.venv'), os.path.join(self.project, '.venv'))
+        make_project(base)
         with open(os.path.join(REPO, 'lab', 'spec', 'default.json')) as f:
             spec = json.load(f)
         spec.update(spec_overrides)
@@ -106,17 +128,22 @@ class Lab(object):
         with open(self.spec_path, 'w') as f:
             json.dump(spec, f)
         self.spec = spec
-        self.env = dict(os.environ, PULUMI_BACKEND_URL='file://' + os.path.join(base, 'state'),
-                        PULUMI_HOME=os.path.join(base, 'pulumi-home'), PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
-                        PULUMI_SKIP_UPDATE_CHECK='true', PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true',
-                        GPUHOST_LAB=self.dir)
-        self.env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
-        os.makedirs(os.path.join(base, 'state'))
-        # pulumi-command's provider plugin, from the binary tools/bootstrap.sh cached (no download).
-        res = subprocess.run([os.path.join(REPO, 'tools', 'install-command-plugin.sh'), self.env['PULUMI_HOME']],
-                             env=self.env, capture_output=True, text=True)
-        assert res.returncode == 0, 'install-command-plugin.sh failed:\n' + res.stderr
+        self.env = project_env(base, self.dir)
         self.info = None
+
+    @classmethod
+    def in_fleet(cls, fleet, name, spec):
+        """One host of a FleetLab: its lab in <project>/.lab-fleet/<name>, the fleet's project and state."""
+        self = cls.__new__(cls)
+        self.base, self.project = fleet.base, fleet.project
+        self.dir = os.path.join(self.project, '.lab-fleet', name)
+        self.spec_path = os.path.join(fleet.base, '%s.spec.json' % name)
+        with open(self.spec_path, 'w') as f:
+            json.dump(spec, f)
+        self.spec = spec
+        self.env = fleet.env
+        self.info = None
+        return self
 
     @classmethod
     def attach(cls, base):
@@ -518,6 +545,22 @@ class Lab(object):
         with open(path) as f:
             return sum(1 for _ in f)
 
+    def down_intervals(self, unit='sglang-qwen.service', vmid=200, startup=1.0):
+        """[(stopped, serving again)] of the unit, from the simulated systemctl's stop and start records;
+        serving again = a start plus the simulated SGLang's load time (LAB_SGLANG_STARTUP, 1 s)."""
+        def times(kind):
+            path = os.path.join(self.ct_root(vmid), 'run', 'lab-systemd', '%s.%s' % (unit, kind))
+            if not os.path.exists(path):
+                return []
+            with open(path) as f:
+                return sorted(float(line.split()[0]) for line in f if line.strip())
+        starts = times('starts')
+        out = []
+        for t in times('stops'):
+            later = [s for s in starts if s >= t]
+            out.append((t, later[0] + startup if later else float('inf')))
+        return out
+
     def wait_for(self, fn, timeout=10.0, what='condition'):
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -525,3 +568,65 @@ class Lab(object):
                 return
             time.sleep(0.1)
         raise AssertionError('timed out waiting for ' + what)
+
+
+class FleetLab(object):
+    """Several simulated hosts (lab/fleet.py's topologies, each a Lab on its own loopback /24) and one
+    project copy whose stacks list them in gpuhost:hosts."""
+
+    def __init__(self, base, nets):
+        sys.path.insert(0, REPO)
+        from lab import fleet as fleet_mod
+        self.fleet_mod = fleet_mod
+        self.base = base
+        self.project = make_project(base)
+        self.env = project_env(base, os.path.join(self.project, '.lab-fleet'))
+        self.labs = {}
+        self.nets = list(nets)
+
+    def add(self, i):
+        """Host i (gpuNN, topology lab/fleet.py's i-th) on the i-th net given, started."""
+        name = self.fleet_mod.name_of(i)
+        net = self.nets[i - 1]
+        spec = self.fleet_mod.host_spec(i, {'pve': '127.0.%d.2' % net, 'ssh': '127.0.%d.3' % net,
+                                            'container': '127.0.%d.4' % net})
+        lab = Lab.in_fleet(self, name, spec).up()
+        self.labs[name] = lab
+        return lab
+
+    def entry(self, name):
+        """The host's gpuhost:hosts entry (lab/fleet.py host_entry), to edit before writing a stack."""
+        i = int(name[3:])
+        return self.fleet_mod.host_entry(i, self.labs[name].spec, os.path.relpath(self.labs[name].dir, self.project))
+
+    def stack_config(self, names=None, max_unavailable=1, entries=None):
+        entries = entries if entries is not None else [self.entry(n) for n in (names or sorted(self.labs))]
+        return self.fleet_mod.stack_config(entries, max_unavailable)
+
+    def write_stack(self, stack, cfg):
+        with open(os.path.join(self.project, 'Pulumi.%s.yaml' % stack), 'w') as f:
+            yaml.safe_dump({'config': cfg}, f, sort_keys=False)
+        self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
+
+    def pulumi(self, *args, **kw):
+        return Lab.pulumi(self, *args, **kw)
+
+    def preview_json(self, stack, *extra):
+        return json.loads(self.pulumi('preview', '--json', *extra, stack=stack).stdout)
+
+    def outputs(self, stack):
+        return json.loads(self.pulumi('stack', 'output', '--json', '--show-secrets', stack=stack).stdout)
+
+    def down(self):
+        for lab in self.labs.values():
+            lab.down()
+
+
+def max_overlap(intervals) -> int:
+    """The most intervals open at one moment ([(start, end)], from several hosts)."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most

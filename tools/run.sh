@@ -20,7 +20,7 @@ deps() {
 }
 
 stack_env() {
-  if [ "$1" = lab ]; then
+  if [ "$1" = lab ] || [ "$1" = fleet ]; then
     export PULUMI_CONFIG_PASSPHRASE=$LAB_PASSPHRASE
     unset PULUMI_CONFIG_PASSPHRASE_FILE
   elif [ -z "${PULUMI_CONFIG_PASSPHRASE:-}${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
@@ -62,13 +62,34 @@ case "$cmd" in
     echo
     echo "Stack outputs (lab):"
     pulumi stack output --json
+    echo
+    pulumi stack output --json | python -m tools.fleet_summary
+    ;;
+  up-fleet)
+    deps
+    n=${1:?hosts}
+    started=$(python -m lab.fleet up --hosts "$n" | python -c 'import json,sys; print(len(json.load(sys.stdin)["started"]))')
+    stack_env fleet
+    if [ "$started" = "$n" ]; then
+      # Every host is fresh: any earlier fleet state is stale.
+      pulumi stack rm --yes --force --preserve-config fleet >/dev/null 2>&1 || true
+    fi
+    select_stack fleet
+    policy_args fleet
+    pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
+    echo
+    echo "Fleet ($n hosts, stack fleet; every output: pulumi stack output --json --stack fleet):"
+    pulumi stack output --json | python -m tools.fleet_summary
     ;;
   test)
     deps
     python -m pytest -q tests "$@"
     ;;
-  lab) deps; python -m lab.labctl up ;;
-  lab-down) deps; python -m lab.labctl down ;;
+  lab)
+    deps
+    if [ -n "${1:-}" ]; then python -m lab.fleet up --hosts "$1"; else python -m lab.labctl up; fi
+    ;;
+  lab-down) deps; python -m lab.labctl down; python -m lab.fleet down >/dev/null ;;
   preview)
     deps
     select_stack "${1:?stack}"
@@ -93,5 +114,5 @@ case "$cmd" in
     # Every variant's `up` runs with the same policy pack as `make up`.
     python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
     ;;
-  *) echo "usage: tools/run.sh up|test|lab|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
+  *) echo "usage: tools/run.sh up|up-fleet N|test|lab [N]|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac

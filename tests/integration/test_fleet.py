@@ -1,0 +1,199 @@
+"""A fleet in one stack (gpuhost:hosts) against simulated hosts, each with its own fakepve and sshd:
+deployed from empty, a no-op re-run, a host added and one removed without touching the others, a
+rolling MTP change stopped by a failure on the second host, and refusals that name their host.
+
+The tests run in order and share the fleet (each starts from the state the previous one left)."""
+
+import os
+import shutil
+
+import pytest
+
+from tests.integration.conftest import claim_net
+from tests.lablib import FleetLab, max_overlap
+
+STACK = 'fleet'
+UNIT = 'sglang-qwen.service'
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail('the integration tests need root (mount namespaces for the simulated hosts)')
+    base = str(tmp_path_factory.mktemp('fleet'))
+    claims = [claim_net() for _ in range(4)]
+    f = FleetLab(base, [net for net, _ in claims])
+    try:
+        for i in range(1, 5):
+            f.add(i)
+        yield f
+    finally:
+        f.down()
+        for _, lock in claims:
+            lock.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def unit_text(lab):
+    path = os.path.join(lab.ct_root(200), 'etc', 'systemd', 'system', UNIT)
+    with open(path) as f:
+        return f.read()
+
+
+def snapshot(lab):
+    """What an operator would call 'touched': the host's files and bindings, the container's unit and
+    how often SGLang was started."""
+    try:
+        unit = unit_text(lab)
+    except FileNotFoundError:
+        unit = None
+    return lab.host_digest(), unit, lab.unit_starts()
+
+
+def steps(preview):
+    """{urn: op} of the steps a `preview --json` plans, without the stack and the unchanged."""
+    return {s['urn']: s['op'] for s in preview.get('steps', []) if s['op'] != 'same'
+            and not s['urn'].endswith('pulumi:pulumi:Stack::gpuhost-' + STACK)}
+
+
+def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
+    cfg = fleet.stack_config(['gpu01', 'gpu02', 'gpu03'])
+    fleet.write_stack(STACK, cfg)
+    plan = steps(fleet.preview_json(STACK))
+    hosts = {urn.split('::')[-1].split('-')[0] for urn in plan}
+    assert hosts == {'gpu01', 'gpu02', 'gpu03'}, sorted(plan)
+    assert not any('gpu03-vm' in urn for urn in plan)          # the host without a VM
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = fleet.outputs(STACK)
+    assert sorted(out['hosts']) == ['gpu01', 'gpu02', 'gpu03']
+    for name in ('gpu01', 'gpu02', 'gpu03'):
+        lab, h = fleet.labs[name], out['hosts'][name]
+        assert lab.unit_starts() == 1, name
+        assert h['sglang_unit']['active'] is True and h['speculation']['resolved']['speculative_num_steps'] == 1
+        assert h['container']['address'] == lab.spec['addresses']['container']
+        assert h['smoke_test']['completion_tokens'] > 0
+    # GRUB host: the IOMMU arguments went into /etc/default/grub, not /etc/kernel/cmdline.
+    grub = fleet.labs['gpu02'].host.path('etc', 'default', 'grub')
+    with open(grub) as f:
+        assert 'iommu.passthrough=0' in f.read()
+    assert out['hosts']['gpu02']['iommu']['boot'] == 'grub'
+    # gpu03 has no VM: its NUMA1 GPUs stay on the host's nvidia driver.
+    sides = {g['assigned_to'] for b, g in out['hosts']['gpu03']['gpu_assignment'].items() if b.startswith('0000:8')}
+    assert sides == {'host'} and 'vm' not in out['hosts']['gpu03']
+    # One file_sd for the fleet: SGLang and node_exporter of every host, labelled with the host.
+    sd = out['prometheus_file_sd']
+    assert sorted((g['labels']['host'], g['labels']['id']) for g in sd) == sorted(
+        (n, i) for n in ('gpu01', 'gpu02', 'gpu03') for i in ('lxc/200', 'node/pve-%s' % n))
+    assert out['rollout'] == {'order': ['gpu01', 'gpu02', 'gpu03'], 'max_unavailable': 1}
+
+
+def test_no_op_rerun_changes_nothing_on_any_host(fleet):
+    before = {n: snapshot(fleet.labs[n]) for n in ('gpu01', 'gpu02', 'gpu03')}
+    fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
+    fleet.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+    assert {n: snapshot(fleet.labs[n]) for n in before} == before
+
+
+def test_added_host_touches_no_other_host(fleet):
+    before = {n: snapshot(fleet.labs[n]) for n in ('gpu01', 'gpu02', 'gpu03')}
+    untouched4 = fleet.labs['gpu04'].host_digest()
+    fleet.write_stack(STACK, fleet.stack_config(['gpu01', 'gpu02', 'gpu03', 'gpu04']))
+    plan = steps(fleet.preview_json(STACK))
+    assert plan and all('::gpu04-' in urn and op == 'create' for urn, op in plan.items()), plan
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert {n: snapshot(fleet.labs[n]) for n in before} == before
+    assert fleet.labs['gpu04'].host_digest() != untouched4
+    assert fleet.labs['gpu04'].unit_starts() == 1
+    out = fleet.outputs(STACK)
+    # The other inventory: its own PCI addresses, NUMA1 ones on vfio-pci for its VM.
+    gpus = out['hosts']['gpu04']['gpu_assignment']
+    assert gpus['0000:9a:00.0']['assigned_to'] == 'vm' and gpus['0000:17:00.0']['assigned_to'] == 'container'
+
+
+def test_removed_host_needs_its_guests_unprotected_and_touches_no_other_host(fleet):
+    keep = ('gpu01', 'gpu03', 'gpu04')
+    before = {n: snapshot(fleet.labs[n]) for n in keep}
+    # A host dropped from the list with its guests protected (the default): refused, nothing deleted.
+    fleet.write_stack(STACK, fleet.stack_config(list(keep)))
+    res = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    assert res.returncode != 0 and 'protect' in (res.stdout + res.stderr)
+    assert fleet.labs['gpu02'].unit_starts() == 1 and os.path.isdir(fleet.labs['gpu02'].ct_root(200))
+    # The operator's way: protect: false on that host first, then remove it.
+    entries = [fleet.entry(n) for n in ('gpu01', 'gpu02', 'gpu03', 'gpu04')]
+    entries[1]['container']['protect'] = False
+    entries[1]['vm'] = {'protect': False}
+    fleet.write_stack(STACK, fleet.stack_config(entries=entries))
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    fleet.write_stack(STACK, fleet.stack_config(list(keep)))
+    plan = steps(fleet.preview_json(STACK))
+    assert plan and all('::gpu02-' in urn and op == 'delete' for urn, op in plan.items()), plan
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert {n: snapshot(fleet.labs[n]) for n in keep} == before
+    assert sorted(fleet.outputs(STACK)['hosts']) == list(keep)
+
+
+def test_rolling_mtp_change_stops_at_the_failing_second_host(fleet):
+    order = ['gpu01', 'gpu03', 'gpu04']
+    old = {n: unit_text(fleet.labs[n]) for n in order}
+    starts = {n: fleet.labs[n].unit_starts() for n in order}
+    cfg = fleet.stack_config(order)
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,
+                                            'num_draft_tokens': 3}
+    fleet.write_stack(STACK, cfg)
+    fleet.labs['gpu03'].fail_systemctl('restart')
+    try:
+        res = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        fleet.labs['gpu03'].clear_faults()
+    text = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'rollout stopped at host gpu03 (its SGLang unit): hosts done before it in its lane: gpu01; not ' \
+           'started, still on their old unit: gpu04' in text, text[-3000:]
+    # The first host is updated and serving with two steps; the third was never touched.
+    assert '--speculative-num-steps 2' in unit_text(fleet.labs['gpu01'])
+    assert fleet.labs['gpu01'].unit_starts() == starts['gpu01'] + 1
+    assert unit_text(fleet.labs['gpu04']) == old['gpu04'] and fleet.labs['gpu04'].unit_starts() == starts['gpu04']
+    # Never more than max_unavailable (1) hosts down at once.
+    assert max_overlap([iv for n in order for iv in fleet.labs[n].down_intervals()
+                        if iv[1] != float('inf')]) <= 1
+    # Fixed: the re-run goes on from the failed host and converges.
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    for n in order:
+        assert '--speculative-num-steps 2' in unit_text(fleet.labs[n]), n
+    out = fleet.outputs(STACK)
+    assert {n: h['speculation']['resolved']['speculative_num_steps'] for n, h in out['hosts'].items()} == \
+        dict.fromkeys(order, 2)
+    intervals = [iv for n in order for iv in fleet.labs[n].down_intervals()]
+    assert max_overlap(intervals) <= 1, intervals
+    fleet.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def current(fleet):
+    import yaml
+    with open(os.path.join(fleet.project, 'Pulumi.%s.yaml' % STACK)) as f:
+        return yaml.safe_load(f)['config']
+
+
+def test_refusals_name_the_host_and_change_nothing(fleet):
+    import copy
+    order = ['gpu01', 'gpu03', 'gpu04']
+    before = {n: snapshot(fleet.labs[n]) for n in order}
+    good = current(fleet)
+    # At preview: a bad value on one host.
+    cfg = copy.deepcopy(good)
+    cfg['gpuhost:hosts'][2]['sglang'] = {'extra_args': ['--tp-size', '2']}
+    fleet.write_stack(STACK, cfg)
+    res = fleet.pulumi('preview', stack=STACK, check=False)
+    assert res.returncode != 0
+    assert 'host gpu04 (gpuhost:hosts[2] merged over the shared gpuhost:* settings)' in res.stdout + res.stderr
+    # At up, from the host itself: gpu03's inventory says another GPU model than the host has.
+    cfg = copy.deepcopy(good)
+    cfg['gpuhost:hosts'][1]['host']['gpus'] = [dict(g, id='10de:2bb1') for g in good['gpuhost:host']['gpus']]
+    fleet.write_stack(STACK, cfg)
+    res = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0 and 'host gpu03: the host does not match the config' in text, text[-2000:]
+    assert 'is 10de:2bb5 on the host, config says 10de:2bb1' in text
+    assert {n: snapshot(fleet.labs[n]) for n in order} == before
+    fleet.write_stack(STACK, good)
+    fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
