@@ -4,7 +4,7 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up test test-fast lab lab-down preview render monitoring bench bench-serve bootstrap clean
+.PHONY: up test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
 
 up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs (FLEET=N: N hosts)
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up)
@@ -32,6 +32,9 @@ monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK
 
 bench:         ## no-op preview/up wall time and remote command count on the lab
 	@tools/run.sh bench
+
+bench-fleet:   ## fleet benchmark on the lab: no-op preview/up of 1, 4, 8 hosts, refresh, a rolling MTP change (docs/bench.md)
+	@tools/run.sh bench-fleet
 
 bench-serve:   ## load-test STACK's endpoint with AIPerf (VARIANTS=off,nextn1,... applies each, then restores; ARGS=more flags)
 	@tools/run.sh bench-serve $(STACK) $(if $(VARIANTS),--variants $(VARIANTS)) $(ARGS)

@@ -1244,14 +1244,28 @@ def stack_schema() -> dict:
     model = copy.deepcopy(Deployment.model_json_schema())
     defs = {k: securable(v) for k, v in model.pop('$defs', {}).items()}
     props = {'gpuhost:' + k: securable(v) for k, v in model['properties'].items()}
+    # A fleet: the keys above are the shared settings (each may then be partial); gpuhost:hosts entries
+    # are a name plus any of them (the program merges and validates each host in full).
+    entry = {'type': 'object', 'required': ['name'], 'additionalProperties': False,
+             'properties': dict({'name': {'type': 'string', 'pattern': HOST_NAME_RE.pattern}},
+                                **{k: {} for k in model['properties']})}
+    props['gpuhost:hosts'] = {'type': 'array', 'minItems': 1, 'items': entry,
+                              'description': 'A fleet: one entry per host, merged over the shared gpuhost:* settings'}
+    props['gpuhost:rollout'] = securable(copy.deepcopy(Rollout.model_json_schema()))
     return {
         '$schema': 'https://json-schema.org/draft/2020-12/schema',
         'title': 'Pulumi.<stack>.yaml of the gpuhost project',
         'type': 'object',
         'properties': {
-            'config': {'type': 'object', 'properties': props, 'required': ['gpuhost:' + r for r in model['required']],
+            # One host: the keys in full. A fleet (gpuhost:hosts): the shared keys may be partial, so they
+            # are checked as mappings only; the program validates each merged host in full.
+            'config': {'type': 'object', 'properties': {k: {} for k in props},
                        'patternProperties': {'^(%s):' % '|'.join(FOREIGN_NAMESPACES): {}},
-                       'additionalProperties': False},
+                       'additionalProperties': False,
+                       'if': {'required': ['gpuhost:hosts']},
+                       'then': {'properties': dict({k: {'type': 'object'} for k in props},
+                                                   **{k: props[k] for k in ('gpuhost:hosts', 'gpuhost:rollout')})},
+                       'else': {'properties': props, 'required': ['gpuhost:' + r for r in model['required']]}},
             'encryptionsalt': {'type': 'string'}, 'secretsprovider': {'type': 'string'},
             'encryptedkey': {'type': 'string'}, 'environment': {},
         },

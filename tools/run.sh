@@ -104,6 +104,10 @@ case "$cmd" in
     deps
     python -m tools.bench "$@"
     ;;
+  bench-fleet)
+    deps
+    python -m tools.bench_fleet "$@"
+    ;;
   bench-serve)
     deps
     tools/bench-venv.sh

@@ -45,3 +45,17 @@ def test_a_broken_stack_does_not(edit, where):
     with pytest.raises(jsonschema.ValidationError) as e:
         jsonschema.validate(doc, schema())
     assert where in str(e.value)
+
+
+def test_a_fleet_stack_validates_and_its_host_entries_are_checked():
+    from lab import fleet
+    entries = [fleet.host_entry(i, fleet.host_spec(i, fleet.addresses(i)), '.lab-fleet/gpu%02d' % i)
+               for i in (1, 2, 3, 4)]
+    doc = {'config': fleet.stack_config(entries)}
+    jsonschema.validate(doc, schema())
+    doc['config']['gpuhost:hosts'][1]['sglnag'] = {}
+    with pytest.raises(jsonschema.ValidationError, match='sglnag'):
+        jsonschema.validate(doc, schema())
+    doc['config']['gpuhost:hosts'][1] = {'host': {}}
+    with pytest.raises(jsonschema.ValidationError, match="'name' is a required property"):
+        jsonschema.validate(doc, schema())

@@ -1,0 +1,139 @@
+"""make bench-fleet: a fleet on the lab, side by side - no-op preview and up of 1, 4 and 8 hosts, up
+--refresh of 1 and 8, SSH connections and commands per host, and a rolling MTP change across 8 hosts
+(the most hosts whose SGLang was down at one moment, and the total time). Writes its section of
+docs/bench.md.
+
+Thirteen simulated hosts (lab/fleet.py topologies, each its own fakepve and sshd on its own loopback
+/24 from 127.0.41.0 up): stack f1 manages one, f4 four others, f8 the remaining eight, so each stack
+owns its hosts (as separate sites would). Every stack lists its hosts in gpuhost:hosts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.lablib import FleetLab, max_overlap  # noqa: E402
+
+RUNS = int(os.environ.get('BENCH_RUNS', '5'))
+FIRST_NET = 41
+BEGIN, END = '<!-- bench-fleet: begin (tools/bench_fleet.py) -->', '<!-- bench-fleet: end -->'
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def connections(lab) -> int:
+    with open(os.path.join(lab.dir, 'sshd.log'), errors='replace') as f:
+        return sum(1 for line in f if 'Accepted publickey' in line)
+
+
+def counters(labs):
+    return {n: (connections(lab), lab.ssh_sessions()) for n, lab in labs.items()}
+
+
+def per_host(before, after, names):
+    conns = [after[n][0] - before[n][0] for n in names]
+    cmds = [after[n][1] - before[n][1] for n in names]
+    return max(conns), statistics.median(cmds)
+
+
+def main():
+    base = tempfile.mkdtemp(prefix='gpuhost-bench-fleet-')
+    fleet = FleetLab(base, range(FIRST_NET, FIRST_NET + 13))
+    stacks = {'f1': ['gpu01'], 'f4': ['gpu%02d' % i for i in range(2, 6)],
+              'f8': ['gpu%02d' % i for i in range(6, 14)]}
+    rows, first = [], {}
+    try:
+        for i in range(1, 14):
+            fleet.add(i)
+        for stack, names in stacks.items():
+            fleet.write_stack(stack, fleet.stack_config(names))
+            first[stack] = timed(lambda: fleet.pulumi('up', '--yes', '--skip-preview', stack=stack))
+        for what, args, which in (('preview (no-op)', ('preview', '--expect-no-changes'), ('f1', 'f4', 'f8')),
+                                  ('up (no-op)', ('up', '--yes', '--expect-no-changes'), ('f1', 'f4', 'f8')),
+                                  ('up --refresh (no-op)', ('up', '--yes', '--refresh', '--expect-no-changes'),
+                                   ('f1', 'f8'))):
+            for stack in which:
+                names = stacks[stack]
+                times, conns, cmds = [], [], []
+                for _ in range(RUNS):
+                    before = counters(fleet.labs)
+                    times.append(timed(lambda: fleet.pulumi(*args, stack=stack)))
+                    c, m = per_host(before, counters(fleet.labs), names)
+                    conns.append(c)
+                    cmds.append(m)
+                rows.append((what, len(names), statistics.median(times), min(times), max(times), max(conns),
+                             statistics.median(cmds)))
+        # The rolling MTP change: NEXTN 1 step -> 2 steps on the eight hosts of f8.
+        names = stacks['f8']
+        cfg = fleet.stack_config(names)
+        cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,
+                                                'num_draft_tokens': 3}
+        fleet.write_stack('f8', cfg)
+        before = counters(fleet.labs)
+        start = time.time()
+        rolling = timed(lambda: fleet.pulumi('up', '--yes', '--skip-preview', stack='f8'))
+        after = counters(fleet.labs)
+        intervals = [iv for n in names for iv in fleet.labs[n].down_intervals() if iv[0] >= start]
+        down_max = max_overlap(intervals)
+        restarted = sum(1 for n in names if any(iv[0] >= start for iv in fleet.labs[n].down_intervals()))
+        roll_conns, roll_cmds = per_host(before, after, names)
+        outage = statistics.median([b - a for a, b in intervals]) if intervals else 0.0
+    finally:
+        fleet.down()
+    cpu = subprocess.run(['sh', '-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
+                         text=True).stdout.strip()
+    base1 = {w: med for w, n, med, *_ in rows if n == 1}
+    lines = [BEGIN, '# Benchmark: a fleet (`make bench-fleet`)', '',
+             'Measured by tools/bench_fleet.py on %s: %s, %d cores, Python %s, %d runs each. Hosts are simulated '
+             '(lab/fleet.py, four topologies mixed), each with its own fakepve and sshd on loopback; every stack '
+             'lists its hosts in gpuhost:hosts.' % (datetime.date.today().isoformat(), cpu or platform.machine(),
+                                                     os.cpu_count(), platform.python_version(), RUNS), '',
+             'First `up` from empty: 1 host %.1f s, 4 hosts %.1f s, 8 hosts %.1f s (guests and units roll out '
+             'one host at a time, max_unavailable 1; host-level steps run in parallel).' % (
+                 first['f1'], first['f4'], first['f8']), '',
+             '| command | hosts | median s | min s | max s | vs 1 host | SSH connections per host (max) | '
+             'SSH commands per host (median) |', '|---|---|---|---|---|---|---|---|']
+    for what, n, med, lo, hi, conns, cmds in rows:
+        lines.append('| `%s` | %d | %.2f | %.2f | %.2f | %.2fx | %d | %g |' % (
+            what, n, med, lo, hi, med / base1[what], conns, cmds))
+    lines += ['', 'Rolling MTP change on 8 hosts (NEXTN 1 -> 2 steps, max_unavailable 1): %.1f s in all; %d of 8 '
+              'hosts restarted; **at most %d host%s down at the same moment** (from the simulated SGLang\'s stop and '
+              'start records; down = stop until the start plus its 1 s load); median outage %.1f s a host; SSH '
+              'connections per host (max) %d, commands per host (median) %g.' % (
+                  rolling, restarted, down_max, '' if down_max == 1 else 's', outage, roll_conns, roll_cmds), '',
+              'SSH connections: the program opens one per host for the preflight of an `up` (never at preview); '
+              'the dynamic provider process one per host, shared by every resource of that host (components/'
+              'remote.py pooled()), when a resource reads or changes it; pulumi-command one per smoke test (only '
+              'when a unit or container changed). The Python dynamic-provider host serves at most 4 calls at once '
+              '(pulumi/dynamic/__main__.py: ThreadPoolExecutor(max_workers=4)), which bounds how many hosts are '
+              'read in parallel during a refresh.', END]
+    section = '\n'.join(lines) + '\n'
+    path = os.path.join(ROOT, 'docs', 'bench.md')
+    with open(path) as f:
+        text = f.read()
+    if BEGIN in text and END in text:
+        text = re.sub(re.escape(BEGIN) + '.*?' + re.escape(END) + '\n?', lambda _m: section, text, flags=re.S)
+    else:
+        text = text.rstrip('\n') + '\n\n' + section
+    with open(path, 'w') as f:
+        f.write(text)
+    print(section)
+
+
+if __name__ == '__main__':
+    main()
