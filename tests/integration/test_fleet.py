@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from tests.integration.conftest import claim_net
-from tests.lablib import FleetLab, max_overlap
+from tests.lablib import REPO, FleetLab, max_overlap
 
 STACK = 'fleet'
 UNIT = 'sglang-qwen.service'
@@ -56,6 +56,16 @@ def steps(preview):
             and not s['urn'].endswith('pulumi:pulumi:Stack::gpuhost-' + STACK)}
 
 
+def up_new_guests(fleet, stack):
+    """`up` of a stack that creates containers. The lab's sync loop installs a new container's simulated
+    SGLang a moment after Proxmox created it; on a loaded machine the unit step can look first (as in
+    test_monitoring). A re-run converges, as it would for an operator."""
+    res = fleet.pulumi('up', '--yes', '--skip-preview', stack=stack, check=False)
+    if res.returncode != 0 and 'no SGLang at /opt/sglang/venv' in res.stdout + res.stderr:
+        res = fleet.pulumi('up', '--yes', '--skip-preview', stack=stack, check=False)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+
+
 def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
     cfg = fleet.stack_config(['gpu01', 'gpu02', 'gpu03'])
     fleet.write_stack(STACK, cfg)
@@ -63,7 +73,7 @@ def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
     hosts = {urn.split('::')[-1].split('-')[0] for urn in plan}
     assert hosts == {'gpu01', 'gpu02', 'gpu03'}, sorted(plan)
     assert not any('gpu03-vm' in urn for urn in plan)          # the host without a VM
-    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    up_new_guests(fleet, STACK)
     out = fleet.outputs(STACK)
     assert sorted(out['hosts']) == ['gpu01', 'gpu02', 'gpu03']
     for name in ('gpu01', 'gpu02', 'gpu03'):
@@ -100,7 +110,7 @@ def test_added_host_touches_no_other_host(fleet):
     fleet.write_stack(STACK, fleet.stack_config(['gpu01', 'gpu02', 'gpu03', 'gpu04']))
     plan = steps(fleet.preview_json(STACK))
     assert plan and all('::gpu04-' in urn and op == 'create' for urn, op in plan.items()), plan
-    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    up_new_guests(fleet, STACK)
     assert {n: snapshot(fleet.labs[n]) for n in before} == before
     assert fleet.labs['gpu04'].host_digest() != untouched4
     assert fleet.labs['gpu04'].unit_starts() == 1
@@ -197,3 +207,35 @@ def test_refusals_name_the_host_and_change_nothing(fleet):
     assert {n: snapshot(fleet.labs[n]) for n in order} == before
     fleet.write_stack(STACK, good)
     fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
+
+
+def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
+    """A fleet sharded into stacks (README, "Sharding"): gpu02 in a stack of its own next to `fleet`;
+    fleet-monitoring's StackReference program merges both shards' file_sd, which promtool accepts."""
+    import json
+    import subprocess
+    import yaml
+    fleet.write_stack('shard-b', fleet.stack_config(['gpu02']))
+    up_new_guests(fleet, 'shard-b')
+    mon = tmp_path / 'fleet-monitoring'
+    shutil.copytree(os.path.join(REPO, 'fleet-monitoring'), mon)
+    os.symlink(os.path.join(REPO, '.venv'), str(tmp_path / '.venv'))
+    run = lambda *a, check=True: subprocess.run(['pulumi'] + list(a), cwd=str(mon), env=fleet.env,  # noqa: E731
+                                               capture_output=True, text=True, check=check)
+    run('stack', 'init', 'merged', '--secrets-provider', 'passphrase')
+    run('config', 'set', '--path', 'shards[0]', 'organization/gpuhost/%s' % STACK)
+    run('config', 'set', '--path', 'shards[1]', 'organization/gpuhost/shard-b')
+    res = run('up', '--yes', '--skip-preview', check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    groups = json.loads(run('stack', 'output', 'prometheus_file_sd', '--json').stdout)
+    got = sorted((g['labels']['shard'], g['labels']['host'], g['labels']['id']) for g in groups)
+    want = sorted([(STACK, n, i) for n in ('gpu01', 'gpu03', 'gpu04') for i in ('lxc/200', 'node/pve-%s' % n)] +
+                  [('shard-b', 'gpu02', i) for i in ('lxc/200', 'node/pve-gpu02')])
+    assert got == want
+    targets = tmp_path / 'targets.json'
+    targets.write_text(json.dumps(groups))
+    prom = tmp_path / 'prometheus.yml'
+    prom.write_text(yaml.safe_dump({'scrape_configs': [{'job_name': 'gpuhost', 'file_sd_configs': [
+        {'files': [str(targets)]}]}]}))
+    check = subprocess.run(['promtool', 'check', 'config', str(prom)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
