@@ -40,15 +40,8 @@ DS = {'type': 'prometheus', 'uid': '${DS_PROMETHEUS}'}
 def load(stack: str, project: str = ROOT) -> config.Deployment:
     """The stack's Deployment from <project>/Pulumi.<stack>.yaml (secure: values replaced by a
     placeholder: nothing here depends on a secret)."""
-    from tools.render import strip_secure
-    with open(os.path.join(project, 'Pulumi.%s.yaml' % stack)) as f:
-        doc = yaml.safe_load(f) or {}
-    data = {}
-    for key, value in (doc.get('config') or {}).items():
-        ns, _, name = key.partition(':')
-        if ns == 'gpuhost':
-            data[name] = strip_secure(value)
-    return config.parse(data)
+    from tools.render import load as render_load
+    return render_load(stack, project)
 
 
 def selectors(d) -> dict:
@@ -277,16 +270,21 @@ def main(argv):
     if len(argv) != 2:
         sys.exit('usage: python -m tools.monitoring STACK OUT')
     stack, out_dir = argv
+    from tools.render import load_fleet
     try:
-        d = load(stack)
+        fleet = load_fleet(stack)
     except config.ConfigError as e:
         sys.exit(str(e))
-    os.makedirs(out_dir, exist_ok=True)
-    for name, content in sorted(files(stack, d).items()):
-        path = os.path.join(out_dir, name)
-        with open(path, 'w') as f:
-            f.write(content)
-        print(path)
+    for h in fleet.hosts:
+        # A fleet: each host's rules, dashboard and scrape config under OUT/<host>/ (the scrape configs
+        # differ only in their file_sd path; the stack's prometheus_file_sd output holds every host).
+        where = os.path.join(out_dir, h.name) if fleet.is_fleet else out_dir
+        os.makedirs(where, exist_ok=True)
+        for name, content in sorted(files(stack, h.deployment).items()):
+            path = os.path.join(where, name)
+            with open(path, 'w') as f:
+                f.write(content)
+            print(path)
 
 
 if __name__ == '__main__':

@@ -21,16 +21,24 @@ from components.host import modprobe_content  # noqa: E402
 from components.sglang import unit_text  # noqa: E402
 
 
-def load(stack: str) -> config.Deployment:
-    path = os.path.join(ROOT, 'Pulumi.%s.yaml' % stack)
-    with open(path) as f:
+def load_fleet(stack: str, project: str = ROOT) -> config.Fleet:
+    """The stack's hosts from <project>/Pulumi.<stack>.yaml (secure: values replaced by a placeholder:
+    nothing rendered here depends on a secret). A one-host stack is a fleet of one without a name."""
+    with open(os.path.join(project, 'Pulumi.%s.yaml' % stack)) as f:
         doc = yaml.safe_load(f) or {}
     data = {}
     for key, value in (doc.get('config') or {}).items():
         ns, _, name = key.partition(':')
         if ns == 'gpuhost':
             data[name] = strip_secure(value)
-    return config.parse(data)
+    return config.parse_fleet(data)
+
+
+def load(stack: str, project: str = ROOT) -> config.Deployment:
+    fleet = load_fleet(stack, project)
+    if fleet.is_fleet:
+        raise config.ConfigError('stack %s lists hosts (gpuhost:hosts); use load_fleet' % stack)
+    return fleet.hosts[0].deployment
 
 
 def strip_secure(value):
@@ -79,17 +87,20 @@ def main(argv):
         sys.exit('usage: python -m tools.render STACK OUT')
     stack, out_dir = argv
     try:
-        d = load(stack)
+        fleet = load_fleet(stack)
     except config.ConfigError as e:
         sys.exit(str(e))
-    for warning in d.warnings:
-        print('warning: ' + warning, file=sys.stderr)
-    for rel, content in sorted(files(d).items()):
-        path = os.path.join(out_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, 'w') as f:
-            f.write(content)
-        print(path)
+    for h in fleet.hosts:
+        # A fleet: each host's files under OUT/<host>/.
+        where = os.path.join(out_dir, h.name) if fleet.is_fleet else out_dir
+        for warning in h.deployment.warnings:
+            print('warning: %s%s' % ('host %s: ' % h.name if fleet.is_fleet else '', warning), file=sys.stderr)
+        for rel, content in sorted(files(h.deployment).items()):
+            path = os.path.join(where, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, 'w') as f:
+                f.write(content)
+            print(path)
 
 
 if __name__ == '__main__':

@@ -104,3 +104,22 @@ def test_unknown_fleet_level_namespace_key_is_still_refused():
     config.check_namespaces(['gpuhost:hosts', 'gpuhost:rollout', 'gpuhost:sglang'])
     with pytest.raises(config.ConfigError, match='gpuhost:host_list is not a setting'):
         config.check_namespaces(['gpuhost:host_list'])
+
+
+def test_render_and_monitoring_tools_write_each_host_of_a_fleet(tmp_path):
+    """make render / make monitoring on a fleet stack: the files of every host, under OUT/<host>/."""
+    import yaml
+
+    from lab import fleet as lab_fleet
+    from tools.render import files, load_fleet
+    entries = [lab_fleet.host_entry(i, lab_fleet.host_spec(i, lab_fleet.addresses(i)), '.lab-fleet/gpu%02d' % i)
+               for i in (1, 3, 4)]
+    (tmp_path / 'Pulumi.f.yaml').write_text(yaml.safe_dump({'config': lab_fleet.stack_config(entries)}))
+    f = load_fleet('f', str(tmp_path))
+    out = {h.name: files(h.deployment) for h in f.hosts}
+    assert 'host/etc/driverctl.d/pci-0000:81:00.0' in out['gpu01']
+    assert not any(k.startswith('host/etc/driverctl.d/') for k in out['gpu03'])          # no VM
+    assert 'host/etc/driverctl.d/pci-0000:9a:00.0' in out['gpu04']                       # its own inventory
+    from tools import monitoring as mon
+    rules = {h.name: mon.files('f', h.deployment)[mon.RULES] for h in f.hosts}
+    assert 'node="pve-gpu03"' in rules['gpu03'] and 'node="pve-gpu01"' not in rules['gpu03']
