@@ -26,6 +26,7 @@ try:
 except ValueError:  # not the main thread: the language host's default handling stays
     pass
 
+
 def _preflight_all(fleet, inputs):
     """Every host's preflight at once (one thread and one SSH connection each); all refusals are
     reported together, each naming its host."""

@@ -121,7 +121,10 @@ def main():
               'remote.py pooled()), when a resource reads or changes it; pulumi-command one per smoke test (only '
               'when a unit or container changed). The Python dynamic-provider host serves at most 4 calls at once '
               '(pulumi/dynamic/__main__.py: ThreadPoolExecutor(max_workers=4)), which bounds how many hosts are '
-              'read in parallel during a refresh. Each engine pass is its own provider process: `up --refresh` without --skip-preview makes three passes over a host (the refresh inside the preview, the refresh itself, the update with its preflight), hence 3 connections per host; with --skip-preview, 2. Within a pass, never more than one per host and process.', END]
+              'read in parallel during a refresh. Each engine pass is its own provider process: `up --refresh` '
+              'without --skip-preview makes three passes over a host (the refresh inside the preview, the '
+              'refresh itself, the update with its preflight), hence 3 connections per host; with '
+              '--skip-preview, 2. Within a pass, never more than one per host and process.', END]
     section = '\n'.join(lines) + '\n'
     path = os.path.join(ROOT, 'docs', 'bench.md')
     with open(path) as f:

@@ -44,21 +44,26 @@ policy_args() {
   fi
 }
 
+# deploy_lab STACK FRESH: `pulumi up` a lab stack; FRESH=True when every simulated host was just started
+# (no container, VM or host changes yet), so any earlier state of the stack is stale and goes first.
+deploy_lab() {
+  stack_env "$1"
+  if [ "$2" = True ]; then
+    pulumi stack rm --yes --force --preserve-config "$1" >/dev/null 2>&1 || true
+  fi
+  select_stack "$1"
+  policy_args "$1"
+  # --refresh: reconcile with what the hosts run now (a reboot, a hand edit) before planning.
+  pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
   up)
     deps
     started=$(python -m lab.labctl up | python -c 'import json,sys; print(json.load(sys.stdin)["started"])')
-    if [ "$started" = True ]; then
-      # A fresh lab has no container, VM or host changes: any earlier lab state is stale.
-      stack_env lab
-      pulumi stack rm --yes --force --preserve-config lab >/dev/null 2>&1 || true
-    fi
-    select_stack lab
-    policy_args lab
-    # --refresh: reconcile with what the host runs now (a reboot, a hand edit) before planning.
-    pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
+    deploy_lab lab "$started"
     echo
     echo "Stack outputs (lab):"
     pulumi stack output --json
@@ -68,15 +73,8 @@ case "$cmd" in
   up-fleet)
     deps
     n=${1:?hosts}
-    started=$(python -m lab.fleet up --hosts "$n" | python -c 'import json,sys; print(len(json.load(sys.stdin)["started"]))')
-    stack_env fleet
-    if [ "$started" = "$n" ]; then
-      # Every host is fresh: any earlier fleet state is stale.
-      pulumi stack rm --yes --force --preserve-config fleet >/dev/null 2>&1 || true
-    fi
-    select_stack fleet
-    policy_args fleet
-    pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
+    fresh=$(python -m lab.fleet up --hosts "$n" | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["started"]) == len(d["hosts"]))')
+    deploy_lab fleet "$fresh"
     echo
     echo "Fleet ($n hosts, stack fleet; every output: pulumi stack output --json --stack fleet):"
     pulumi stack output --json | python -m tools.fleet_summary
