@@ -377,3 +377,25 @@ def test_messages_never_carry_secret_inputs():
     text = '\n'.join(found)
     for secret in ('API-PASSWORD-TEXT', 'PRIVATE-KEY-TEXT', 'TOKEN-SECRET-TEXT'):
         assert secret not in text
+
+
+def in_fleet(r, host):
+    """The resource as a fleet's host declares it: its name prefixed, its fleet_host input set."""
+    return rules.Res(r.type, '%s-%s' % (host, r.name), r.urn.replace('::' + r.name, '::%s-%s' % (host, r.name)),
+                     dict(r.props, fleet_host=host))
+
+
+def test_rules_across_resources_compare_only_resources_of_the_same_fleet_host():
+    # gpu02 has two container GPUs and tp 2; gpu01 four and tp 4: same vmid 200 on both hosts.
+    two = in_fleet(lxc_res({'dev2': None, 'dev3': None}), 'gpu02')
+    out = run(rules.TP_GPUS, in_fleet(lxc_res(), 'gpu01'), two,
+              in_fleet(unit_res(('--tp-size 4', '--tp-size 2')), 'gpu02'))
+    assert out == []
+    out = run(rules.TP_GPUS, in_fleet(lxc_res(), 'gpu01'), two, in_fleet(unit_res(), 'gpu02'))
+    assert len(out) == 1 and 'gpu02-sglang-unit' in out[0]
+    # gpu02's VM takes 0000:01:00.0, which is a container GPU on gpu01 only: another machine, no clash.
+    vm = in_fleet(qemu_res({'hostpci0': '0000:01:00.0,pcie=1'}, guard=[]), 'gpu02')
+    assert run(rules.GPU_ONE_SIDE, in_fleet(lxc_res(), 'gpu01'), in_fleet(vfio_res(devices=['0000:01:00.0'],
+                                                                              container=[]), 'gpu02'), vm) == []
+    # The same on one host is stopped.
+    assert run(rules.GPU_ONE_SIDE, in_fleet(lxc_res(), 'gpu02'), vm)
