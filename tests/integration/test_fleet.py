@@ -178,6 +178,36 @@ def test_rolling_mtp_change_stops_at_the_failing_second_host(fleet):
     fleet.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
+def test_reboots_needed_by_a_host_change_roll_one_host_at_a_time(fleet):
+    """host.reboot: when-required and an IOMMU change every host needs a reboot for: the hosts reboot one
+    after another, each only once the one before serves again (/health, /server_info)."""
+    import copy
+    order = ['gpu01', 'gpu03', 'gpu04']
+    cfg = copy.deepcopy(current(fleet))
+    cfg['gpuhost:host']['reboot'] = 'when-required'
+    cfg['gpuhost:iommu'] = {'domain': 'DMA'}
+    fleet.write_stack(STACK, cfg)
+    reboots = {n: len(fleet.labs[n].reboots()) for n in order}
+    start = __import__('time').time()
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    windows = []
+    for n in order:
+        lab = fleet.labs[n]
+        done = lab.reboots()[reboots[n]:]
+        assert len(done) == 1, (n, done)
+        with open(os.path.join(lab.ct_root(200), 'run', 'lab-systemd', UNIT + '.starts')) as f:
+            starts = [float(line.split()[0]) for line in f if line.strip()]
+        # Down from the reboot until SGLang started again in the container and loaded (1 s in the lab).
+        back = min(t for t in starts if t >= done[0]['down']) + 1.0
+        windows.append((done[0]['down'], back))
+    assert all(a >= start for a, _ in windows)
+    assert max_overlap(windows) == 1, windows
+    out = fleet.outputs(STACK)
+    assert out['reboot_required'] == []
+    assert all(h['sglang_unit']['active'] for h in out['hosts'].values())
+    fleet.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
 def current(fleet):
     import yaml
     with open(os.path.join(fleet.project, 'Pulumi.%s.yaml' % STACK)) as f:
