@@ -1075,9 +1075,10 @@ def parse_fleet(data: dict) -> Fleet:
     keys); with it, each entry (name plus any of the other keys) is merged over the other keys, the
     shared defaults, and validated on its own - every refusal names the host."""
     try:
-        rollout = Rollout.model_validate_json(json.dumps(data.get('rollout') or {}), strict=True)
+        raw = data.get('rollout')
+        rollout = Rollout.model_validate_json(json.dumps({} if raw is None else raw), strict=True)
     except ValidationError as e:
-        raise ConfigError(format_errors(e).replace('gpuhost:', 'gpuhost:rollout.')) from None
+        raise ConfigError(format_errors(e, Rollout, ('rollout',))) from None
     defaults = {k: v for k, v in data.items() if k not in FLEET_KEYS}
     hosts = data.get('hosts')
     if hosts is None:
@@ -1149,10 +1150,10 @@ TYPE_NAMES = {'int_type': 'a whole number', 'int_parsing': 'a whole number', 'fl
               'model_attributes_type': 'a mapping', 'int_from_float': 'a whole number'}
 
 
-def _field_model(loc):
+def _field_model(loc, root=None):
     """The model class at a location (for 'did you mean' on unknown keys)."""
     import typing
-    model = Deployment
+    model = root or Deployment
     for part in loc:
         if isinstance(part, int) or model is None:
             continue
@@ -1185,10 +1186,12 @@ def _loc(loc) -> str:
     return out
 
 
-def format_errors(e: ValidationError) -> str:
+def format_errors(e: ValidationError, root=None, prefix: tuple = ()) -> str:
+    """root, prefix: the model validated and where it sits in the gpuhost namespace (('rollout',) for
+    Rollout); by default the whole Deployment."""
     lines = []
     for err in e.errors(include_url=False):
-        msg, kind, loc = err['msg'], err['type'], tuple(err['loc'])
+        msg, kind, loc = err['msg'], err['type'], tuple(prefix) + tuple(err['loc'])
         value = err.get('input')
         if msg.startswith('Value error, '):
             msg = msg[len('Value error, '):]
@@ -1198,7 +1201,7 @@ def format_errors(e: ValidationError) -> str:
         where = 'gpuhost:' + _loc(loc)
         shown = 'a secret value (not shown)' if _secret_loc(loc) else show(value)
         if kind == 'extra_forbidden':
-            parent = _field_model(loc[:-1])
+            parent = _field_model(loc[len(prefix):-1], root)
             known = list(parent.model_fields) if parent is not None else []
             lines.append('%s is not a setting here%s; the settings of gpuhost:%s are: %s' % (
                 where, did_you_mean(str(loc[-1]), known), _loc(loc[:-1]) or '', ', '.join(known)))

@@ -123,3 +123,27 @@ def test_render_and_monitoring_tools_write_each_host_of_a_fleet(tmp_path):
     from tools import monitoring as mon
     rules = {h.name: mon.files('f', h.deployment)[mon.RULES] for h in f.hosts}
     assert 'node="pve-gpu03"' in rules['gpu03'] and 'node="pve-gpu01"' not in rules['gpu03']
+
+
+@pytest.mark.parametrize('rollout,message', [
+    ({'max_unavail': 2}, r'gpuhost:rollout.max_unavail is not a setting here \(did you mean max_unavailable\?\); '
+                         r'the settings of gpuhost:rollout are: max_unavailable'),
+    ({'max_unavailable': True}, 'gpuhost:rollout.max_unavailable: True is not a whole number'),
+    ({'max_unavailable': '2'}, r'not a whole number \(write it without quotes\)'),
+    (0, 'gpuhost:rollout: 0 is not a mapping'),
+])
+def test_rollout_refusals_name_the_key(rollout, message):
+    with pytest.raises(config.ConfigError, match=message):
+        fleet(entry('gpu01', 1), rollout=rollout)
+
+
+@pytest.mark.parametrize('override,message', [
+    ({'host': None}, r'host gpu01 .*gpuhost:host is required and not set'),
+    ({'host': 'pve1'}, r'host gpu01 .*gpuhost:host: .pve1. is not a mapping'),
+    ({'sglang': {'environment': {'HF_TOKEN': 'x'}}}, r'host gpu01 .*HF_TOKEN'),
+    ({'iommu': {'extra_kernel_args': ['iommu=pt']}}, r'host gpu01 .*iommu=pt'),
+])
+def test_hostile_host_entries_are_refused_with_the_host_named(override, message):
+    e = dict(entry('gpu01', 1), **override)
+    with pytest.raises(config.ConfigError, match='(?s)' + message):
+        fleet(e)
