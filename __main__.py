@@ -89,7 +89,7 @@ for h in fleet.hosts:
     fleet_host = h.name if fleet.is_fleet else None
     host = ProxmoxHost(name('host'), d, connection, gate=gate, rollout=rollout, fleet_host=fleet_host)
     container = GpuContainer(name('container'), d, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]),
-                             gate=gate, fleet_host=fleet_host)
+                             gate=gate, fleet_host=fleet_host, rollout=rollout)
     vm = (SevSnpVm(name('vm'), d, api, opts=pulumi.ResourceOptions(depends_on=[host]), fleet_host=fleet_host)
           if d.vm else None)
     service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,

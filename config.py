@@ -1050,13 +1050,15 @@ class Fleet(object):
 def deep_merge(base, over):
     """A host entry over the shared defaults: mappings merge key by key, anything else (lists too)
     replaces, and null removes the key (`vm: null`: this host has no VM)."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
+    if isinstance(over, dict):
+        # A mapping merges into the shared one - or into nothing, when the shared settings lack it (its
+        # nulls then remove nothing, so they cannot reach the model as values).
+        out = dict(base) if isinstance(base, dict) else {}
         for k, v in over.items():
             if v is None:
                 out.pop(k, None)
             else:
-                out[k] = deep_merge(base.get(k), v)
+                out[k] = deep_merge(out.get(k), v)
         return out
     return over
 
@@ -1098,7 +1100,7 @@ def parse_fleet(data: dict) -> Fleet:
             raise ConfigError('%s: %s is not a mapping; give name plus what differs for this host' % (
                 where, show(entry)))
         name = entry.get('name')
-        if not isinstance(name, str) or not HOST_NAME_RE.match(name):
+        if not isinstance(name, str) or not HOST_NAME_RE.fullmatch(name):
             raise ConfigError('%s.name: %s is not a host name: lowercase letters, digits and -, 1-32 characters, '
                               'starting and ending with a letter or digit (it names the host\'s resources and its '
                               'monitoring label), e.g. gpu01' % (where, show(name)))
@@ -1132,14 +1134,17 @@ def check_fleet(hosts: list) -> None:
                 h.name, h.index, key, value, prev.name, what))
     for h in hosts:
         d = h.deployment
-        once('host.address:ssh.port', '%s:%d' % (d.host.address, d.host.ssh.port), h,
+        # DNS names compare without case (PVE-GPU01.example and pve-gpu01.example are one machine).
+        once('host.address:ssh.port', '%s:%d' % (d.host.address.lower(), d.host.ssh.port), h,
              'two entries for one machine would fight over its settings - remove one or fix the address')
-        api = '%s:%d' % (d.host.api.address or d.host.address, d.host.api.port)
+        api = '%s:%d' % ((d.host.api.address or d.host.address).lower(), d.host.api.port)
         once('host.node', '%s@%s' % (d.host.node, api), h,
              'one Proxmox node is one host - fix the node name')
         once('container.ip', d.container.address, h,
              'monitoring and the smoke test would reach one SGLang for two hosts - give each its own address')
         for guest in ([d.container] + ([d.vm] if d.vm else [])):
+            # Only hosts reached through the same API address can be seen to share a cluster here; nodes of
+            # one cluster with their own addresses are checked by Proxmox at create ("already exists").
             once('vmid', '%d@%s' % (guest.vmid, api), h,
                  'guests of one Proxmox cluster need cluster-wide unique vmids - set another container.vmid / vm.vmid')
 

@@ -16,6 +16,7 @@ import json
 
 from components import pve, remote
 from components.sglang import service_props
+from components.state import OperatorError, rollout_failed
 
 
 class ContainerProvider(pve.PveGuestProvider):
@@ -46,10 +47,19 @@ class ContainerProvider(pve.PveGuestProvider):
                                % (props['vmid'], '; '.join(wrong)))
 
     def create(self, props):
-        self.check_devices(props)
-        return super().create(props)
+        try:
+            self.check_devices(props)
+            return super().create(props)
+        except OperatorError as e:
+            raise rollout_failed(props, e, 'its container') from None
 
     def update(self, id_, olds, news):
+        try:
+            return self._update(id_, olds, news)
+        except OperatorError as e:
+            raise rollout_failed(news, e, 'its container') from None
+
+    def _update(self, id_, olds, news):
         self.check_devices(news)
         result = super().update(id_, olds, news)
         outs = result.outs
@@ -70,7 +80,7 @@ def raw_lxc_lines(d) -> dict:
 class GpuContainer(pulumi.ComponentResource):
     """Outputs: vmid, address, status, devices (devN entries), uid (changes when the container is replaced)."""
 
-    def __init__(self, name, deployment, api, connection, opts=None, gate=(), fleet_host=None):
+    def __init__(self, name, deployment, api, connection, opts=None, gate=(), fleet_host=None, rollout=None):
         super().__init__('gpuhost:index:GpuContainer', name, None, opts)
         d = deployment
         c = d.container
@@ -93,6 +103,8 @@ class GpuContainer(pulumi.ComponentResource):
         }
         if fleet_host:
             props['fleet_host'] = fleet_host
+        if rollout:
+            props['rollout'] = rollout   # not compared by diff: for the message when this step fails
         # gate: in a fleet, the host before this one in its rollout lane (a container change may restart it).
         self.guest = pve.Guest(ContainerProvider(), '%s-lxc' % name, props,
                                pulumi.ResourceOptions(parent=self, protect=c.protect, depends_on=list(gate)))

@@ -411,10 +411,11 @@ class HostStatusProvider(ObservedProvider):
         status = self.observe(target, props)
         if status['reboot_required'] and props.get('reboot') == 'when-required':
             try:
+                from components.sglang import serving_now, verify_after_reboot
+                was_serving = bool(props.get('service')) and serving_now(target, props['service'])
                 reboot_and_wait(target)
                 if props.get('service'):
-                    from components.sglang import verify_after_reboot
-                    verify_after_reboot(target, props['service'])
+                    verify_after_reboot(target, props['service'], required=was_serving)
                 status = self.observe(target, props)
                 if status['reboot_required']:
                     raise HostStateError('host rebooted but still differs from the declared state: ' +

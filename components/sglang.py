@@ -177,18 +177,36 @@ def verify_serving(target, props, active) -> dict:
     return info
 
 
-def verify_after_reboot(target, props) -> None:
+def unit_facts(target, props) -> dict:
+    return remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
+        props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout)
+
+
+def serving_now(target, props) -> bool:
+    """The container runs and the unit is active (read before a reboot: what must come back)."""
+    f = unit_facts(target, props)
+    return f.get('ct') == 'running' and f.get('ActiveState') == 'active'
+
+
+def verify_after_reboot(target, props, required: bool = False) -> None:
     """After a host reboot: if the container came back with the unit enabled, SGLang must serve again
-    before the run ends (onboot guests start with the host; the unit starts with the container)."""
+    before the run ends (onboot guests start with the host; the unit starts with the container).
+    required: it served before the reboot, so it must serve again - a container that does not come
+    back (onboot off, a slow or failed start) is an error, not something to leave to a later step:
+    in a fleet, the next host's reboot waits for this one."""
     def facts():
-        return remote.parse_kv(remote.run(target, 'ct_unit_facts.sh', [
-            props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout)
+        return unit_facts(target, props)
     deadline = time.time() + 120
     f = facts()
     while f.get('ct') != 'running' and time.time() < deadline:
         time.sleep(2)  # onboot guests start a little after the host answers SSH
         f = facts()
     if f.get('ct') != 'running' or f.get('UnitFileState') != 'enabled':
+        if required:
+            raise ServiceError('container %s served SGLang before the reboot but %s 120 s after it; start it '
+                               '(pct start %s; check onboot) and re-run' % (
+                                   props['vmid'], 'is not running' if f.get('ct') != 'running' else
+                                   'its unit %s is not enabled' % props['unit_name'], props['vmid']))
         return  # no container or no service yet (first deployment), or not started at boot: the guest steps see to it
     verify_serving(target, props, lambda: facts().get('ActiveState') in ('active', 'activating'))
 

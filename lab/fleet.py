@@ -1,7 +1,7 @@
 """A fleet lab: N simulated hosts, each a lab of its own (fakepve, sshd, simulated host) on its own
 loopback addresses, and the `fleet` stack's config aimed at them.
 
-    python -m lab.fleet up [--hosts N]     start N hosts (default 4) unless running; write Pulumi.fleet.yaml
+    python -m lab.fleet up [--hosts N]     start N hosts (default 4) unless running; write Pulumi.lab-fleet.yaml
     python -m lab.fleet down               stop them and wipe .lab-fleet
     python -m lab.fleet status
 
@@ -32,7 +32,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_DIR = os.path.join(REPO, '.lab-fleet')
-STACK_FILE = os.path.join(REPO, 'Pulumi.fleet.yaml')
+STACK_FILE = os.path.join(REPO, 'Pulumi.lab-fleet.yaml')
 
 OTHER_INVENTORY = [('0000:17:00.0', 0), ('0000:2a:00.0', 0), ('0000:3d:00.0', 0), ('0000:63:00.0', 0),
                    ('0000:9a:00.0', 1), ('0000:ab:00.0', 1), ('0000:ba:00.0', 1), ('0000:db:00.0', 1)]
@@ -125,7 +125,7 @@ def hosts_present(root: str) -> list:
 
 
 def up(root: str, n: int) -> dict:
-    """Start hosts 1..n (those running stay; hosts beyond n are stopped) and write Pulumi.fleet.yaml."""
+    """Start hosts 1..n (those running stay; hosts beyond n are stopped) and write Pulumi.lab-fleet.yaml."""
     os.makedirs(root, exist_ok=True)
     for extra in hosts_present(root)[n:]:
         labctl(os.path.join(root, extra), 'down')

@@ -250,12 +250,12 @@ def concrete(expr: str, d, rate_interval: str = '1m') -> str:
             .replace('$node', sel['node']))
 
 
-def scrape_config(stack: str, d, targets_file: str = 'targets/gpuhost-%s.json', rules_file: str = RULES) -> str:
+def scrape_config(stack: str, d, targets_file: str = 'targets/gpuhost-%s.json', rule_files=(RULES,)) -> str:
     return ('# Prometheus scrape config for the gpuhost stack %(stack)s (make monitoring STACK=%(stack)s).\n'
             '# Targets: pulumi stack output prometheus_file_sd --json --stack %(stack)s > %(targets)s\n'
             '# (re-run after every pulumi up; Prometheus re-reads the file on change, no reload).\n'
             % {'stack': stack, 'targets': targets_file % stack}) + yaml.safe_dump({
-                'rule_files': [rules_file],
+                'rule_files': list(rule_files),
                 'scrape_configs': [{'job_name': 'gpuhost', 'scrape_interval': '15s',
                                     'file_sd_configs': [{'files': [targets_file % stack]}]}]},
                 sort_keys=False)
@@ -275,16 +275,27 @@ def main(argv):
         fleet = load_fleet(stack)
     except config.ConfigError as e:
         sys.exit(str(e))
-    for h in fleet.hosts:
-        # A fleet: each host's rules, dashboard and scrape config under OUT/<host>/ (the scrape configs
-        # differ only in their file_sd path; the stack's prometheus_file_sd output holds every host).
-        where = os.path.join(out_dir, h.name) if fleet.is_fleet else out_dir
+
+    def write(where, name, content):
         os.makedirs(where, exist_ok=True)
-        for name, content in sorted(files(stack, h.deployment).items()):
-            path = os.path.join(where, name)
-            with open(path, 'w') as f:
-                f.write(content)
-            print(path)
+        path = os.path.join(where, name)
+        with open(path, 'w') as f:
+            f.write(content)
+        print(path)
+    if not fleet.is_fleet:
+        for name, content in sorted(files(stack, fleet.hosts[0].deployment).items()):
+            write(out_dir, name, content)
+        return
+    # A fleet: one scrape config for the stack (its prometheus_file_sd holds every host, labelled), and
+    # each host's rules and dashboard under OUT/<host>/, named <stack>-<host> (dashboard uid and title,
+    # rule groups) so that importing them all clashes in nothing.
+    rule_files = []
+    for h in fleet.hosts:
+        name = '%s-%s' % (stack, h.name)
+        write(os.path.join(out_dir, h.name), RULES, rules(name, h.deployment))
+        write(os.path.join(out_dir, h.name), DASHBOARD, json.dumps(dashboard(name, h.deployment), indent=2) + '\n')
+        rule_files.append('%s/%s' % (h.name, RULES))
+    write(out_dir, SCRAPE, scrape_config(stack, fleet.hosts[0].deployment, rule_files=rule_files))
 
 
 if __name__ == '__main__':

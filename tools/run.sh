@@ -20,7 +20,7 @@ deps() {
 }
 
 stack_env() {
-  if [ "$1" = lab ] || [ "$1" = fleet ]; then
+  if [ "$1" = lab ] || [ "$1" = lab-fleet ]; then
     export PULUMI_CONFIG_PASSPHRASE=$LAB_PASSPHRASE
     unset PULUMI_CONFIG_PASSPHRASE_FILE
   elif [ -z "${PULUMI_CONFIG_PASSPHRASE:-}${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
@@ -74,9 +74,9 @@ case "$cmd" in
     deps
     n=${1:?hosts}
     fresh=$(python -m lab.fleet up --hosts "$n" | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["started"]) == len(d["hosts"]))')
-    deploy_lab fleet "$fresh"
+    deploy_lab lab-fleet "$fresh"
     echo
-    echo "Fleet ($n hosts, stack fleet; every output: pulumi stack output --json --stack fleet):"
+    echo "Fleet ($n hosts, stack lab-fleet; every output: pulumi stack output --json --stack lab-fleet):"
     pulumi stack output --json | python -m tools.fleet_summary
     ;;
   test)

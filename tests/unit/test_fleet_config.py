@@ -147,3 +147,41 @@ def test_hostile_host_entries_are_refused_with_the_host_named(override, message)
     e = dict(entry('gpu01', 1), **override)
     with pytest.raises(config.ConfigError, match='(?s)' + message):
         fleet(e)
+
+
+def test_a_name_with_a_trailing_newline_is_refused():
+    e = entry('gpu01', 1)
+    e['name'] = 'gpu01\n'
+    with pytest.raises(config.ConfigError, match='is not a host name'):
+        fleet(e)
+
+
+def test_null_inside_a_section_the_shared_settings_lack_removes_nothing_and_reaches_no_model():
+    data = copy.deepcopy(lab_data())
+    data.pop('vm')
+    data['hosts'] = [dict(entry('gpu01', 1), vm={'vmid': 300, 'gpus': ['0000:81:00.0'], 'numa': 1,
+                                                 'protect': None})]
+    d = config.parse_fleet(data).hosts[0].deployment
+    assert d.vm.protect is True   # the default, not a null
+
+
+def test_one_machine_spelled_in_another_case_is_refused():
+    b = entry('gpu02', 2, host={'address': '127.1.1.3'})
+    a = entry('gpu01', 1, host={'address': 'PVE-GPU01.example.internal'})
+    b['host']['address'] = 'pve-gpu01.example.internal'
+    with pytest.raises(config.ConfigError, match='host.address:ssh.port pve-gpu01.example.internal:2222 is also '
+                                                 'host gpu01'):
+        fleet(a, b)
+
+
+def test_a_container_that_served_before_a_reboot_must_serve_after_it(monkeypatch):
+    """In a fleet the next host reboots once this step ends: a container that does not come back fails it."""
+    from components import sglang
+    clock = [0.0]
+    monkeypatch.setattr(sglang.time, 'time', lambda: clock[0])
+    monkeypatch.setattr(sglang.time, 'sleep', lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(sglang, 'unit_facts', lambda target, props: {'ct': 'stopped'})
+    props = {'vmid': 200, 'unit_name': 'sglang-qwen.service'}
+    with pytest.raises(sglang.ServiceError, match='container 200 served SGLang before the reboot but is not running'):
+        sglang.verify_after_reboot(None, props, required=True)
+    sglang.verify_after_reboot(None, props)   # first deployment: nothing served before, the guest steps see to it
