@@ -185,3 +185,14 @@ def test_a_container_that_served_before_a_reboot_must_serve_after_it(monkeypatch
     with pytest.raises(sglang.ServiceError, match='container 200 served SGLang before the reboot but is not running'):
         sglang.verify_after_reboot(None, props, required=True)
     sglang.verify_after_reboot(None, props)   # first deployment: nothing served before, the guest steps see to it
+
+
+def test_an_entry_swaps_a_pair_by_nulling_the_shared_one():
+    from config import parse_host_key  # noqa: F401 - the key below must parse as a real one
+    key = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIlXMOnzn+VUtUJ2HPp/GySToF/fuDXoovapSPPhSllC'
+    swapped = entry('gpu02', 2)
+    swapped['host']['ssh'] = {'host_key_file': None, 'host_key': key}   # the null stays in the entry
+    f = fleet(entry('gpu01', 1), swapped)
+    assert f.hosts[1].deployment.host.ssh.host_key == key and f.hosts[1].deployment.host.ssh.host_key_file is None
+    with pytest.raises(config.ConfigError, match='(?s)host gpu02 .*set exactly one of host_key'):
+        fleet(entry('gpu01', 1), entry('gpu02', 2, host={'ssh': {'host_key': key}}))
