@@ -100,6 +100,9 @@ def test_unprotected_vmid_change_onto_a_taken_vmid_keeps_the_old_container(lab, 
     # Someone else's container holds 201: the new container is created first, fails, and 200 stays.
     lab.node().lxc.post(vmid=201, ostemplate=deployed[C]['ostemplate'], hostname='other', storage='local-lvm')
     lab.wait_for(lambda: 201 in guests(lab)[0], what='container 201')
+    # The lab's sync loop writes /etc/pve/lxc/201.conf a moment later (pmxcfs would at once): the host's
+    # snapshot below must include it.
+    lab.wait_for(lambda: os.path.exists(lab.host.path('etc/pve/lxc/201.conf')), what='201.conf on the host')
     try:
         cfg = with_changes(deployed, ((C, 'vmid'), 201), ((C, 'protect'), False))
         out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
