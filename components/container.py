@@ -16,7 +16,6 @@ import json
 
 from components import pve, remote
 from components.sglang import service_props
-from components.state import OperatorError, rollout_failed
 
 
 class ContainerProvider(pve.PveGuestProvider):
@@ -46,20 +45,13 @@ class ContainerProvider(pve.PveGuestProvider):
                                'to vfio-pci and reboot first (reboot_required output), or fix gpuhost:container.gpus'
                                % (props['vmid'], '; '.join(wrong)))
 
+    ROLLOUT_STEP = 'its container'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
+
     def create(self, props):
-        try:
-            self.check_devices(props)
-            return super().create(props)
-        except OperatorError as e:
-            raise rollout_failed(props, e, 'its container') from None
+        self.check_devices(props)
+        return super().create(props)
 
     def update(self, id_, olds, news):
-        try:
-            return self._update(id_, olds, news)
-        except OperatorError as e:
-            raise rollout_failed(news, e, 'its container') from None
-
-    def _update(self, id_, olds, news):
         self.check_devices(news)
         result = super().update(id_, olds, news)
         outs = result.outs

@@ -28,7 +28,7 @@ from pulumi.dynamic import Resource
 
 from components import cmdline, remote
 from components.sglang import service_props
-from components.state import ObservedProvider, OperatorError, rollout_failed, warn
+from components.state import ObservedProvider, OperatorError, warn
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
@@ -389,6 +389,7 @@ class HostStatusProvider(ObservedProvider):
     any declared host setting does, so the status is re-read exactly when something could differ."""
     ID = 'status'
     DESIRED = ('expect', 'observed')
+    ROLLOUT_STEP = 'its host status and reboot'   # with host.reboot: when-required it gates the rollout
     OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
                'nvidia_params')
 
@@ -410,18 +411,15 @@ class HostStatusProvider(ObservedProvider):
         target = remote.Target.from_inputs(props['connection'])
         status = self.observe(target, props)
         if status['reboot_required'] and props.get('reboot') == 'when-required':
-            try:
-                from components.sglang import serving_now, verify_after_reboot
-                was_serving = bool(props.get('service')) and serving_now(target, props['service'])
-                reboot_and_wait(target)
-                if props.get('service'):
-                    verify_after_reboot(target, props['service'], required=was_serving)
-                status = self.observe(target, props)
-                if status['reboot_required']:
-                    raise HostStateError('host rebooted but still differs from the declared state: ' +
-                                         '; '.join(status['reboot_reasons']))
-            except OperatorError as e:
-                raise rollout_failed(props, e, 'its reboot') from None
+            from components.sglang import serving_now, verify_after_reboot
+            was_serving = bool(props.get('service')) and serving_now(target, props['service'])
+            reboot_and_wait(target)
+            if props.get('service'):
+                verify_after_reboot(target, props['service'], required=was_serving)
+            status = self.observe(target, props)
+            if status['reboot_required']:
+                raise HostStateError('host rebooted but still differs from the declared state: ' +
+                                     '; '.join(status['reboot_reasons']))
         return dict(props, **status)
 
     def current(self, props):

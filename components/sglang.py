@@ -19,7 +19,7 @@ from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote, systemd
 from components.render import exec_start, render
-from components.state import ObservedProvider, OperatorError, info, rollout_failed, warn
+from components.state import ObservedProvider, OperatorError, info, warn
 
 
 class ServiceError(OperatorError):
@@ -221,6 +221,7 @@ class SglangUnitProvider(ObservedProvider):
     # observed_at: when `resolved` was read from SGLang (UTC, ISO 8601): at every apply, and at a refresh
     # that found it different (an unchanged value keeps its time, so a refresh alone is no change).
     OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at')
+    ROLLOUT_STEP = 'its SGLang unit'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
 
     def observe(self, target, props):
         text = remote.run(target, 'ct_unit_facts.sh', [
@@ -242,12 +243,6 @@ class SglangUnitProvider(ObservedProvider):
                 'api_key': key, 'sha256': facts.get('unit') if running else None, 'dropins': dropins}
 
     def apply(self, props, force_restart=False):
-        try:
-            return self._apply(props, force_restart)
-        except OperatorError as e:
-            raise rollout_failed(props, e, 'its SGLang unit') from None
-
-    def _apply(self, props, force_restart=False):
         target = remote.Target.from_inputs(props['connection'])
         before = self.observe(target, props)
         if before['version'] is None:

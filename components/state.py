@@ -136,14 +136,15 @@ def _normalising(fn, positions):
             return fn(self, *args)
         except Failed:
             raise
-        except OperatorError as e:
-            # The engine prints the traceback of whatever a dynamic provider raises; for these the
-            # message is the whole story, so it goes out alone.
-            sys.tracebacklimit = 0
-            raise Failed(str(e)) from None
         except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never frames
+            # The engine prints the traceback of whatever a dynamic provider raises; an OperatorError's
+            # message is the whole story, so it goes out alone; anything else as one line. A create or
+            # update that is a step of a fleet's rollout says where the rollout stopped.
             sys.tracebacklimit = 0
-            raise Failed(describe_unexpected(e)) from None
+            text = str(e) if isinstance(e, OperatorError) else describe_unexpected(e)
+            if fn.__name__ in ('create', 'update'):
+                text = rollout_note(args[-1], getattr(self, 'ROLLOUT_STEP', None)) + text
+            raise Failed(text) from None
     wrapper.__wrapped_by_numbers__ = True
     return wrapper
 
@@ -214,20 +215,20 @@ class ObservedProvider(ResourceProvider):
         return ReadResult(id_, outs, inputs)
 
 
-def rollout_failed(props: dict, e: OperatorError, what: str) -> OperatorError:
-    """A fleet's rolling change stopped at this host: the message says which hosts came before it (done)
-    and which wait behind it (not started, keeping their old unit). Without a rollout, e unchanged."""
-    r = props.get('rollout')
+def rollout_note(props, step) -> str:
+    """For a provider whose steps gate a fleet's rollout (class attribute ROLLOUT_STEP) and a resource
+    that carries its host's place in it (`rollout` input): the line that says where the rollout stopped,
+    which hosts came before this one (done) and which wait behind it (not started, old unit). '' else."""
+    r = props.get('rollout') if isinstance(props, dict) and step else None
     if not r:
-        return e
+        return ''
     before, after = r.get('before') or [], r.get('after') or []
     lanes = r.get('max_unavailable') or 1
-    note = ('rollout stopped at host %s (%s): hosts done before it in its lane: %s; not started, still on their '
-            'old unit: %s%s. Fix %s and re-run `pulumi up`: it goes on from here.' % (
-                r['host'], what, ', '.join(before) or 'none', ', '.join(after) or 'none',
+    return ('rollout stopped at host %s (%s): hosts done before it in its lane: %s; not started, still on their '
+            'old unit: %s%s. Fix %s and re-run `pulumi up`: it goes on from here.\n' % (
+                r['host'], step, ', '.join(before) or 'none', ', '.join(after) or 'none',
                 ' (with max_unavailable %d, the other lanes stopped where the output above shows)' % lanes
                 if lanes > 1 else '', r['host']))
-    return type(e)('%s\n%s' % (note, e))
 
 
 def only(d: dict, keys: Iterable) -> dict:
