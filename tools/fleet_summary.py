@@ -21,7 +21,7 @@ def rows(outputs: dict) -> list:
         for g in gpus.values():
             sides[g.get('assigned_to', '?')] = sides.get(g.get('assigned_to', '?'), 0) + 1
         smoke = h.get('smoke_test') or {}
-        sha = unit.get('sha256') or h.get('sglang_unit_sha256') or ''
+        sha = h.get('sglang_unit_sha256') or ''
         out.append([name, 'active' if unit.get('active') else 'DOWN',
                     'yes' if h.get('reboot_required') else 'no',
                     '%s/%s' % (res.get('speculative_algorithm') or 'off', res.get('speculative_num_steps') or '-')

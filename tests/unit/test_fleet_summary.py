@@ -4,7 +4,7 @@ from tools.fleet_summary import table
 
 
 def host(active=True, reboot=False, steps=1, sha='ab' * 32, latency=80):
-    return {'sglang_unit': {'active': active, 'sha256': sha}, 'reboot_required': reboot,
+    return {'sglang_unit': {'active': active}, 'sglang_unit_sha256': sha, 'reboot_required': reboot,
             'speculation': {'resolved': {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': steps}},
             'gpu_assignment': {'a': {'assigned_to': 'container'}, 'b': {'assigned_to': 'vm'}},
             'smoke_test': {'latency_ms': latency}}
@@ -19,6 +19,5 @@ def test_one_line_per_host_with_what_an_operator_checks_first():
 
 
 def test_a_one_host_stack_prints_its_line():
-    out = dict(host(), container={'address': '127.0.0.4'}, sglang_unit_sha256='cd' * 32)
-    out['sglang_unit'] = {'active': True}
+    out = dict(host(sha='cd' * 32), container={'address': '127.0.0.4'})
     assert table(out).splitlines()[2].split()[:5] == ['127.0.0.4', 'active', 'no', 'EAGLE/1', 'cdcdcdcdcdcd']
