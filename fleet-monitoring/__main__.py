@@ -22,6 +22,9 @@ shards = cfg.require_object('shards')
 if not isinstance(shards, list) or not shards or not all(isinstance(s, str) and s.count('/') == 2 for s in shards):
     raise pulumi.RunError('shards: %r is not a list of stack names (organization/gpuhost/<stack>, as `pulumi stack '
                           'ls --all` shows them)' % (shards,))
+twice = sorted({s for s in shards if shards.count(s) > 1})
+if twice:
+    raise pulumi.RunError('shards: %s is listed twice; each shard once (its hosts would be counted twice)' % twice[0])
 refs = {name: pulumi.StackReference(name) for name in shards}
 
 

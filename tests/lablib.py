@@ -85,11 +85,14 @@ def _alive(pid):
         return False
 
 
-def project_env(base, lab_dir):
+def project_env(base, lab_dir=None):
+    """The environment of the CLI for a project copy under base: its file backend and PULUMI_HOME, the
+    test passphrase, no update checks or plugin downloads; GPUHOST_LAB when there is a lab."""
     env = dict(os.environ, PULUMI_BACKEND_URL='file://' + os.path.join(base, 'state'),
                PULUMI_HOME=os.path.join(base, 'pulumi-home'), PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
-               PULUMI_SKIP_UPDATE_CHECK='true', PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true',
-               GPUHOST_LAB=lab_dir)
+               PULUMI_SKIP_UPDATE_CHECK='true', PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true')
+    if lab_dir:
+        env['GPUHOST_LAB'] = lab_dir
     env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
     return env
 
@@ -105,9 +108,9 @@ def make_project(base):
         (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, dst)
     os.symlink(os.path.join(REPO, '.venv'), os.path.join(project, '.venv'))
     os.makedirs(os.path.join(base, 'state'))
-    env = project_env(base, None)
+    env = project_env(base)
     res = subprocess.run([os.path.join(REPO, 'tools', 'install-command-plugin.sh'), env['PULUMI_HOME']],
-                         env={k: v for k, v in env.items() if v is not None}, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True)
     assert res.returncode == 0, 'install-command-plugin.sh failed:\n' + res.stderr
     return project
 
@@ -155,11 +158,7 @@ class Lab(object):
         self.spec_path = os.path.join(base, 'spec.json')
         with open(self.spec_path) as f:
             self.spec = json.load(f)
-        self.env = dict(os.environ, PULUMI_BACKEND_URL='file://' + os.path.join(base, 'state'),
-                        PULUMI_HOME=os.path.join(base, 'pulumi-home'), PULUMI_CONFIG_PASSPHRASE=PASSPHRASE,
-                        PULUMI_SKIP_UPDATE_CHECK='true', PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true',
-                        GPUHOST_LAB=self.dir)
-        self.env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
+        self.env = project_env(base, self.dir)
         with open(os.path.join(self.dir, 'lab.json')) as f:
             self.info = json.load(f)
         self.host = hostsim.Host(self.dir)
@@ -214,11 +213,11 @@ class Lab(object):
 
     # -- the CLI
 
-    def pulumi(self, *args, check=True, stack=None, timeout=600, env=None):
+    def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None):
         argv = ['pulumi'] + list(args)
         if stack:
             argv += ['--stack', stack]
-        res = subprocess.run(argv, cwd=self.project, env=dict(self.env, **(env or {})), capture_output=True, text=True,
+        res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True, text=True,
                              timeout=timeout)
         # Whatever happened, the operator never sees Python frames (README: errors come without them).
         for stream in (res.stdout, res.stderr):
@@ -603,19 +602,11 @@ class FleetLab(object):
         entries = entries if entries is not None else [self.entry(n) for n in (names or sorted(self.labs))]
         return self.fleet_mod.stack_config(entries, max_unavailable)
 
-    def write_stack(self, stack, cfg):
-        with open(os.path.join(self.project, 'Pulumi.%s.yaml' % stack), 'w') as f:
-            yaml.safe_dump({'config': cfg}, f, sort_keys=False)
-        self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
-
-    def pulumi(self, *args, **kw):
-        return Lab.pulumi(self, *args, **kw)
-
-    def preview_json(self, stack, *extra):
-        return json.loads(self.pulumi('preview', '--json', *extra, stack=stack).stdout)
-
-    def outputs(self, stack):
-        return json.loads(self.pulumi('stack', 'output', '--json', '--show-secrets', stack=stack).stdout)
+    # The CLI, as for one lab: the same project-copy methods (every run checked for Python frames).
+    write_stack = Lab.write_stack
+    pulumi = Lab.pulumi
+    preview_json = Lab.preview_json
+    outputs = Lab.outputs
 
     def down(self):
         for lab in self.labs.values():

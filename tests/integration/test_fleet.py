@@ -250,13 +250,13 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
     mon = tmp_path / 'fleet-monitoring'
     shutil.copytree(os.path.join(REPO, 'fleet-monitoring'), mon)
     os.symlink(os.path.join(REPO, '.venv'), str(tmp_path / '.venv'))
-    run = lambda *a, check=True: subprocess.run(['pulumi'] + list(a), cwd=str(mon), env=fleet.env,  # noqa: E731
-                                               capture_output=True, text=True, check=check)
+
+    def run(*args, check=True):
+        return fleet.pulumi(*args, check=check, cwd=str(mon))
     run('stack', 'init', 'merged', '--secrets-provider', 'passphrase')
     run('config', 'set', '--path', 'shards[0]', 'organization/gpuhost/%s' % STACK)
     run('config', 'set', '--path', 'shards[1]', 'organization/gpuhost/shard-b')
-    res = run('up', '--yes', '--skip-preview', check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    run('up', '--yes', '--skip-preview')
     groups = json.loads(run('stack', 'output', 'prometheus_file_sd', '--json').stdout)
     got = sorted((g['labels']['shard'], g['labels']['host'], g['labels']['id']) for g in groups)
     want = sorted([(STACK, n, i) for n in ('gpu01', 'gpu03', 'gpu04') for i in ('lxc/200', 'node/pve-%s' % n)] +
@@ -269,3 +269,7 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
         {'files': [str(targets)]}]}]}))
     check = subprocess.run(['promtool', 'check', 'config', str(prom)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+    # The same shard listed twice would count its hosts twice: refused, in one line.
+    run('config', 'set', '--path', 'shards[2]', 'organization/gpuhost/shard-b')
+    res = run('preview', check=False)
+    assert res.returncode != 0 and 'shards: organization/gpuhost/shard-b is listed twice' in res.stdout + res.stderr
