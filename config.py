@@ -860,14 +860,6 @@ def connection_inputs(d: Deployment, root: str) -> tuple:
     return connection, api_in
 
 
-def from_pulumi() -> Deployment:
-    """The model of a one-host stack (see fleet_from_pulumi for stacks with gpuhost:hosts)."""
-    fleet = fleet_from_pulumi()
-    if fleet.is_fleet:
-        raise ConfigError('gpuhost:hosts: this stack describes a fleet; use fleet_from_pulumi()')
-    return fleet.hosts[0].deployment
-
-
 def fleet_from_pulumi() -> 'Fleet':
     """The fleet from the running stack's `gpuhost:*` config (secure leaves arrive decrypted and go
     into SecretStr fields; the program hands them to resources only as Pulumi secrets)."""
@@ -891,7 +883,7 @@ def fleet_from_pulumi() -> 'Fleet':
     if isinstance(hosts, list):
         for i, entry in enumerate(hosts):
             if isinstance(entry, dict):
-                check_secrets(entry, lambda _k: is_config_secret('gpuhost:hosts'), secure, prefix=('hosts', str(i)))
+                check_secrets(entry, is_config_secret, secure, prefix=('hosts', str(i)))
     return parse_fleet(data)
 
 

@@ -24,10 +24,13 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import yaml
+
+from lab import hostsim
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -134,8 +137,7 @@ def up(root: str, n: int) -> dict:
         lab = os.path.join(root, name_of(i))
         spec = host_spec(i, addresses(i))
         spec_path = os.path.join(root, '%s.spec.json' % name_of(i))
-        with open(spec_path, 'w') as f:
-            json.dump(spec, f, indent=2)
+        hostsim.write(spec_path, json.dumps(spec, indent=2) + '\n')
         res = labctl(lab, 'up', '--spec', spec_path)
         if res.returncode != 0:
             sys.exit('lab host %s did not start:\n%s' % (name_of(i), res.stderr[-3000:]))
@@ -143,11 +145,11 @@ def up(root: str, n: int) -> dict:
             started.append(name_of(i))
         entries.append(host_entry(i, spec, os.path.relpath(lab, REPO)))
     doc = {'config': stack_config(entries)}
-    with open(STACK_FILE, 'w') as f:
-        f.write('# The fleet lab\'s stack (python -m lab.fleet up --hosts %d, `make lab HOSTS=%d`): generated, not\n'
-                '# committed. The shared settings are Pulumi.lab.yaml\'s; each gpuhost:hosts entry says what differs.\n'
-                % (n, n))
-        yaml.safe_dump(doc, f, sort_keys=False, width=120)
+    # Atomically: a `pulumi` reading the stack file meanwhile sees the old one or the new one.
+    hostsim.write(STACK_FILE, '# The fleet lab\'s stack (python -m lab.fleet up --hosts %d, `make lab HOSTS=%d`): '
+                              'generated, not\n# committed. The shared settings are Pulumi.lab.yaml\'s; each '
+                              'gpuhost:hosts entry says what differs.\n' % (n, n)
+                  + yaml.safe_dump(doc, sort_keys=False, width=120))
     return {'hosts': [name_of(i) for i in range(1, n + 1)], 'started': started, 'stack_file': STACK_FILE}
 
 
@@ -155,7 +157,6 @@ def down(root: str) -> None:
     for name in hosts_present(root):
         labctl(os.path.join(root, name), 'down')
     if os.path.isdir(root):
-        import shutil
         shutil.rmtree(root)
 
 

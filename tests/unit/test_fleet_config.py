@@ -196,3 +196,22 @@ def test_an_entry_swaps_a_pair_by_nulling_the_shared_one():
     assert f.hosts[1].deployment.host.ssh.host_key == key and f.hosts[1].deployment.host.ssh.host_key_file is None
     with pytest.raises(config.ConfigError, match='(?s)host gpu02 .*set exactly one of host_key'):
         fleet(entry('gpu01', 1), entry('gpu02', 2, host={'ssh': {'host_key': key}}))
+
+
+def test_a_failed_rollout_step_says_where_the_rollout_stopped_and_other_steps_do_not():
+    """state._normalising adds the note for the providers whose steps gate a rollout (ROLLOUT_STEP)."""
+    from components.host import HostStatusProvider, KernelCmdlineProvider
+    from components.sglang import SglangUnitProvider
+    from components.state import Failed
+    r = {'host': 'gpu02', 'before': ['gpu01'], 'after': ['gpu03'], 'max_unavailable': 1}
+    bad = {'rollout': r, 'connection': None}   # fails at once: no connection
+    for provider, step in ((SglangUnitProvider(), 'its SGLang unit'), (HostStatusProvider(), 'its host status')):
+        with pytest.raises(Failed, match=r'^rollout stopped at host gpu02 \(%s.*\): hosts done before it in its '
+                                         r'lane: gpu01; not started, still on their old unit: gpu03\.' % step):
+            provider.update('id', {}, bad)
+    with pytest.raises(Failed) as e:
+        KernelCmdlineProvider().update('id', {}, bad)
+    assert 'rollout' not in str(e.value)
+    with pytest.raises(Failed) as e:
+        SglangUnitProvider().read('id', bad)   # a refresh is no rollout step
+    assert 'rollout' not in str(e.value)
