@@ -8,7 +8,6 @@ Stdlib only (runs under the host's /usr/bin/python3).
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
+import container  # noqa: E402
 import hostsim  # noqa: E402
 
 CONFIG = '/etc/gpuhost-lab.json'
@@ -199,9 +199,10 @@ def api_ct_status(vmid, node):
 
 def ct_status(vmid, node):
     path = os.path.join(ct_dir(vmid), 'status')
-    # The lab daemon mirrors fakepve's containers into files (rootfs, status, units) every 0.2 s, slower
-    # on a loaded machine; on a real host pct sees a container's state the moment the API changed it.
-    # So pct waits, a little, until the mirror has caught up with what the API says.
+    # The lab daemon boots or shuts down a container (lab/container.py) when fakepve's state changes; it
+    # writes `status` once systemd runs in it or it is down, a second or two later. A real pct sees the
+    # state the moment the API changed it (pct start returns once the container's init runs). So pct
+    # waits, a little, until the container has caught up with what the API says.
     live = api_ct_status(vmid, node)
     deadline = time.time() + 15
     while live is not None and time.time() < deadline:
@@ -231,7 +232,7 @@ def pct(host, args):
         return
     if cmd in ('push', 'pull', 'exec', 'enter') and status != 'running':
         die('CT %s not running' % vmid, 255)
-    rootfs = os.path.join(ct_dir(vmid), 'rootfs')
+    ct = container.Container(ct_dir(vmid))
     if cmd == 'push':
         opts, pos = parse_opts(rest[1:])
         if len(pos) != 2:
@@ -239,24 +240,36 @@ def pct(host, args):
         src, dst = pos
         if not dst.startswith('/'):
             die('destination must be an absolute path', 255)
-        target = os.path.join(rootfs, dst.lstrip('/'))
-        if not os.path.isdir(os.path.dirname(target)):
-            die("failed to open %s for writing: No such file or directory" % dst, 255)
-        shutil.copyfile(src, target)
-        os.chmod(target, int(opts.get('perms', '0644'), 8))
-        return
+        try:
+            data = open(src, 'rb')
+        except OSError as e:
+            die('failed to open %s for reading: %s' % (src, e.strerror), 255)
+        # Written by a process inside the container, as pct does it: its mounts, its symlinks.
+        script = ('[ -d "$(dirname "$1")" ] || { echo "failed to open $1 for writing: No such file or directory" >&2;'
+                  ' exit 255; }; cat > "$1" && chown "$3:$4" "$1" && chmod "$2" "$1"')
+        with data:
+            res = subprocess.run(ct.enter_argv(['/bin/sh', '-c', script, 'pct-push', dst, opts.get('perms', '0644'),
+                                                opts.get('user', '0'), opts.get('group', '0')]), stdin=data)
+        sys.exit(res.returncode)
     if cmd == 'pull':
         opts, pos = parse_opts(rest[1:])
-        shutil.copyfile(os.path.join(rootfs, pos[0].lstrip('/')), pos[1])
-        return
+        if len(pos) != 2:
+            die('400 wrong number of arguments\npct pull <vmid> <path> <destination> [OPTIONS]', 255)
+        src, dst = pos
+        with open(dst, 'wb') as out:
+            res = subprocess.run(ct.enter_argv(['/bin/sh', '-c', '[ -f "$1" ] || { echo "failed to open $1 for '
+                                                'reading: No such file or directory" >&2; exit 255; }; cat "$1"',
+                                                'pct-pull', src]), stdout=out)
+        if res.returncode != 0:
+            os.unlink(dst)
+        sys.exit(res.returncode)
     if cmd == 'exec':
         argv = rest[1:]
         if argv and argv[0] == '--':
             argv = argv[1:]
         if not argv:
             die('missing command', 255)
-        os.execvp('unshare', ['unshare', '-m', '--propagation', 'private', '--',
-                              sys.executable, os.path.realpath(__file__), '_ct_chroot', vmid] + argv)
+        os.execvp('nsenter', ct.enter_argv(argv))
     die('pct: unknown command %s' % cmd, 255)
 
 
@@ -271,35 +284,6 @@ def parse_opts(args):
     return opts, pos
 
 
-# Host directories a container sees read-only (the lab's containers share the host's userland).
-SHARED = ('usr', 'bin', 'lib', 'lib64', 'sbin')
-
-
-def ct_chroot(vmid, argv):
-    """Inside a private mount namespace: assemble the container's root and exec argv in it."""
-    rootfs = os.path.join(ct_dir(vmid), 'rootfs')
-    for name in SHARED:
-        src = '/' + name
-        dst = os.path.join(rootfs, name)
-        if os.path.islink(src):
-            if not os.path.lexists(dst):
-                os.symlink(os.readlink(src), dst)
-            continue
-        if os.path.isdir(src):
-            os.makedirs(dst, exist_ok=True)
-            subprocess.check_call(['mount', '--bind', '-o', 'ro', src, dst])
-    for name, src in (('dev', '/dev'), ('proc', '/proc'), ('usr/local/bin', os.path.join(HERE, 'ctbin')),
-                      ('opt/gpuhost-lab', HERE)):
-        dst = os.path.join(rootfs, name)
-        os.makedirs(dst, exist_ok=True)
-        subprocess.check_call(['mount', '--bind', src, dst])
-    os.chroot(rootfs)
-    os.chdir('/')
-    env = {'PATH': '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME': '/root',
-           'LANG': 'C.UTF-8', 'container': 'lxc'}
-    os.execvpe(argv[0], argv, env)
-
-
 TOOLS = {
     'driverctl': driverctl,
     'proxmox-boot-tool': proxmox_boot_tool,
@@ -311,9 +295,6 @@ TOOLS = {
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] == '_ct_chroot':
-        ct_chroot(sys.argv[2], sys.argv[3:])
-        return
     tool = os.path.basename(sys.argv[0])
     host = hostsim.Host(lab_dir())
     # Fault injection for tests: a file LAB/host/faults/<tool> (or <tool>.<subcommand>) makes the

@@ -26,8 +26,10 @@ Parts, all bound to loopback addresses from the spec:
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -35,17 +37,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import container  # noqa: E402
+import ctbase  # noqa: E402
 import hostsim  # noqa: E402
 
 DEFAULT_LAB = os.path.join(REPO, '.lab')
 DEFAULT_SPEC = os.path.join(HERE, 'spec', 'default.json')
 TEMPLATE = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
-SGLANG_VENV = 'opt/sglang/venv'
 TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct')
 # Real seconds the host stays down in a reboot (no sshd, no API); the spec's reboot_down_secs or
 # this environment variable (read by the lab daemon) overrides it.
@@ -124,6 +128,7 @@ def prepare(lab, spec_path):
     write_secret(os.path.join(lab, 'secrets', 'pve-password'), password)
     write_secret(os.path.join(lab, 'secrets', 'pve-token'), token)
     return {
+        'ct_base': ctbase.ensure(),
         'spec': spec_path,
         'node': spec['node'],
         'pve': {'host': spec['addresses']['pve'], 'port': spec['ports']['pve'], 'cafile': cert, 'keyfile': key,
@@ -166,6 +171,72 @@ def write_secret(path, value):
 
 # --------------------------------------------------------------------------- daemon
 
+class CtWorker(threading.Thread):
+    """One container's life in the lab daemon: brings lab/container.py's Container to the state fakepve
+    last gave it (created, booted, stopped, rebooted, destroyed), off the daemon's event loop - a
+    container takes a second or two to shut down, and fakepve's API must keep answering meanwhile."""
+
+    def __init__(self, labd, vmid):
+        super().__init__(name='ct-%d' % vmid, daemon=True)
+        self.labd, self.vmid = labd, vmid
+        self.ct = container.Container(labd.ct_dir(vmid))
+        self.cond = threading.Condition()
+        self.desired = None
+        self.busy = False
+        self.booted_pid = None
+
+    def want(self, state):
+        with self.cond:
+            self.desired = state
+            self.cond.notify()
+
+    def idle(self):
+        with self.cond:
+            return self.desired is None and not self.busy
+
+    def run(self):
+        while True:
+            with self.cond:
+                while self.desired is None:
+                    self.cond.wait()
+                state, self.desired, self.busy = self.desired, None, True
+            try:
+                done = self.converge(state)
+            except Exception as e:  # logged; the lab keeps going (pct then reports the container's state)
+                print('labd: container %d: %s: %s' % (self.vmid, type(e).__name__, e), flush=True)
+                done = False
+            with self.cond:
+                self.busy = False
+            if done:
+                return
+
+    def converge(self, state):
+        """True when the worker is finished (the container is destroyed or the daemon stops)."""
+        if state in ('destroy', 'halt'):
+            if state == 'destroy':
+                self.ct.destroy()
+            else:
+                self.ct.stop()
+                for point in container.mounts_under(self.ct.dir):
+                    subprocess.run(['umount', '-l', point], capture_output=True)
+            self.labd.workers.pop(self.vmid, None)
+            return True
+        if not self.ct.exists() or not container.mounted(self.ct.rootfs):
+            self.ct.create(self.labd.info['ct_base'], self.labd.ct_files() if not self.ct.exists() else {})
+        if state == 'stopped':
+            self.ct.stop()
+            self.booted_pid = None
+            return False
+        _, pid, hostname, binds = state
+        if self.ct.leader() and self.booted_pid != pid:
+            self.ct.stop()   # fakepve rebooted it: a new init
+        if not self.ct.leader():
+            machine = 'lab%s-%d' % (hashlib.sha256(self.labd.lab.encode()).hexdigest()[:8], self.vmid)
+            self.ct.start(machine, hostname, binds)
+        self.booted_pid = pid
+        return False
+
+
 class Lab(object):
     def __init__(self, lab):
         self.lab = lab
@@ -177,6 +248,7 @@ class Lab(object):
         self.confs = {}
         self.locked = set()
         self.held = set()
+        self.workers = {}
 
     def control_path(self, *parts):
         return os.path.join(self.lab, 'control', *parts)
@@ -274,70 +346,58 @@ class Lab(object):
             self.sshd.wait(5)
 
     def stop(self):
-        for vmid in list(self.seen):
-            self.stop_units(vmid)
+        """The lab daemon ends: every container shut down and its root unmounted (its files stay)."""
+        for worker in list(self.workers.values()):
+            worker.want('halt')
+        self.settle(timeout=60)
         self.stop_sshd()
 
-    # -- containers
+    # -- containers (lab/container.py: an overlay root over the Debian base, systemd-nspawn, real systemd)
+
+    def ct_dir(self, vmid):
+        return os.path.join(self.lab, 'ct', str(vmid))
 
     def ct_root(self, vmid):
-        return os.path.join(self.lab, 'ct', str(vmid), 'rootfs')
+        return os.path.join(self.ct_dir(vmid), 'rootfs')
 
-    def make_rootfs(self, vmid):
-        root = self.ct_root(vmid)
-        if os.path.isdir(root):
-            return
-        for sub in ('etc/systemd/system', 'run', 'tmp', 'var/log', 'root', SGLANG_VENV + '/bin',
-                    SGLANG_VENV + '/lib/python'):
-            os.makedirs(os.path.join(root, sub), exist_ok=True)
-        for name in ('passwd', 'group', 'nsswitch.conf', 'hosts'):
-            if os.path.exists('/etc/' + name):
-                shutil.copyfile('/etc/' + name, os.path.join(root, 'etc', name))
-        hostsim.write(os.path.join(root, 'etc/lab-ct.json'), json.dumps({'ip': self.info['container_ip']}) + '\n')
+    def ct_files(self):
+        """The lab's own files in a new container, beside what Proxmox writes (hostname, machine-id):
+        its address, for the simulated SGLang's bind (lab/fakesglang), and the speed model it follows."""
+        files = {'/etc/lab-ct.json': json.dumps({'ip': self.info['container_ip']}) + '\n'}
         if self.info.get('sglang_speed'):
-            hostsim.write(os.path.join(root, 'etc/lab-sglang-speed.json'), json.dumps(self.info['sglang_speed']) + '\n')
-        # The SGLang installation the service expects: a virtualenv whose python runs the lab's
-        # simulated sglang package (lab/fakesglang) at the spec's version.
-        pkg = os.path.join(root, SGLANG_VENV, 'lib/python/sglang')
-        shutil.copytree(os.path.join(HERE, 'fakesglang', 'sglang'), pkg)
-        hostsim.write(os.path.join(pkg, 'VERSION'), self.info['sglang_version'] + '\n')
-        # Its parser: the program's sglang_argparse and the table generated from that version's argparse
-        # (a version without a table makes the simulated launch_server fail, naming the supported ones).
-        components = os.path.join(os.path.dirname(HERE), 'components')
-        shutil.copyfile(os.path.join(components, 'sglang_argparse.py'), os.path.join(pkg, 'sglang_argparse.py'))
-        os.makedirs(os.path.join(pkg, 'sglang_flags_data'))
-        table = os.path.join(components, 'sglang_flags_data', self.info['sglang_version'] + '.json')
-        if os.path.exists(table):
-            shutil.copyfile(table, os.path.join(pkg, 'sglang_flags_data', os.path.basename(table)))
-        shim = os.path.join(root, SGLANG_VENV, 'bin/python')
-        hostsim.write(shim, '#!/bin/sh\nPYTHONPATH=/%s/lib/python exec /usr/bin/python3 "$@"\n' % SGLANG_VENV)
-        os.chmod(shim, 0o755)
+            files['/etc/lab-sglang-speed.json'] = json.dumps(self.info['sglang_speed']) + '\n'
+        return files
 
-    def unit_pids(self, vmid):
-        d = os.path.join(self.ct_root(vmid), 'run', 'lab-systemd')
+    def ct_binds(self, ct):
+        """devN entries: the host's device nodes appear in the container at their paths (LXC's bind)."""
         out = []
-        if os.path.isdir(d):
-            for name in os.listdir(d):
-                if name.endswith('.pid'):
-                    with open(os.path.join(d, name)) as f:
-                        out.append((os.path.join(d, name), int(f.read().strip() or 0)))
+        for k, v in sorted(ct.config.items()):
+            if re.match(r'^dev\d+$', k):
+                dev = str(v).split(',')[0].strip()
+                if dev.startswith('path='):
+                    dev = dev[5:]
+                src = self.host.path('dev', os.path.relpath(dev, '/dev')) if dev.startswith('/dev/') else None
+                if src and os.path.exists(src):
+                    out.append((src, dev))
         return out
 
-    def stop_units(self, vmid):
-        for path, pid in self.unit_pids(vmid):
-            if pid and pid_alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            os.unlink(path)
+    def settle(self, timeout=60.0):
+        """Wait until every container has done what it was last asked (booted, stopped, destroyed)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if all(w.idle() for w in self.workers.values()):
+                return True
+            time.sleep(0.05)
+        print('labd: containers still busy after %s s: %s' % (
+            timeout, [v for v, w in self.workers.items() if not w.idle()]), flush=True)
+        return False
 
-    def boot_units(self, vmid):
-        env = dict(os.environ, GPUHOST_LAB=self.lab)
-        subprocess.Popen(['unshare', '-m', '--propagation', 'private', '--', '/usr/bin/python3',
-                          os.path.join(HERE, 'faketools.py'), '_ct_chroot', str(vmid), 'systemctl', 'lab-boot'],
-                         env=env, stdout=subprocess.DEVNULL, start_new_session=True,
-                         stderr=open(os.path.join(self.lab, 'ct', str(vmid), 'boot.log'), 'ab'))
+    def worker(self, vmid):
+        w = self.workers.get(vmid)
+        if w is None or not w.is_alive():
+            w = self.workers[vmid] = CtWorker(self, vmid)
+            w.start()
+        return w
 
     # -- control files (tests/lablib.py writes them)
 
@@ -511,18 +571,13 @@ class Lab(object):
             # (status, init pid): a reboot keeps "running" but gives the container a new init.
             now[ct.vmid] = (ct.status, ct.pid)
             prev = self.seen.get(ct.vmid, (None, None))
-            self.make_rootfs(ct.vmid)
-            hostsim.write(os.path.join(self.lab, 'ct', str(ct.vmid), 'status'), ct.status + '\n')
             self.sync_conf('lxc', ct)
-            if ct.status == 'running' and prev != now[ct.vmid]:
-                if prev[0] == 'running':
-                    self.stop_units(ct.vmid)
-                self.boot_units(ct.vmid)
-            elif ct.status != 'running' and prev[0] == 'running':
-                self.stop_units(ct.vmid)
+            if prev != now[ct.vmid] or ct.vmid not in self.workers:
+                hostname = str(ct.config.get('hostname') or 'CT%d' % ct.vmid)
+                self.worker(ct.vmid).want(('running', ct.pid, hostname, self.ct_binds(ct))
+                                          if ct.status == 'running' else 'stopped')
         for vmid in set(self.seen) - set(now):
-            self.stop_units(vmid)
-            shutil.rmtree(os.path.join(self.lab, 'ct', str(vmid)), ignore_errors=True)
+            self.worker(vmid).want('destroy')
             conf = self.host.path('etc/pve/lxc/%d.conf' % vmid)
             if os.path.exists(conf):
                 os.unlink(conf)
@@ -673,6 +728,7 @@ class Lab(object):
                 if vm.status == 'running':
                     vm.status = vm.qmpstatus = 'stopped'
             self.sync()
+            self.settle()   # the guests are down before the host is
             self.host.reboot()
             await asyncio.sleep(max(0.0, down - (time.time() - t_down)))
             await self.start_api()
@@ -794,7 +850,7 @@ def down(lab, quiet=False):
     pid = info.get('pid')
     if pid and pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
+        for _ in range(600):   # it shuts its containers down first (a second or two each, in parallel)
             if not pid_alive(pid):
                 break
             time.sleep(0.05)
@@ -807,6 +863,8 @@ def down(lab, quiet=False):
         if spid and pid_alive(spid):
             os.kill(spid, signal.SIGTERM)
     if os.path.isdir(lab):
+        # A daemon that was killed left its containers running and their roots mounted.
+        container.cleanup(lab)
         shutil.rmtree(lab)
     if not quiet:
         print(json.dumps({'stopped': True, 'lab': lab}))

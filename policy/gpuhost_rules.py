@@ -12,7 +12,7 @@ are recognised by their inputs (any `pulumi-python:dynamic/...` type):
 
 Kernel command-line semantics come from components/cmdline.py (the kernel's own rules), the SGLang
 flags from components/sglang_argparse.py (SGLang's own parser for the unit's version, so `--tp 4`,
-`--host=::` and prefixes read as SGLang reads them), the unit text from lab/systemd_unit.py (systemd
+`--host=::` and prefixes read as SGLang reads them), the unit text from components/systemd_unit.py (systemd
 252's parser, checked against systemd-analyze). The project root must be on sys.path.
 
 Rules that span resources (GPU on both sides, TP vs the container, hostpci vs the vfio binding) use
@@ -31,7 +31,7 @@ import os
 import re
 import threading
 
-from components import cmdline, sglang_argparse
+from components import cmdline, sglang_argparse, systemd_unit
 from components.pve import split_props  # Proxmox's own property-string reading, shared with the program
 
 # --------------------------------------------------------------------------- rule names
@@ -357,7 +357,6 @@ def unit_flags(res: Res) -> UnitFlags:
 
 
 def _read_unit(text, version, name) -> UnitFlags:
-    from lab import systemd_unit
     try:
         u = systemd_unit.parse_unit(text, name)
     except systemd_unit.UnitError as e:

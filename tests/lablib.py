@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,51 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'lab'))
 import hostsim  # noqa: E402
+from container import Container  # noqa: E402
+from lab import sglang_install  # noqa: E402
 
 PASSPHRASE = 'gpuhost-itest'
+# systemd's catalog ids of "Started <unit>" and "Stopped <unit>" (sd-messages.h: SD_MESSAGE_UNIT_STARTED,
+# SD_MESSAGE_UNIT_STOPPED).
+JOURNAL_EVENTS = {'39f53479d3a045ac8e11786248231fbf': 'started', '9d1aaa27d60140bd96365438aad20286': 'stopped'}
+# fail_systemctl()'s wrapper, put into a container as /usr/local/sbin/systemctl (first on pct exec's PATH).
+SYSTEMCTL_FAULT = r'''#!/bin/sh
+# Put here by a test (tests/lablib.py fail_systemctl): `systemctl <cmd>` fails when
+# /etc/lab-faults/systemctl.<cmd> exists; everything else is the real systemctl's.
+real=/usr/bin/systemctl
+cmd=
+for a in "$@"; do case $a in -*) ;; *) cmd=$a; break ;; esac; done
+fault=/etc/lab-faults/systemctl.$cmd
+if [ -z "$cmd" ] || [ ! -e "$fault" ]; then exec "$real" "$@"; fi
+unit=
+for a in "$@"; do case $a in -*|"$cmd") ;; *) unit=$a ;; esac; done
+case $unit in ""|*.*) ;; *) unit=$unit.service ;; esac
+msg=$(cat "$fault")
+[ "$msg" = hang ] && exec sleep 3600
+if [ -z "$msg" ]; then
+  case $cmd in
+    start|restart|try-restart)
+      # The start job fails in systemd itself: its control process exits 1.
+      d=/run/systemd/system/$unit.d
+      mkdir -p "$d"
+      printf '[Service]\nExecStartPre=/bin/false\nRestart=no\n' > "$d/zz-lab-fault.conf"
+      "$real" daemon-reload
+      "$real" "$@"
+      rc=$?
+      rm -f "$d/zz-lab-fault.conf"
+      rmdir "$d" 2>/dev/null
+      "$real" daemon-reload
+      exit $rc ;;
+    stop) msg='Job for {unit} failed.
+See "systemctl status {unit}" and "journalctl -xeu {unit}" for details.' ;;
+    daemon-reload) msg='Failed to reload daemon: Connection timed out' ;;
+    enable|disable) msg="Failed to $cmd unit: Input/output error" ;;
+    *) msg="Failed to $cmd {unit}: Input/output error" ;;
+  esac
+fi
+printf '%s\n' "$msg" | sed "s|{unit}|$unit|g" >&2
+exit 1
+'''
 PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config.py', 'components', 'templates')
 
 
@@ -133,6 +177,7 @@ class Lab(object):
         self.spec = spec
         self.env = project_env(base, self.dir)
         self.info = None
+        self.sglang_installs = []
 
     @classmethod
     def in_fleet(cls, fleet, name, spec):
@@ -146,6 +191,7 @@ class Lab(object):
         self.spec = spec
         self.env = fleet.env
         self.info = None
+        self.sglang_installs = []
         return self
 
     @classmethod
@@ -159,6 +205,7 @@ class Lab(object):
         with open(self.spec_path) as f:
             self.spec = json.load(f)
         self.env = project_env(base, self.dir)
+        self.sglang_installs = []
         with open(os.path.join(self.dir, 'lab.json')) as f:
             self.info = json.load(f)
         self.host = hostsim.Host(self.dir)
@@ -214,19 +261,46 @@ class Lab(object):
     # -- the CLI
 
     def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None):
+        """Run the real CLI in the project copy. After an `up` that stopped because a container has no SGLang
+        yet - a new container is as bare as debian-12-standard, and the program does not install SGLang
+        (README, "The first `up` on a bare host") - the operator's hand step installs it
+        (lab/sglang_install.py, recorded in self.sglang_installs) and, unless the caller expects a failure
+        (check=False), the same `up` runs again: once per host at most (a fleet reaches its hosts' units
+        one after another)."""
         argv = ['pulumi'] + list(args)
         if stack:
             argv += ['--stack', stack]
-        res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True, text=True,
-                             timeout=timeout)
-        # Whatever happened, the operator never sees Python frames (README: errors come without them).
-        for stream in (res.stdout, res.stderr):
-            assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
-                '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])
+        for _ in range(len(self.all_labs()) + 1):
+            res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True,
+                                 text=True, timeout=timeout)
+            # Whatever happened, the operator never sees Python frames (README: errors come without them).
+            for stream in (res.stdout, res.stderr):
+                assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
+                    '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])
+            if res.returncode == 0 or args[:1] != ('up',) or not self.install_sglang_where_missing(res) or not check:
+                break
         if check and res.returncode != 0:
             raise AssertionError('%s failed (%d):\n%s\n%s' % (' '.join(argv), res.returncode, res.stdout[-6000:],
                                                               res.stderr[-3000:]))
         return res
+
+    def all_labs(self):
+        return list(getattr(self, 'labs', {}).values()) or [self]
+
+    def install_sglang_where_missing(self, res):
+        """The operator's step after the program's "no SGLang at <venv>" refusal: SGLang installed into every
+        running container of the lab(s) that the refusal names and that lacks it. Returns how many."""
+        wanted = set(re.findall(r'container (\d+): no SGLang at (/\S+) \(expected ([^)\s]+)\)',
+                                res.stdout + res.stderr))
+        done = 0
+        for lab in self.all_labs():
+            for vmid, venv, version in sorted(wanted):
+                root = lab.ct_root(int(vmid))
+                if lab.ct(int(vmid)).leader() and not os.path.exists(os.path.join(root, venv.lstrip('/'), 'bin', 'python')):
+                    sglang_install.install(lab.dir, int(vmid), venv, version)
+                    lab.sglang_installs.append((int(vmid), venv, version))
+                    done += 1
+        return done
 
     def preview_json(self, stack, *extra):
         res = self.pulumi('preview', '--json', *extra, stack=stack)
@@ -411,21 +485,32 @@ class Lab(object):
         hostsim.write(self.host.path('faults', name), 'hang\n')
 
     def fail_systemctl(self, cmd, message=None, vmid=200):
-        """Make `systemctl <cmd>` fail inside container vmid (exit 1; message on stderr, default what
-        systemd prints, '{unit}' replaced by the unit name; 'hang' to hang instead). cmd: start,
-        restart, try-restart, stop, enable, disable, daemon-reload, or any other systemctl command.
-        A failed start/restart leaves the unit failed (not running)."""
-        hostsim.write(os.path.join(self.ct_root(vmid), 'etc', 'lab-faults', 'systemctl.' + cmd), message or '')
+        """Make `systemctl <cmd>` fail inside container vmid: a wrapper the test puts first on the PATH
+        `pct exec` gives (/usr/local/sbin/systemctl), calling the real systemctl for everything else.
+        Without a message, start/restart/try-restart fail the way systemd fails them - the start job's
+        control process exits 1 (a runtime drop-in present only while the wrapper runs), so systemd
+        prints its own "Job for <unit> failed ..." and leaves the unit failed, not running - and other
+        commands print systemd's message for an I/O error; with one ('{unit}' replaced by the unit
+        name), that message on stderr and exit 1; 'hang' hangs instead."""
+        root = self.ct_root(vmid)
+        hostsim.write(os.path.join(root, 'etc', 'lab-faults', 'systemctl.' + cmd), message or '')
+        wrapper = os.path.join(root, 'usr', 'local', 'sbin', 'systemctl')
+        hostsim.write(wrapper, SYSTEMCTL_FAULT)
+        os.chmod(wrapper, 0o755)
 
     def clear_faults(self):
         """Remove every injected tool and systemctl fault and an armed SSH drop (not fakepve's:
         pve_reset())."""
-        for d in [self.host.path('faults')] + [os.path.join(self.dir, 'ct', v, 'rootfs', 'etc', 'lab-faults')
-                                               for v in (os.listdir(os.path.join(self.dir, 'ct'))
-                                                         if os.path.isdir(os.path.join(self.dir, 'ct')) else [])]:
+        ctdir = os.path.join(self.dir, 'ct')
+        roots = [os.path.join(ctdir, v, 'rootfs') for v in (os.listdir(ctdir) if os.path.isdir(ctdir) else [])]
+        for d in [self.host.path('faults')] + [os.path.join(r, 'etc', 'lab-faults') for r in roots]:
             if os.path.isdir(d):
                 for name in os.listdir(d):
                     os.unlink(os.path.join(d, name))
+        for r in roots:
+            wrapper = os.path.join(r, 'usr', 'local', 'sbin', 'systemctl')
+            if os.path.exists(wrapper):
+                os.unlink(wrapper)
         if os.path.exists(self.control('ssh-drop.json')):
             os.unlink(self.control('ssh-drop.json'))
 
@@ -537,25 +622,61 @@ class Lab(object):
     def ct_root(self, vmid=200):
         return os.path.join(self.dir, 'ct', str(vmid), 'rootfs')
 
+    def ct(self, vmid=200):
+        return Container(os.path.join(self.dir, 'ct', str(vmid)))
+
+    def ct_exec(self, argv, vmid=200, check=True, timeout=60, stdin=None):
+        """Run argv inside the running container (as `pct exec` does, but from the test: not over SSH,
+        not counted, never dropped). Returns the CompletedProcess (text)."""
+        res = subprocess.run(self.ct(vmid).enter_argv(argv), capture_output=True, text=True, timeout=timeout,
+                             input=stdin)
+        if check and res.returncode != 0:
+            raise AssertionError('%s in container %d failed (%d): %s' % (argv, vmid, res.returncode, res.stderr))
+        return res
+
+    def unit_events(self, unit='sglang-qwen.service', vmid=200):
+        """systemd's own record of the unit, from the container's journal: [(time, 'started'|'stopped')],
+        oldest first - every "Started <unit>" and "Stopped <unit>" PID 1 logged since the container was
+        created (the journal is persistent: it survives reboots of the container)."""
+        argv = ['journalctl', '--no-pager', '-o', 'json', '--output-fields=MESSAGE_ID,__REALTIME_TIMESTAMP',
+                'UNIT=' + unit, '_PID=1']
+        if self.ct(vmid).leader():
+            self.ct_exec(['journalctl', '--sync'], vmid=vmid, check=False)
+            out = self.ct_exec(argv, vmid=vmid, check=False).stdout
+        else:
+            journal = os.path.join(self.ct_root(vmid), 'var', 'log', 'journal')
+            if not os.path.isdir(journal):
+                return []
+            out = subprocess.run(argv + ['--directory=' + journal], capture_output=True, text=True).stdout
+        events = []
+        for line in out.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            kind = JOURNAL_EVENTS.get(rec.get('MESSAGE_ID'))
+            if kind:
+                events.append((int(rec['__REALTIME_TIMESTAMP']) / 1e6, kind))
+        return sorted(events)
+
     def unit_starts(self, unit='sglang-qwen.service', vmid=200):
-        path = os.path.join(self.ct_root(vmid), 'run', 'lab-systemd', unit + '.starts')
-        if not os.path.exists(path):
-            return 0
-        with open(path) as f:
-            return sum(1 for _ in f)
+        """How often systemd started the unit in the container (its journal)."""
+        return sum(1 for _, kind in self.unit_events(unit, vmid) if kind == 'started')
+
+    def unit_start_times(self, unit='sglang-qwen.service', vmid=200):
+        return [t for t, kind in self.unit_events(unit, vmid) if kind == 'started']
+
+    def unit_pid(self, unit='sglang-qwen.service', vmid=200):
+        """The unit's main process, as systemd reports it (in the container's PID namespace)."""
+        return int(self.ct_exec(['systemctl', 'show', '-p', 'MainPID', '--value', unit], vmid=vmid).stdout)
 
     def down_intervals(self, unit='sglang-qwen.service', vmid=200, startup=1.0):
-        """[(stopped, serving again)] of the unit, from the simulated systemctl's stop and start records;
-        serving again = a start plus the simulated SGLang's load time (LAB_SGLANG_STARTUP, 1 s)."""
-        def times(kind):
-            path = os.path.join(self.ct_root(vmid), 'run', 'lab-systemd', '%s.%s' % (unit, kind))
-            if not os.path.exists(path):
-                return []
-            with open(path) as f:
-                return sorted(float(line.split()[0]) for line in f if line.strip())
-        starts = times('starts')
+        """[(stopped, serving again)] of the unit, from systemd's stop and start records; serving again =
+        a start plus the simulated SGLang's load time (LAB_SGLANG_STARTUP, 1 s)."""
+        events = self.unit_events(unit, vmid)
+        starts = [t for t, kind in events if kind == 'started']
         out = []
-        for t in times('stops'):
+        for t in (t for t, kind in events if kind == 'stopped'):
             later = [s for s in starts if s >= t]
             out.append((t, later[0] + startup if later else float('inf')))
         return out
@@ -605,6 +726,8 @@ class FleetLab(object):
     # The CLI, as for one lab: the same project-copy methods (every run checked for Python frames).
     write_stack = Lab.write_stack
     pulumi = Lab.pulumi
+    all_labs = Lab.all_labs
+    install_sglang_where_missing = Lab.install_sglang_where_missing
     preview_json = Lab.preview_json
     outputs = Lab.outputs
 

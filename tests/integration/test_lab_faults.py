@@ -1,5 +1,5 @@
-"""The lab's tool fault hooks: a fake host tool that fails or hangs, systemctl failing inside a
-container; clear_faults() undoes them."""
+"""The lab's tool fault hooks: a fake host tool that fails or hangs, systemctl failing inside a real
+container (real systemd underneath); clear_faults() undoes them."""
 
 import os
 import socket
@@ -42,19 +42,23 @@ def unit(lab):
     return 'demo.service'
 
 
-def test_systemctl_restart_fails_in_the_container(lab, unit):
+def test_systemctl_restart_fails_in_the_container_as_systemd_fails_it(lab, unit):
+    """The fault is systemd's own: the start job's control process fails, systemd prints its message and
+    leaves the unit failed; nothing of it stays behind (no drop-in, the next restart works)."""
     starts = lab.unit_starts(unit)
     lab.fail_systemctl('restart')
     res = lab.ssh('pct exec 200 -- systemctl restart %s' % unit)
     assert res.exit_code == 1
     assert res.stderr == ('Job for demo.service failed because the control process exited with error code.\n'
                           'See "systemctl status demo.service" and "journalctl -xeu demo.service" for details.\n')
-    assert lab.ssh('pct exec 200 -- systemctl show %s -p ActiveState -p Result' % unit).stdout == \
-        'ActiveState=failed\nResult=exit-code\n'
+    show = lab.ssh('pct exec 200 -- systemctl show %s -p ActiveState -p Result' % unit).stdout
+    assert sorted(show.splitlines()) == ['ActiveState=failed', 'Result=exit-code']
     assert lab.unit_starts(unit) == starts
+    assert not os.path.exists(os.path.join(lab.ct_root(200), 'run/systemd/system/demo.service.d'))
     lab.clear_faults()
     assert lab.ssh('pct exec 200 -- systemctl restart %s' % unit).exit_code == 0
     assert lab.unit_starts(unit) == starts + 1
+    assert lab.ssh('pct exec 200 -- systemctl is-active %s' % unit).stdout == 'active\n'
 
 
 @pytest.mark.parametrize('cmd, message', [
@@ -63,6 +67,8 @@ def test_systemctl_restart_fails_in_the_container(lab, unit):
     ('start', None),
 ])
 def test_systemctl_other_commands_fail_with_their_message(lab, unit, cmd, message):
+    if cmd == 'start':
+        assert lab.ssh('pct exec 200 -- systemctl stop %s' % unit).exit_code == 0
     lab.fail_systemctl(cmd)
     argv = 'systemctl %s %s' % (cmd, '' if cmd == 'daemon-reload' else unit)
     res = lab.ssh('pct exec 200 -- ' + argv)

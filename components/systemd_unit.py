@@ -1,10 +1,10 @@
-"""Unit files parsed the way systemd 252 parses them - what the lab's systemctl (lab/ctbin/systemctl)
-needs to run a service exactly as systemd would. Stdlib only: it runs under the system python3 inside
-a lab container (where lab/ is mounted at /opt/gpuhost-lab) and is imported by the unit tests, which
-compare it with `systemd-analyze verify` (tests/unit/test_systemd_unit.py).
+"""Unit files read the way systemd 252 reads them: the inverse of components/systemd.py, which writes
+them. The policy pack uses it to see the SGLang unit as systemd will run it (the ExecStart= argv,
+Environment=), whatever the text holds; tests/unit/test_systemd_unit.py compares it with systemd's own
+parser (`systemd-analyze verify`) on hostile strings.
 
 Followed from systemd 252's sources (conf-parser.c, load-fragment.c, extract-word.c, escape.c,
-specifier.c, env-util.c, env-file.c) and checked against systemd-analyze:
+specifier.c, env-util.c) and checked against systemd-analyze:
 
 - lines end at \\n, \\r, \\r\\n or NUL; a line ending in an odd number of backslashes continues
   on the next one (the backslash becomes a space); a line whose first non-blank is '#' or ';' is a
@@ -14,13 +14,11 @@ specifier.c, env-util.c, env-file.c) and checked against systemd-analyze:
   retried with EXTRACT_UNESCAPE_RELAX on a bad escape (kept verbatim); quotes may open and close
   anywhere in a word; a lone ';' separates commands and '\\;' is a literal ';' argument; prefixes
   - @ : + ! on the executable; % specifiers per word; an empty value resets the list;
-- Environment=: the same word splitting, then specifiers, no $ expansion; EnvironmentFile= (with
-  the '-' prefix) read at start, overriding Environment=;
+- Environment=: the same word splitting, then specifiers, no $ expansion;
 - at exec time: $$ -> $, ${VAR} inside a word -> the value as one word, a word that is exactly
   $VAR -> the value split at whitespace (replace_env_argv), unless the ':' prefix is given.
 """
 
-import glob
 import os
 import platform
 import pwd
@@ -659,7 +657,7 @@ def _verify(u):
                             'Type=oneshot services. Refusing.')
 
 
-# --- exec time ---------------------------------------------------------------------------------
+# --- environment files (os-release, machine-info: the specifiers read them) ----------------------
 
 def load_env_text(text):
     """parse_env_file_internal() of systemd 252 (EnvironmentFile=, os-release): [(key, value)]."""
@@ -758,40 +756,8 @@ def load_env_text(text):
     return out
 
 
-def load_environment_files(files):
-    """exec_context_load_environment(): KEY=value assignments of EnvironmentFile= entries (globs
-    allowed). Raises OSError for a missing file without the '-' prefix."""
-    out = []
-    for path, optional in files:
-        paths = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
-        if not paths and not optional:
-            raise FileNotFoundError(path)
-        for p in paths:
-            try:
-                with open(p, 'rb') as f:
-                    text = f.read().decode('utf-8', 'surrogateescape')
-            except OSError:
-                if optional:
-                    continue
-                raise
-            for k, v in load_env_text(text):
-                a = '%s=%s' % (k, v)
-                if env_assignment_is_valid(a):
-                    env_replace(out, a)
-    return out
 
-
-def exec_environment(unit, manager_env, extra=None):
-    """The environment a command of the unit runs with: the manager's, then systemd's own
-    variables (extra, e.g. INVOCATION_ID), Environment=, and EnvironmentFile= overriding them."""
-    env = dict(manager_env)
-    env.update(extra or {})
-    env.update(unit.env_dict())
-    for a in load_environment_files(unit.environment_files):
-        k, _, v = a.partition('=')
-        env[k] = v
-    return env
-
+# --- what a command's argv becomes ------------------------------------------------------------
 
 def replace_env(word, env):
     """replace_env() without flags: $$ -> $, ${VAR} -> its value ('' if unset), anything else kept."""
@@ -836,14 +802,3 @@ def expand_argv(argv, env):
 def command_argv(cmd, env):
     """The argv a command runs with."""
     return list(cmd.argv) if cmd.no_env_expand else expand_argv(cmd.argv, env)
-
-
-def find_executable(path, env=None):
-    """An absolute path as is; a bare name is looked up in systemd's fixed PATH."""
-    if path.startswith('/'):
-        return path
-    for d in DEFAULT_PATH.split(':'):
-        cand = os.path.join(d, path)
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None

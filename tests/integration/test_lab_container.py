@@ -1,0 +1,68 @@
+"""The lab's container is a real one: its own root filesystem over a Debian 12 base like Proxmox's
+debian-12-standard (nothing of this project in it), real systemd as PID 1, driven through `pct` the way
+the program drives a Proxmox container."""
+
+import os
+
+import hostsim
+
+
+def test_a_new_container_runs_systemd_as_pid_1_and_has_nothing_of_ours(lab):
+    lab.create_ct(200, hostname='sglang', dev0='/dev/nvidia0')
+    assert lab.ssh('pct exec 200 -- ps -p 1 -o comm=').stdout == 'systemd\n'
+    assert lab.ssh('pct exec 200 -- hostname').stdout == 'sglang\n'
+    assert lab.ssh('pct exec 200 -- cat /etc/os-release').stdout.startswith('PRETTY_NAME="Debian GNU/Linux 12')
+    # Bare as a fresh template: python3, but no SGLang, no virtualenv support, no pip, no NVIDIA user space.
+    res = lab.ssh('pct exec 200 -- sh -c "test -e /opt/sglang; echo sglang=\\$?; command -v python3; '
+                  'python3 -c \'import ensurepip\' 2>/dev/null; echo ensurepip=\\$?; ls /usr/lib/x86_64-linux-gnu | '
+                  'grep -c -e libcuda -e libnvidia-ml || true; command -v nvidia-smi pip pip3 || true"')
+    assert res.stdout == 'sglang=1\n/usr/bin/python3\nensurepip=1\n0\n', res
+    # The device nodes its devN entries name are there, as LXC binds them (and no others).
+    assert lab.ssh('pct exec 200 -- stat -c "%F %t:%T" /dev/nvidia0').stdout == 'character special file c3:0\n'
+    assert lab.ssh('pct exec 200 -- test -e /dev/nvidia1').exit_code == 1
+
+
+def test_systemd_runs_units_as_written(lab):
+    """A unit with a drop-in, EnvironmentFile= and $ expansion, enabled and started through pct: what
+    systemd itself does, journal included."""
+    root = lab.ct_root(200)
+    hostsim.write(os.path.join(root, 'etc/systemd/system/echo.service'),
+                  '[Service]\nEnvironmentFile=/etc/echo.env\nEnvironment=A=from-unit\n'
+                  'ExecStart=/bin/sh -c \'echo "A=$A B=$B"; exec sleep 1000\'\n[Install]\nWantedBy=multi-user.target\n')
+    hostsim.write(os.path.join(root, 'etc/echo.env'), 'B="from file"\n')
+    hostsim.write(os.path.join(root, 'etc/systemd/system/echo.service.d/override.conf'),
+                  '[Service]\nEnvironment=A=from-dropin\n')
+    assert lab.ssh('pct exec 200 -- systemctl daemon-reload && pct exec 200 -- systemctl enable --now echo').exit_code == 0
+    show = lab.ssh('pct exec 200 -- systemctl show echo -p ActiveState -p UnitFileState -p DropInPaths').stdout
+    assert dict(line.split('=', 1) for line in show.splitlines()) == {
+        'ActiveState': 'active', 'UnitFileState': 'enabled',
+        'DropInPaths': '/etc/systemd/system/echo.service.d/override.conf'}
+    assert lab.unit_starts('echo.service') == 1
+    lab.wait_for(lambda: 'A=from-dropin B=from file' in lab.ssh('pct exec 200 -- journalctl -u echo -o cat').stdout,
+                 what='the unit\'s output in its journal')
+    assert lab.unit_pid('echo.service') > 1
+
+
+def test_pct_push_and_pull_go_through_the_container(lab):
+    assert lab.ssh('printf data > /tmp/f && pct push 200 /tmp/f /root/f --perms 0600').exit_code == 0
+    assert lab.ssh('pct exec 200 -- stat -c "%a %U %s" /root/f').stdout == '600 root 4\n'
+    res = lab.ssh('pct push 200 /tmp/f /nowhere/f')
+    assert (res.exit_code, res.stderr) == (255, 'failed to open /nowhere/f for writing: No such file or directory\n')
+    assert lab.ssh('pct pull 200 /root/f /tmp/g && cat /tmp/g').stdout == 'data'
+    assert lab.ssh('pct exec 200 -- sh -c "exit 7"').exit_code == 7
+
+
+def test_a_stopped_container_cannot_be_entered_and_keeps_its_files(lab):
+    lab.create_ct(201, hostname='other')
+    assert lab.ssh('pct exec 201 -- touch /root/kept').exit_code == 0
+    lab.node().lxc(201).status.stop.post()
+    lab.wait_for(lambda: lab.ct(201).leader() is None, what='container 201 down')
+    res = lab.ssh('pct exec 201 -- true')
+    assert (res.exit_code, res.stderr) == (255, 'CT 201 not running\n')
+    lab.node().lxc(201).status.start.post()
+    lab.wait_for(lambda: lab.ct(201).leader() is not None, what='container 201 up')
+    assert lab.ssh('pct exec 201 -- ls /root').stdout == 'kept\n'
+    lab.node().lxc(201).status.stop.post()
+    lab.wait_for(lambda: lab.ct(201).leader() is None, what='container 201 down')
+    lab.node().lxc(201).delete()
+    lab.wait_for(lambda: not os.path.exists(os.path.join(lab.dir, 'ct', '201')), what='container 201 gone')
