@@ -670,6 +670,14 @@ class Lab(object):
         """The unit's main process, as systemd reports it (in the container's PID namespace)."""
         return int(self.ct_exec(['systemctl', 'show', '-p', 'MainPID', '--value', unit], vmid=vmid).stdout)
 
+    def unit_proc(self, what, unit='sglang-qwen.service', vmid=200):
+        """/proc/<main pid>/<what> (environ, cmdline) of the unit's main process, read inside the container:
+        its NUL-separated items."""
+        pid = self.unit_pid(unit, vmid)
+        res = subprocess.run(self.ct(vmid).enter_argv(['cat', '/proc/%d/%s' % (pid, what)]), capture_output=True,
+                             check=True)
+        return [i.decode() for i in res.stdout.split(b'\0') if i]
+
     def down_intervals(self, unit='sglang-qwen.service', vmid=200, startup=1.0):
         """[(stopped, serving again)] of the unit, from systemd's stop and start records; serving again =
         a start plus the simulated SGLang's load time (LAB_SGLANG_STARTUP, 1 s)."""

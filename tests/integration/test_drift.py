@@ -205,8 +205,7 @@ def test_drift_is_seen_repaired_and_then_gone(deployed, name, make, expected, wa
         assert lab.unit_starts() == starts + 1
     if name == 'unit drop-in added':
         assert not os.listdir(os.path.join(lab.ct_root(), 'etc', 'systemd', 'system', 'sglang-qwen.service.d'))
-        pid = int(open(os.path.join(lab.ct_root(), 'run', 'lab-systemd', 'sglang-qwen.service.pid')).read())
-        assert b'SGLANG_BY_HAND' not in open('/proc/%d/environ' % pid, 'rb').read()
+        assert not any(e.startswith('SGLANG_BY_HAND=') for e in lab.unit_proc('environ'))
 
 
 def test_container_gpu_on_vfio_is_shown_and_stops_up_with_recovery_steps(deployed):

@@ -122,13 +122,9 @@ def test_hostile_but_legal_values_reach_sglang_verbatim(lab, deployed):
                        ((S, 'extra_args'), ['--context-length', '32768', '--chunked-prefill-size=8192']))
     lab.write_stack(STACK, cfg)
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    with open(os.path.join(lab.ct_root(), 'run', 'lab-systemd', 'sglang-qwen.service.pid')) as f:
-        pid = int(f.read())
-    with open('/proc/%d/environ' % pid, 'rb') as f:
-        env = dict(item.split(b'=', 1) for item in f.read().split(b'\0') if item)
-    assert env[b'ODD'].decode() == odd
-    with open('/proc/%d/cmdline' % pid, 'rb') as f:
-        argv = [a.decode() for a in f.read().split(b'\0') if a]
+    env = dict(item.split('=', 1) for item in lab.unit_proc('environ'))
+    assert env['ODD'] == odd
+    argv = lab.unit_proc('cmdline')
     assert argv[-4:] == ['--disable-custom-all-reduce', '--context-length', '32768', '--chunked-prefill-size=8192']
     assert not os.path.exists(os.path.join(lab.ct_root(), 'tmp', 'pwned'))
     lab.write_stack(STACK, deployed)

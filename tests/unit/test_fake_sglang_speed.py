@@ -109,18 +109,23 @@ def test_random_draw_averages_the_models_accept_length(pkg, tmp_path):
 
 
 def test_the_lab_spec_sets_the_speed_model_of_the_containers_it_creates(tmp_path):
+    """The lab writes the spec's speed model into every container it creates (labctl.Lab.ct_files), and the
+    simulated SGLang - installed from its wheel, as in a container - reads it."""
     import types
+    import zipfile
     import labctl  # lab/ (tests.lablib puts it on sys.path)
-    fake = types.SimpleNamespace(lab=str(tmp_path), info={'container_ip': '127.0.0.4', 'sglang_version': '0.5.23',
-                                                          'sglang_speed': {'base_tok_s': 90, 'batch_cost': 0.05}})
-    fake.ct_root = lambda vmid: labctl.Lab.ct_root(fake, vmid)
-    labctl.Lab.make_rootfs(fake, 200)
-    root = tmp_path / 'ct' / '200' / 'rootfs'
-    path = root / 'etc' / 'lab-sglang-speed.json'
+    from lab import sglang_install
+    fake = types.SimpleNamespace(info={'container_ip': '127.0.0.4', 'sglang_version': '0.5.23',
+                                       'sglang_speed': {'base_tok_s': 90, 'batch_cost': 0.05}})
+    files = labctl.Lab.ct_files(fake)
+    path = tmp_path / 'lab-sglang-speed.json'
+    path.write_text(files['/etc/lab-sglang-speed.json'])
+    lib = tmp_path / 'site-packages'
+    with zipfile.ZipFile(sglang_install.wheel('0.5.23')) as z:
+        z.extractall(lib)
     code = ('import json, sys; from sglang.launch_server import speed_params; '
             'print(json.dumps(speed_params({}, sys.argv[1])))')
-    lib = str(root / 'opt' / 'sglang' / 'venv' / 'lib' / 'python')
     res = subprocess.run(['/usr/bin/python3', '-c', code, str(path)], capture_output=True, text=True, check=True,
-                         env={'PYTHONPATH': lib, 'PATH': '/usr/bin:/bin'})
+                         env={'PYTHONPATH': str(lib), 'PATH': '/usr/bin:/bin'})
     params = json.loads(res.stdout)
     assert params['base_tok_s'] == 90 and params['batch_cost'] == 0.05 and params['accept_prob'] == 0.8

@@ -276,7 +276,7 @@ def test_parse_returns_copies():
 
 
 # ---------------------------------------------------------------------------------------------
-# The lab's simulated launch_server, installed as labctl's make_rootfs installs it
+# The lab's simulated launch_server, with the files its wheel carries (lab/sglang_install.py)
 
 @pytest.fixture
 def fake_sglang(tmp_path):
