@@ -20,6 +20,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,6 +36,10 @@ DEFAULT_VENV = '/opt/sglang/venv'
 # Its argument parser and the version's flag table (the program's, until the lab's SGLang has its own).
 PARSER = os.path.join(REPO, 'components', 'sglang_argparse.py')
 TABLES = os.path.join(REPO, 'components', 'sglang_flags_data')
+
+
+# The program's refusal when a container lacks SGLang (components/sglang.py).
+REFUSAL = re.compile(r'container (\d+): no SGLang at (/\S+) \(expected ([^)\s]+)\)')
 
 
 class InstallError(RuntimeError):
@@ -154,6 +159,22 @@ def install(lab, vmid=200, venv=DEFAULT_VENV, version=None):
     return out.strip().splitlines()[-1]
 
 
+def install_where_missing(labs, output):
+    """The step after an `up` that stopped with the program's "no SGLang at <venv>" refusal(s): install into
+    every running container the refusals name, in any of the labs (directories), that lacks it.
+    Returns [(lab, vmid, venv, version)] installed."""
+    sys.path.insert(0, HERE)
+    import container
+    done = []
+    for vmid, venv, version in sorted(set(REFUSAL.findall(output))):
+        for lab in labs:
+            ct = container.Container(os.path.join(lab, 'ct', vmid))
+            if ct.leader() and not os.path.exists(os.path.join(ct.rootfs, venv.lstrip('/'), 'bin', 'python')):
+                install(lab, int(vmid), venv, version)
+                done.append((lab, int(vmid), venv, version))
+    return done
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog='sglang_install', description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest='cmd', required=True)
@@ -163,10 +184,23 @@ def main(argv=None):
     i.add_argument('--lab', default=os.environ.get('GPUHOST_LAB', os.path.join(REPO, '.lab')))
     i.add_argument('--vmid', type=int, default=200)
     i.add_argument('--venv', default=DEFAULT_VENV)
+    m = sub.add_parser('install-missing', help='after an `up` that stopped with "no SGLang at ...": install '
+                       'where its output (a file) says, in the lab and the fleet lab')
+    m.add_argument('--from', dest='output', required=True)
     args = ap.parse_args(argv)
     try:
         if args.cmd == 'wheel':
             print(wheel(args.version))
+        elif args.cmd == 'install-missing':
+            with open(args.output, errors='replace') as f:
+                text = f.read()
+            labs = [os.path.join(REPO, '.lab')] + sorted(glob.glob(os.path.join(REPO, '.lab-fleet', '*')))
+            done = install_where_missing([d for d in labs if os.path.exists(os.path.join(d, 'lab.json'))], text)
+            for lab, vmid, venv, version in done:
+                print('sglang_install: SGLang %s installed into container %d of %s (%s)' % (
+                    version, vmid, os.path.relpath(lab, REPO), venv))
+            if not done:
+                sys.exit('sglang_install: no container named by the output lacks SGLang')
         else:
             print('sglang_install: SGLang %s installed into container %d (%s)' % (
                 install(os.path.abspath(args.lab), args.vmid, args.venv), args.vmid, args.venv))

@@ -7,7 +7,6 @@ import copy
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -288,19 +287,14 @@ class Lab(object):
         return list(getattr(self, 'labs', {}).values()) or [self]
 
     def install_sglang_where_missing(self, res):
-        """The operator's step after the program's "no SGLang at <venv>" refusal: SGLang installed into every
-        running container of the lab(s) that the refusal names and that lacks it. Returns how many."""
-        wanted = set(re.findall(r'container (\d+): no SGLang at (/\S+) \(expected ([^)\s]+)\)',
-                                res.stdout + res.stderr))
-        done = 0
-        for lab in self.all_labs():
-            for vmid, venv, version in sorted(wanted):
-                root = lab.ct_root(int(vmid))
-                if lab.ct(int(vmid)).leader() and not os.path.exists(os.path.join(root, venv.lstrip('/'), 'bin', 'python')):
-                    sglang_install.install(lab.dir, int(vmid), venv, version)
-                    lab.sglang_installs.append((int(vmid), venv, version))
-                    done += 1
-        return done
+        """The operator's step after the program's "no SGLang at <venv>" refusal (lab/sglang_install.py): SGLang
+        installed into every running container of the lab(s) that the refusal names and that lacks it.
+        Returns how many."""
+        by_dir = {lab.dir: lab for lab in self.all_labs()}
+        done = sglang_install.install_where_missing(list(by_dir), res.stdout + res.stderr)
+        for d, vmid, venv, version in done:
+            by_dir[d].sglang_installs.append((vmid, venv, version))
+        return len(done)
 
     def preview_json(self, stack, *extra):
         res = self.pulumi('preview', '--json', *extra, stack=stack)
