@@ -12,6 +12,7 @@ sglang.launch_server` does, stops it at `parse_args`, and dumps every action of 
     .venv/bin/python tools/sglang_flags_gen.py 0.5.22 0.5.23   # some of them
     .venv/bin/python tools/sglang_flags_gen.py --check         # regenerate in memory, diff against the files
     .venv/bin/python tools/sglang_flags_gen.py --verify 0.5.23 # SGLang's parser vs components/sglang_argparse
+    .venv/bin/python tools/sglang_flags_gen.py --lab-table 0.5.23 --out sglang/lab_server_args.json
 
 Each action is dumped with its option strings, dest, nargs, const, default (null unless JSON), choices,
 type ("int", "float", "str", "bool", "json" or "other:<module.function>") and action kind (argparse's
@@ -21,6 +22,11 @@ registry name, "BooleanOptionalAction", or "other:<Class>" for SGLang's own acti
 abbreviated, mistyped, with a bad or missing value) with SGLang's real parser and with the parser
 components/sglang_argparse rebuilds from the committed table, and lists every disagreement.
 
+`--lab-table` writes the lab's simulated SGLang its argument table (lab_table(): the same dump, made
+from the wheel when the lab is built, never read from components/), so a wrong committed table cannot
+make the lab agree with the program. Cached by (version, wheel sha256, this file's hash, Python's
+minor version) under ~/.cache/gpuhost/sglang-lab-tables ($GPUHOST_CACHE, as tools/bootstrap.sh).
+
 The output is deterministic (sorted keys, sorted set-valued choices, no timestamps, PYTHONHASHSEED=0):
 rerunning on the same wheels writes the same bytes. If importing a version is impossible even with
 stubs, the version's data falls back to reading `add_cli_args` with `ast` and says so
@@ -29,6 +35,8 @@ stubs, the version's data falls back to reading `add_cli_args` with `ast` and sa
 
 import argparse
 import ast
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -40,7 +48,9 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUT = os.path.join(ROOT, 'components', 'sglang_flags_data')
-CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost', 'sglang-wheels')
+GPUHOST_CACHE = os.environ.get('GPUHOST_CACHE') or os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost')
+CACHE = os.path.join(GPUHOST_CACHE, 'sglang-wheels')
+LAB_TABLES = os.path.join(GPUHOST_CACHE, 'sglang-lab-tables')
 
 # Every sglang release from 0.5.0 to 0.5.23 published on PyPI as a wheel (`pip index versions
 # sglang`, 2026-11-30): there is no 0.5.0. Post releases are separate releases and are covered too.
@@ -65,6 +75,18 @@ CLEAN_ENV = {'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'PYTHONHASHSEED': '0', 
 # ---------------------------------------------------------------------------------------------
 # Parent side: wheels, subprocesses, files.
 
+@contextlib.contextmanager
+def locked(path):
+    """An exclusive lock on file `path`: labs started in parallel share one cache."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'a') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def pip_download(spec, dest):
     """The wheel for `spec` (name==version) in dest, downloaded once; returns its path."""
     name, version = spec.split('==')
@@ -77,9 +99,16 @@ def pip_download(spec, dest):
 
     path = find()
     if path is None:
-        subprocess.run([sys.executable, '-m', 'pip', 'download', spec, '--no-deps', '--only-binary=:all:',
-                        '-q', '-d', dest], check=True)
-        path = find()
+        # pip writes the wheel into dest as it downloads: another process must not find it half-written.
+        with locked(os.path.join(dest, '.download.lock')):
+            path = find()
+            if path is None:
+                with tempfile.TemporaryDirectory(prefix='.download-', dir=dest) as tmp:
+                    subprocess.run([sys.executable, '-m', 'pip', 'download', spec, '--no-deps',
+                                    '--only-binary=:all:', '-q', '-d', tmp], check=True)
+                    for f in os.listdir(tmp):
+                        os.replace(os.path.join(tmp, f), os.path.join(dest, f))
+                path = find()
         if path is None:
             raise SystemExit('pip download %s left no %s*.whl in %s' % (spec, prefix, dest))
     return path
@@ -152,6 +181,58 @@ def render(data):
     return '\n'.join(lines) + '\n'
 
 
+def code_hash():
+    """What a dump depends on besides the wheel: this file (the stubs, the dump, REAL_DEPS' pins) and
+    the interpreter's argparse (its minor version)."""
+    h = hashlib.sha256()
+    with open(os.path.abspath(__file__), 'rb') as f:
+        h.update(f.read())
+    h.update(('python %d.%d' % sys.version_info[:2]).encode())
+    return h.hexdigest()
+
+
+def write_atomic(path, text):
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', dir=d)
+    try:
+        with os.fdopen(fd, 'w') as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def lab_table_text(version):
+    """The lab's simulated SGLang's argument table for SGLang `version` (lab_server_args.json's text):
+    the parser of the release's wheel dumped as for components/sglang_flags_data, but made here from
+    the wheel, never read from there. Cached by (version, wheel sha256, code_hash()): after the first
+    time it costs a hash of the cached wheel."""
+    wheel = pip_download('sglang==' + version, CACHE)
+    path = os.path.join(LAB_TABLES, '%s-%s-%s.json' % (version, sha256(wheel)[:16], code_hash()[:16]))
+    if not os.path.exists(path):
+        with locked(path + '.lock'):
+            if not os.path.exists(path):
+                data = generate(version)
+                if data['method'] != 'import':
+                    # The ast fallback keeps only literal arguments: a lab parser built from it would accept
+                    # what SGLang refuses.
+                    raise SystemExit('sglang %s: its parser could not be imported (%s); no lab table from the '
+                                     'ast fallback' % (version, data.get('import_error')))
+                write_atomic(path, render(data))
+    with open(path) as f:
+        return f.read()
+
+
+def lab_table(version, out):
+    """Write the lab's simulated SGLang's argument table for SGLang `version` to file `out` (replaced
+    atomically), for the package's sglang/lab_server_args.json. Returns `out`."""
+    write_atomic(out, lab_table_text(version))
+    return out
+
+
 def verify(version):
     """Parse generated command lines with SGLang's real parser and with components/sglang_argparse
     rebuilt from the committed table; return the disagreements."""
@@ -192,7 +273,15 @@ def main(argv=None):
                                                          'exit 1 on any difference')
     ap.add_argument('--verify', action='store_true', help='parse generated command lines with SGLang\'s real '
                     'parser and with components/sglang_argparse; exit 1 on any disagreement')
+    ap.add_argument('--lab-table', metavar='VERSION', help='write the lab\'s simulated SGLang its argument table '
+                    'for VERSION (to --out), from the wheel\'s parser')
+    ap.add_argument('--out', metavar='FILE', help='where --lab-table writes (e.g. <package>/sglang/lab_server_args.json)')
     args = ap.parse_args(argv)
+    if args.lab_table or args.out:
+        if not (args.lab_table and args.out) or args.versions or args.check or args.verify:
+            ap.error('--lab-table VERSION goes with --out FILE and nothing else')
+        lab_table(args.lab_table, args.out)
+        return 0
     versions = args.versions or VERSIONS
     if args.verify:
         failed = False
