@@ -219,7 +219,7 @@ def lab_table_text(version):
     wheel = pip_download('sglang==' + version, CACHE)
     path = os.path.join(LAB_TABLES, '%s-%s-%s.json' % (version, sha256(wheel)[:16], code_hash()[:16]))
     if not os.path.exists(path):
-        with locked(path + '.lock'):
+        with locked(os.path.join(LAB_TABLES, '.lock')):
             if not os.path.exists(path):
                 data = generate(version)
                 if data['method'] != 'import':
