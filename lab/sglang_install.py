@@ -33,9 +33,9 @@ SOURCE = os.path.join(HERE, 'fakesglang')
 CACHE = os.path.join(os.environ.get('GPUHOST_CACHE') or os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost'),
                      'lab-sglang')
 DEFAULT_VENV = '/opt/sglang/venv'
-# Its argument parser and the version's flag table (the program's, until the lab's SGLang has its own).
-PARSER = os.path.join(REPO, 'components', 'sglang_argparse.py')
-TABLES = os.path.join(REPO, 'components', 'sglang_flags_data')
+# Its argument table comes from SGLang's own parser (the release's wheel, tools/sglang_flags_gen.py
+# --lab-table), never from the program's tables in components/: a wrong table there shows in the lab.
+GENERATOR = os.path.join(REPO, 'tools', 'sglang_flags_gen.py')
 
 
 # The program's refusal when a container lacks SGLang (components/sglang.py).
@@ -46,18 +46,15 @@ class InstallError(RuntimeError):
     pass
 
 
-def _sources(version):
+def _sources():
     files = sorted(glob.glob(os.path.join(SOURCE, '**', '*'), recursive=True))
-    files = [f for f in files if os.path.isfile(f) and '__pycache__' not in f]
-    extra = [PARSER, os.path.join(TABLES, version + '.json')]
-    return files, [f for f in extra if os.path.exists(f)]
+    return [f for f in files if os.path.isfile(f) and '__pycache__' not in f] + [GENERATOR]
 
 
 def wheel(version):
     """Path of the simulated SGLang's wheel at `version`, built once per source hash."""
-    files, extra = _sources(version)
     h = hashlib.sha256(version.encode())
-    for f in files + extra:
+    for f in _sources():
         h.update(os.path.relpath(f, REPO).encode() + b'\0')
         with open(f, 'rb') as fh:
             h.update(fh.read())
@@ -73,11 +70,9 @@ def wheel(version):
         pkg = os.path.join(stage, 'sglang')
         with open(os.path.join(pkg, 'VERSION'), 'w') as f:
             f.write(version + '\n')
-        shutil.copyfile(PARSER, os.path.join(pkg, 'sglang_argparse.py'))
-        os.makedirs(os.path.join(pkg, 'sglang_flags_data'))
-        table = os.path.join(TABLES, version + '.json')
-        if os.path.exists(table):  # without one, launch_server fails naming the versions it knows
-            shutil.copyfile(table, os.path.join(pkg, 'sglang_flags_data', os.path.basename(table)))
+        sys.path.insert(0, REPO)
+        from tools import sglang_flags_gen
+        sglang_flags_gen.lab_table(version, os.path.join(pkg, 'lab_server_args.json'))
         out = os.path.join(tmp, 'out')
         res = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--quiet', '--no-deps', '--no-build-isolation',
                               '--no-index', '--disable-pip-version-check', '-w', out, stage],

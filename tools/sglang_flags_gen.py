@@ -12,14 +12,24 @@ sglang.launch_server` does, stops it at `parse_args`, and dumps every action of 
     .venv/bin/python tools/sglang_flags_gen.py 0.5.22 0.5.23   # some of them
     .venv/bin/python tools/sglang_flags_gen.py --check         # regenerate in memory, diff against the files
     .venv/bin/python tools/sglang_flags_gen.py --verify 0.5.23 # SGLang's parser vs components/sglang_argparse
+                                                               # and vs the lab's simulated SGLang
+    .venv/bin/python tools/sglang_flags_gen.py --verify --declared  # the versions the stacks declare (CI)
+    .venv/bin/python tools/sglang_flags_gen.py --lab-table 0.5.23 --out sglang/lab_server_args.json
 
 Each action is dumped with its option strings, dest, nargs, const, default (null unless JSON), choices,
 type ("int", "float", "str", "bool", "json" or "other:<module.function>") and action kind (argparse's
 registry name, "BooleanOptionalAction", or "other:<Class>" for SGLang's own action classes, whose
 `behaviour` is recorded by calling them once: the error they stop SGLang with, or what they set).
-`--verify` parses a few thousand generated command lines (every option exact, as --opt=value,
-abbreviated, mistyped, with a bad or missing value) with SGLang's real parser and with the parser
-components/sglang_argparse rebuilds from the committed table, and lists every disagreement.
+`--verify` parses a few thousand generated command lines (every option of SGLang's parser and of the
+committed table exact, as --opt=value, abbreviated, mistyped, with a bad or missing value, with each
+of its choices) with SGLang's real parser and with the parser components/sglang_argparse rebuilds
+from the committed table, and lists every disagreement; it checks the lab's simulated SGLang
+(lab/fakesglang/sglang/lab_args.py with its lab table) the same way, down to the error line.
+
+`--lab-table` writes the lab's simulated SGLang its argument table (lab_table(): the same dump, made
+from the wheel when the lab is built, never read from components/), so a wrong committed table cannot
+make the lab agree with the program. Cached by (version, wheel sha256, this file's hash, Python's
+minor version) under ~/.cache/gpuhost/sglang-lab-tables ($GPUHOST_CACHE, as tools/bootstrap.sh).
 
 The output is deterministic (sorted keys, sorted set-valued choices, no timestamps, PYTHONHASHSEED=0):
 rerunning on the same wheels writes the same bytes. If importing a version is impossible even with
@@ -29,9 +39,12 @@ stubs, the version's data falls back to reading `add_cli_args` with `ast` and sa
 
 import argparse
 import ast
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,7 +53,10 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUT = os.path.join(ROOT, 'components', 'sglang_flags_data')
-CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost', 'sglang-wheels')
+GPUHOST_CACHE = os.environ.get('GPUHOST_CACHE') or os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost')
+CACHE = os.path.join(GPUHOST_CACHE, 'sglang-wheels')
+LAB_TABLES = os.path.join(GPUHOST_CACHE, 'sglang-lab-tables')
+FAKE_ARGS = os.path.join(ROOT, 'lab', 'fakesglang', 'sglang', 'lab_args.py')
 
 # Every sglang release from 0.5.0 to 0.5.23 published on PyPI as a wheel (`pip index versions
 # sglang`, 2026-11-30): there is no 0.5.0. Post releases are separate releases and are covered too.
@@ -65,6 +81,18 @@ CLEAN_ENV = {'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'PYTHONHASHSEED': '0', 
 # ---------------------------------------------------------------------------------------------
 # Parent side: wheels, subprocesses, files.
 
+@contextlib.contextmanager
+def locked(path):
+    """An exclusive lock on file `path`: labs started in parallel share one cache."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'a') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def pip_download(spec, dest):
     """The wheel for `spec` (name==version) in dest, downloaded once; returns its path."""
     name, version = spec.split('==')
@@ -77,9 +105,16 @@ def pip_download(spec, dest):
 
     path = find()
     if path is None:
-        subprocess.run([sys.executable, '-m', 'pip', 'download', spec, '--no-deps', '--only-binary=:all:',
-                        '-q', '-d', dest], check=True)
-        path = find()
+        # pip writes the wheel into dest as it downloads: another process must not find it half-written.
+        with locked(os.path.join(dest, '.download.lock')):
+            path = find()
+            if path is None:
+                with tempfile.TemporaryDirectory(prefix='.download-', dir=dest) as tmp:
+                    subprocess.run([sys.executable, '-m', 'pip', 'download', spec, '--no-deps',
+                                    '--only-binary=:all:', '-q', '-d', tmp], check=True)
+                    for f in os.listdir(tmp):
+                        os.replace(os.path.join(tmp, f), os.path.join(dest, f))
+                path = find()
         if path is None:
             raise SystemExit('pip download %s left no %s*.whl in %s' % (spec, prefix, dest))
     return path
@@ -101,7 +136,7 @@ def extract(wheel, dest, only_py):
             z.extract(name, dest)
 
 
-def generate(version, probe=False):
+def generate(version, probe=False, extra=()):
     wheel = pip_download('sglang==' + version, CACHE)
     deps = [pip_download(d, os.path.join(CACHE, 'deps')) for d in REAL_DEPS]
     with tempfile.TemporaryDirectory(prefix='sglang-flags-') as tmp:
@@ -110,7 +145,7 @@ def generate(version, probe=False):
         for d in deps:
             extract(d, lib, only_py=False)
         proc = subprocess.run([sys.executable, '-I', '-S', os.path.abspath(__file__), '--dump', src, lib]
-                              + (['--probe'] if probe else []),
+                              + (['--probe'] if probe else []), input=json.dumps(list(extra)),
                               env=CLEAN_ENV, cwd=tmp, capture_output=True, text=True)
         if probe:
             if proc.returncode != 0:
@@ -152,18 +187,138 @@ def render(data):
     return '\n'.join(lines) + '\n'
 
 
+def code_hash():
+    """What a dump depends on besides the wheel: this file (the stubs, the dump, REAL_DEPS' pins) and
+    the interpreter's argparse (its minor version)."""
+    h = hashlib.sha256()
+    with open(os.path.abspath(__file__), 'rb') as f:
+        h.update(f.read())
+    h.update(('python %d.%d' % sys.version_info[:2]).encode())
+    return h.hexdigest()
+
+
+def write_atomic(path, text):
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', dir=d)
+    try:
+        with os.fdopen(fd, 'w') as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def lab_table_text(version):
+    """The lab's simulated SGLang's argument table for SGLang `version` (lab_server_args.json's text):
+    the parser of the release's wheel dumped as for components/sglang_flags_data, but made here from
+    the wheel, never read from there. Cached by (version, wheel sha256, code_hash()): after the first
+    time it costs a hash of the cached wheel."""
+    wheel = pip_download('sglang==' + version, CACHE)
+    path = os.path.join(LAB_TABLES, '%s-%s-%s.json' % (version, sha256(wheel)[:16], code_hash()[:16]))
+    if not os.path.exists(path):
+        with locked(os.path.join(LAB_TABLES, '.lock')):
+            if not os.path.exists(path):
+                data = generate(version)
+                if data['method'] != 'import':
+                    # The ast fallback keeps only literal arguments: a lab parser built from it would accept
+                    # what SGLang refuses.
+                    raise SystemExit('sglang %s: its parser could not be imported (%s); no lab table from the '
+                                     'ast fallback' % (version, data.get('import_error')))
+                write_atomic(path, render(data))
+    with open(path) as f:
+        return f.read()
+
+
+def lab_table(version, out):
+    """Write the lab's simulated SGLang's argument table for SGLang `version` to file `out` (replaced
+    atomically), for the package's sglang/lab_server_args.json. Returns `out`."""
+    write_atomic(out, lab_table_text(version))
+    return out
+
+
+def declared_versions():
+    """The SGLang versions the program is set to install: config's default and the version every stack
+    file (Pulumi.<stack>.yaml) declares, a fleet host's own included. Oldest first."""
+    sys.path.insert(0, ROOT)
+    import yaml
+    import config
+    found = {config.Sglang.model_fields['version'].default}
+    for name in sorted(os.listdir(ROOT)):
+        if not (name.startswith('Pulumi.') and name.endswith('.yaml')) or name == 'Pulumi.yaml':
+            continue
+        with open(os.path.join(ROOT, name)) as f:
+            cfg = (yaml.safe_load(f) or {}).get('config') or {}
+        hosts = cfg.get('gpuhost:hosts') if isinstance(cfg.get('gpuhost:hosts'), list) else []
+        for sg in [cfg.get('gpuhost:sglang')] + [h.get('sglang') for h in hosts if isinstance(h, dict)]:
+            if isinstance(sg, dict) and sg.get('version'):
+                found.add(str(sg['version']))
+    return sorted(found, key=version_key)
+
+
+def version_key(version):
+    head, _, post = version.partition('.post')
+    return tuple(int(x) for x in head.split('.')) + (int(post) + 1 if post else 0,)
+
+
+def real_answers(version, extra=()):
+    """SGLang's own parser on the command lines probes() makes from its actions and on `extra` ones:
+    [(argv, answer)], answer {"exit": None, "values": {dest: value}} (JSON values only) or {"exit":
+    status or "exception", "message": its last line on stderr}."""
+    real = generate(version, probe=True, extra=extra)
+    unordered = set(real['unordered_choices'])
+    out, first = [], None
+    for argv, r in zip(real['probes'], real['results']):
+        if r['exit'] is None and 'changed' in r:
+            values = dict(first)
+            values.update(r['changed'])
+            for k in r['opaque']:
+                values.pop(k, None)
+            r = {'exit': None, 'values': values}
+        elif r['exit'] is None:
+            first = r['values']
+        else:
+            m = CHOICE_ERROR.match(r['message'])
+            if m and m.group(2) in unordered:
+                r = dict(r, unordered=True)
+        out.append((argv, r))
+    return out
+
+
+# argparse's message for a value outside the choices (Python 3.11: quoted with repr).
+CHOICE_ERROR = re.compile(r'^(.*: error: argument (\S+): invalid choice: .*\(choose from )(.*)\)$')
+
+
+def same_error(want, got):
+    """Is error line `got` SGLang's `want`? A set's choices are listed in any order."""
+    if want['message'] == got or not want.get('unordered'):
+        return want['message'] == got
+    a, b = CHOICE_ERROR.match(want['message']), CHOICE_ERROR.match(got or '')
+    return bool(b) and a.group(1) == b.group(1) and sorted(a.group(3).split(', ')) == sorted(b.group(3).split(', '))
+
+
 def verify(version):
-    """Parse generated command lines with SGLang's real parser and with components/sglang_argparse
-    rebuilt from the committed table; return the disagreements."""
+    """Parse generated command lines with SGLang's real parser, with components/sglang_argparse rebuilt
+    from the committed table and with the lab's simulated SGLang (its table from lab_table_text());
+    returns (number of command lines, {parser: [(argv, disagreement), ...]}).
+    The command lines come from SGLang's actions and from the committed table's: a flag or a choice
+    the table has and SGLang lacks is tried too."""
     sys.path.insert(0, ROOT)
     from components import sglang_argparse
-    real = generate(version, probe=True)
+    answers = real_answers(version, probes(sglang_argparse.table(version)['actions']))
+    return len(answers), {'components/sglang_argparse': verify_program(sglang_argparse, version, answers),
+                          'lab/fakesglang': verify_lab(version, answers)}
+
+
+def verify_program(sglang_argparse, version, answers):
     table = sglang_argparse.table(version)
     kinds = {}
     for a in table['actions']:
         kinds[a['dest']] = a.get('type') or ''
     bad = []
-    for argv, want in zip(real['probes'], real['results']):
+    for argv, want in answers:
         try:
             got, _ = sglang_argparse.parse(version, argv)
             err = None
@@ -182,7 +337,40 @@ def verify(version):
             bad.append((argv, 'SGLang refuses (%s), rebuilt accepts' % want['message']))
         elif want['exit'] == 0 and err.kind != 'help':
             bad.append((argv, 'SGLang prints help, rebuilt: %s' % err))
-    return len(real['probes']), bad
+    return bad
+
+
+def verify_lab(version, answers):
+    """The lab's simulated SGLang (lab/fakesglang/sglang/lab_args.py, a plain argparse parser built from
+    its table) against SGLang's: the same exit status and last stderr line, or the same values."""
+    import importlib.util
+    import io
+    spec = importlib.util.spec_from_file_location('gpuhost_lab_args', FAKE_ARGS)
+    lab_args = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab_args)
+    parser = lab_args.build_parser(json.loads(lab_table_text(version)))
+    # argparse formats the whole usage (~500 options) before each error; only the error line is compared.
+    usage = parser.format_usage()
+    parser.format_usage = lambda: usage
+    bad = []
+    for argv, want in answers:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                got = vars(parser.parse_args(argv))
+            status = message = None
+        except SystemExit as e:
+            got = None
+            lines = err.getvalue().strip().splitlines()
+            status, message = ('exception', e.code) if isinstance(e.code, str) else (e.code, lines[-1] if lines else '')
+        if want['exit'] is not None or status is not None:
+            if status != want['exit'] or not same_error(want, message):
+                bad.append((argv, 'SGLang: %s %r, lab: %s %r' % (want['exit'], want.get('message'), status, message)))
+            continue
+        for dest, value in want['values'].items():
+            if dest not in got or got[dest] != value:
+                bad.append((argv, '%s: SGLang %r, lab %r' % (dest, value, got.get(dest, '(none)'))))
+    return bad
 
 
 def main(argv=None):
@@ -191,17 +379,34 @@ def main(argv=None):
     ap.add_argument('--check', action='store_true', help='regenerate and compare with the committed files; '
                                                          'exit 1 on any difference')
     ap.add_argument('--verify', action='store_true', help='parse generated command lines with SGLang\'s real '
-                    'parser and with components/sglang_argparse; exit 1 on any disagreement')
+                    'parser, with components/sglang_argparse and with the lab\'s simulated SGLang; exit 1 on any '
+                    'disagreement')
+    ap.add_argument('--declared', action='store_true', help='the versions config\'s default and the stacks '
+                    '(Pulumi.<stack>.yaml) declare, instead of listing them')
+    ap.add_argument('--lab-table', metavar='VERSION', help='write the lab\'s simulated SGLang its argument table '
+                    'for VERSION (to --out), from the wheel\'s parser')
+    ap.add_argument('--out', metavar='FILE', help='where --lab-table writes (e.g. <package>/sglang/lab_server_args.json)')
     args = ap.parse_args(argv)
-    versions = args.versions or VERSIONS
+    if args.lab_table or args.out:
+        if not (args.lab_table and args.out) or args.versions or args.check or args.verify or args.declared:
+            ap.error('--lab-table VERSION goes with --out FILE and nothing else')
+        lab_table(args.lab_table, args.out)
+        return 0
+    versions = args.versions or (declared_versions() if args.declared else VERSIONS)
     if args.verify:
         failed = False
         for version in versions:
-            n, bad = verify(version)
-            print('%-12s %5d command lines, %d disagreements' % (version, n, len(bad)))
-            for argv_, why in bad[:20]:
-                print('    %s: %s' % (' '.join(argv_), why))
-            failed = failed or bool(bad)
+            try:
+                n, bad = verify(version)
+            except ValueError as e:  # no committed table for it
+                print('%-12s %s' % (version, e))
+                failed = True
+                continue
+            for who, found in bad.items():
+                print('%-12s %-28s %5d command lines, %d disagreements' % (version, who, n, len(found)))
+                for argv_, why in found[:20]:
+                    print('    %s: %s' % (' '.join(argv_), why))
+                failed = failed or bool(found)
         return 1 if failed else 0
     os.makedirs(OUT, exist_ok=True)
     different = []
@@ -583,7 +788,7 @@ def dump_action(a, kinds, parser):
 
 def probes(actions):
     """Command lines exercising every option: exact, --opt=value, abbreviated, mistyped, a bad
-    value, a missing value. Deterministic."""
+    value, a missing value, every choice. Deterministic."""
     base = ['--model-path', '/m']
     opts = [o for a in actions for o in a['option_strings']]
     out = [[], list(base), base + ['--'], base + ['-h'], base + ['--no-such-flag', '1'], base + ['-x']]
@@ -625,14 +830,23 @@ def probes(actions):
                 swapped = o[:3] + o[4] + o[3] + o[5:]
                 if swapped not in opts:
                     out.append(base + [swapped] + vals)
+        if takes and a['option_strings'] and a.get('choices'):
+            for c in a['choices'][1:]:
+                out.append(base + [a['option_strings'][0]] + [str(c)] * len(vals))
     return out
 
 
 def real_results(parser, argvs):
-    """What SGLang's own parser does with each argv: ok (and the values) or its exit status and message."""
-    import contextlib
+    """What SGLang's own parser does with each argv: ok (and the values) or its exit status and message.
+    The first accepted argv has every JSON value ("values"); the others only the values that differ from
+    it ("changed", and "opaque": those no longer JSON), which real_answers() expands."""
     import io
+    # argparse formats the whole usage (~500 options) before each error: 40% of the run's time. It depends
+    # on the parser only and is not compared, so it is formatted once.
+    usage = parser.format_usage()
+    parser.format_usage = lambda: usage
     results = []
+    first = None
     for argv in argvs:
         err, outp = io.StringIO(), io.StringIO()
         try:
@@ -645,8 +859,19 @@ def real_results(parser, argvs):
         except Exception as e:  # an assert in a custom action, say
             results.append({'exit': 'exception', 'message': '%s: %s' % (type(e).__name__, e)})
             continue
-        results.append({'exit': None, 'values': {k: v for k, v in sorted(vars(ns).items()) if jsonable(v)}})
+        values = vars(ns)
+        if first is None:
+            first = values
+            results.append({'exit': None, 'values': {k: v for k, v in sorted(values.items()) if jsonable(v)}})
+            continue
+        changed = sorted(k for k, v in values.items() if k not in first or not same(v, first[k]))
+        results.append({'exit': None, 'changed': {k: values[k] for k in changed if jsonable(values[k])},
+                        'opaque': [k for k in changed if not jsonable(values[k])]})
     return results
+
+
+def same(a, b):
+    return a is b or (type(a) is type(b) and a == b)
 
 
 def field_renames(sa):
@@ -691,7 +916,16 @@ def child_dump(src, lib, probe=False):
     }
     if probe:
         argvs = probes(data['actions'])
-        data = {'probes': argvs, 'results': real_results(parser, argvs)}
+        seen = set(map(tuple, argvs))
+        for argv in json.load(sys.stdin):  # verify(): the committed table's own command lines
+            if tuple(argv) not in seen:
+                seen.add(tuple(argv))
+                argvs.append(argv)
+        # The arguments whose choices the dump sorted (a set's order changes with the hash seed: SGLang
+        # lists them in a different order on every start).
+        unordered = sorted('/'.join(a.option_strings) for a in parser._actions if a.choices is not None
+                           and not isinstance(a.choices, (list, tuple, range)))
+        data = {'probes': argvs, 'results': real_results(parser, argvs), 'unordered_choices': unordered}
     sys.stdout.write(json.dumps(data, sort_keys=True))
 
 

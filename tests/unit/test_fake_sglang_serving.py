@@ -4,9 +4,7 @@ wheels tools/sglang_flags_gen.py caches), moving as requests are served. Run wit
 python3, stdlib only, as inside a lab container."""
 
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -15,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.lablib import REPO
+from tests import fakesglang
 
 # 0.5.23's families the lab serves: name -> (type, label names of its samples).
 SCHED = ['model_name', 'engine_type', 'tp_rank', 'pp_rank', 'moe_ep_rank']
@@ -58,12 +56,7 @@ def serve(tmp_path):
     def start(version='0.5.23', extra=(), speed='1'):
         pkg = tmp_path / version / 'sglang'
         if not pkg.exists():
-            shutil.copytree(os.path.join(REPO, 'lab', 'fakesglang', 'sglang'), pkg)
-            (pkg / 'VERSION').write_text(version + '\n')
-            shutil.copyfile(os.path.join(REPO, 'components', 'sglang_argparse.py'), pkg / 'sglang_argparse.py')
-            (pkg / 'sglang_flags_data').mkdir()
-            shutil.copyfile(os.path.join(REPO, 'components', 'sglang_flags_data', version + '.json'),
-                            pkg / 'sglang_flags_data' / (version + '.json'))
+            fakesglang.install(pkg.parent, version)
         port = free_port()
         p = subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server'] + ARGS + list(extra) +
                              ['--host', '127.0.0.1', '--port', str(port)], cwd=str(tmp_path),

@@ -5,8 +5,6 @@ tested on the lab (tests/integration/test_bench_serve.py). Run with the system p
 container."""
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -14,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.lablib import REPO
+from tests import fakesglang
 
 ARGS = ['--model-path', '/models/Qwen3.5-122B-A10B', '--served-model-name', 'qwen3.5-122b-a10b', '--tp-size', '4',
         '--enable-metrics']
@@ -24,13 +22,7 @@ MTP2 = ['--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '2', '--s
 
 @pytest.fixture
 def pkg(tmp_path):
-    d = tmp_path / 'lib' / 'sglang'
-    shutil.copytree(os.path.join(REPO, 'lab', 'fakesglang', 'sglang'), d)
-    (d / 'VERSION').write_text('0.5.23\n')
-    shutil.copyfile(os.path.join(REPO, 'components', 'sglang_argparse.py'), d / 'sglang_argparse.py')
-    (d / 'sglang_flags_data').mkdir()
-    shutil.copyfile(os.path.join(REPO, 'components', 'sglang_flags_data', '0.5.23.json'),
-                    d / 'sglang_flags_data' / '0.5.23.json')
+    fakesglang.install(tmp_path / 'lib', '0.5.23')
     return str(tmp_path / 'lib')
 
 
@@ -113,7 +105,8 @@ def test_the_lab_spec_sets_the_speed_model_of_the_containers_it_creates(tmp_path
     simulated SGLang - installed from its wheel, as in a container - reads it."""
     import types
     import zipfile
-    import labctl  # lab/ (tests.lablib puts it on sys.path)
+    import tests.lablib  # noqa: F401 (puts lab/ on sys.path)
+    import labctl
     from lab import sglang_install
     fake = types.SimpleNamespace(info={'container_ip': '127.0.0.4', 'sglang_version': '0.5.23',
                                        'sglang_speed': {'base_tok_s': 90, 'batch_cost': 0.05}})

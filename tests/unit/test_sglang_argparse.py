@@ -1,12 +1,11 @@
 """components/sglang_argparse: SGLang's own parser rebuilt from the tables generated from each
-release's argparse (tools/sglang_flags_gen.py), and the lab's simulated launch_server built on it."""
+release's argparse (tools/sglang_flags_gen.py). The lab's simulated SGLang does not use it
+(tests/unit/test_fake_sglang_args.py)."""
 
 import argparse
 import json
 import os
 import re
-import shutil
-import subprocess
 
 import pytest
 
@@ -273,55 +272,3 @@ def test_parse_returns_copies():
         if isinstance(value, (list, dict)):
             value.clear() if isinstance(value, dict) else value.append('x')
     assert sa.parse('0.5.23', BASE)[0] == sa.parse('0.5.23', BASE)[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# The lab's simulated launch_server, with the files its wheel carries (lab/sglang_install.py)
-
-@pytest.fixture
-def fake_sglang(tmp_path):
-    def install(version):
-        pkg = tmp_path / version / 'sglang'
-        shutil.copytree(os.path.join(REPO, 'lab', 'fakesglang', 'sglang'), pkg)
-        (pkg / 'VERSION').write_text(version + '\n')
-        shutil.copyfile(os.path.join(REPO, 'components', 'sglang_argparse.py'), pkg / 'sglang_argparse.py')
-        (pkg / 'sglang_flags_data').mkdir()
-        shutil.copyfile(os.path.join(REPO, 'components', 'sglang_flags_data', version + '.json'),
-                        pkg / 'sglang_flags_data' / (version + '.json'))
-
-        def run(*argv):
-            return subprocess.run(['/usr/bin/python3', '-m', 'sglang.launch_server'] + list(argv), cwd=str(tmp_path),
-                                  env={'PYTHONPATH': str(pkg.parent), 'PATH': '/usr/bin:/bin'},
-                                  capture_output=True, text=True, timeout=60)
-        return run
-    return install
-
-
-def test_fake_refuses_like_argparse(fake_sglang):
-    run = fake_sglang('0.5.23')
-    r = run('--model-path', '/m', '--tp', '4', '--cuda-graph-max-bs', '64')
-    assert r.returncode == 2 and r.stderr.startswith('usage: sglang serve')
-    assert r.stderr.splitlines()[-1] == ('sglang serve: error: ambiguous option: --cuda-graph-max-bs could match '
-                                         '--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill')
-    r = run('--model-path', '/m', '--mamba-scheduler-strategy', 'extra_buffer')
-    assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == 'sglang serve: error: unrecognized arguments: --mamba-scheduler-strategy ' \
-                                        'extra_buffer'
-    r = run('--model-path', '/m', '--port', 'abc')
-    assert r.returncode == 2 and r.stderr.splitlines()[-1] == "sglang serve: error: argument --port: invalid int " \
-                                                              "value: 'abc'"
-
-
-def test_fake_older_version_prog_and_removed_flag(fake_sglang):
-    run = fake_sglang('0.5.3')
-    r = run('--model-path', '/m', '--no-such-flag')
-    assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == 'launch_server.py: error: unrecognized arguments: --no-such-flag'
-    r = run('--model-path', '/m', '--enable-ep-moe')
-    assert r.returncode == 1 and r.stderr.strip().startswith('ValueError: NOTE: --enable-ep-moe is deprecated')
-
-
-def test_fake_checks_speculative_settings_after_parsing(fake_sglang):
-    r = fake_sglang('0.5.19')('--model-path', '/m', '--tp', '4', '--mamba-scheduler-strategy', 'extra_buffer',
-                              '--speculative-algorithm', 'NEXTN')
-    assert r.returncode == 1 and 'speculative decoding needs' in r.stderr

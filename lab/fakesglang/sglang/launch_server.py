@@ -1,8 +1,8 @@
 """Simulated `python -m sglang.launch_server` for lab containers.
 
-Parses the real command line with the parser of the installed SGLang version, rebuilt by
-sglang_argparse (a copy of components/sglang_argparse.py) from the table generated from that
-version's own argparse (sglang_flags_data/<version>.json, copied in by labctl): an unknown, removed,
+Parses the real command line with the parser of the installed SGLang version, rebuilt by lab_args
+from the table dumped from that release's own argparse when the lab was built
+(lab_server_args.json in this package; nothing from the program's components/): an unknown, removed,
 mistyped or ambiguous flag fails start-up exactly like SGLang does (argparse's usage and
 "<prog>: error: ..." on stderr, exit status 2). Then it serves the endpoints the program, monitoring
 and a load generator use: /health (503 while "loading"), /ready, /server_info (the resolved
@@ -18,7 +18,6 @@ requests are served: a simulated scheduler runs each request through queue, pref
 at the speed speed_model() gives for the resolved speculative settings. Stdlib only.
 """
 
-import argparse
 import collections
 import hmac
 import itertools
@@ -32,7 +31,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sglang import __version__, sglang_argparse
+from sglang import __version__, lab_args
 
 STARTUP_SECONDS = float(os.environ.get('LAB_SGLANG_STARTUP', '1.0'))
 # Lab time compression: every simulated duration is divided by it (10 = ten times faster than the
@@ -500,66 +499,61 @@ def parse_chat(body):
 
 # ----------------------------------------------------------------------------------- settings
 
-def parse_args(version, argv):
-    """SGLang's argparse for `version`: the namespace, or usage + error on stderr and exit 2 (0 for
-    --help, after the usage), as argparse's parse_args does."""
-    prog = sglang_argparse.table(version)['parser'].get('prog') or 'launch_server.py'
-    parser = sglang_argparse.build_parser(version, prog=prog)
+def load_table(version, path=lab_args.TABLE):
+    """This package's argument table, SGLang `version`'s (the lab builds both together)."""
     try:
-        return parser.parse_args(argv)
-    except sglang_argparse.FlagError as e:
-        if e.kind == 'help':
-            parser.print_usage(sys.stdout)
-            sys.exit(0)
-        if e.raises not in (None, 'parser.error'):
-            # One of SGLang's own actions raised: it dies with a traceback ending in the exception.
-            sys.exit('%s: %s' % (e.raises, e))
-        message = str(e)
-    except argparse.ArgumentError as e:  # a bad or missing value
-        message = str(e)
-    parser.print_usage(sys.stderr)
-    sys.stderr.write('%s: error: %s\n' % (prog, message))
-    sys.exit(2)
+        table = lab_args.load(path)
+    except (OSError, ValueError) as e:
+        sys.exit('RuntimeError: lab: no argument table for the simulated SGLang %s (%s); the lab writes it with '
+                 'tools/sglang_flags_gen.py --lab-table %s --out <package>/sglang/lab_server_args.json'
+                 % (version, e, version))
+    if table.get('version') != version:
+        sys.exit('RuntimeError: lab: %s is SGLang %s\'s argument table, this package is %s'
+                 % (path, table.get('version'), version))
+    return table
 
 
-def setting(args, version, field, default=None):
-    """A ServerArgs field from the namespace (0.5.1-0.5.13 parse --tp-size into tensor_parallel_size)."""
-    for dest, name in sglang_argparse.table(version)['parser'].get('dest_to_field', {}).items():
-        if name == field and hasattr(args, dest):
-            return getattr(args, dest)
-    return getattr(args, field, default)
+def parse_args(table, argv):
+    """SGLang's argparse: the namespace, or what argparse does (usage + error on stderr, exit 2;
+    --help, exit 0)."""
+    return lab_args.build_parser(table).parse_args(argv)
 
 
-def resolve(args, version):
+def resolve(args, table):
     """The settings as SGLang reports them after its own adjustments."""
-    algo = setting(args, version, 'speculative_algorithm')
-    steps = setting(args, version, 'speculative_num_steps')
-    topk = setting(args, version, 'speculative_eagle_topk')
+    version = table['version']
+
+    def setting(name, default=None):
+        return lab_args.field(table, args, name, default)
+
+    algo = setting('speculative_algorithm')
+    steps = setting('speculative_num_steps')
+    topk = setting('speculative_eagle_topk')
     spec = {
         'speculative_algorithm': 'EAGLE' if algo == 'NEXTN' else algo,
         'speculative_num_steps': steps,
         'speculative_eagle_topk': topk,
-        'speculative_num_draft_tokens': setting(args, version, 'speculative_num_draft_tokens'),
+        'speculative_num_draft_tokens': setting('speculative_num_draft_tokens'),
     }
     if algo and topk == 1 and steps is not None:
         # SGLang forces draft tokens = steps + 1 when topk is 1.
         spec['speculative_num_draft_tokens'] = steps + 1
-    strategy = setting(args, version, 'mamba_radix_cache_strategy') or setting(args, version, 'mamba_scheduler_strategy')
+    strategy = setting('mamba_radix_cache_strategy') or setting('mamba_scheduler_strategy')
     if strategy == 'auto':
         strategy = 'extra_buffer'
-    model_path = setting(args, version, 'model_path')
+    model_path = setting('model_path')
     settings = {
         'version': version,
         'model_path': model_path,
-        'served_model_name': setting(args, version, 'served_model_name') or model_path,
-        'tp_size': setting(args, version, 'tp_size'),
-        'host': setting(args, version, 'host'),
-        'port': setting(args, version, 'port'),
-        'mem_fraction_static': setting(args, version, 'mem_fraction_static'),
-        'enable_metrics': setting(args, version, 'enable_metrics', False),
+        'served_model_name': setting('served_model_name') or model_path,
+        'tp_size': setting('tp_size'),
+        'host': setting('host'),
+        'port': setting('port'),
+        'mem_fraction_static': setting('mem_fraction_static'),
+        'enable_metrics': setting('enable_metrics', False),
         'mamba_radix_cache_strategy': strategy,
-        'disable_custom_all_reduce': setting(args, version, 'disable_custom_all_reduce', False),
-        'max_running_requests': setting(args, version, 'max_running_requests'),
+        'disable_custom_all_reduce': setting('disable_custom_all_reduce', False),
+        'max_running_requests': setting('max_running_requests'),
     }
     settings.update(spec)
     return settings
@@ -712,14 +706,15 @@ class Server(ThreadingHTTPServer):
 
 
 def main(argv=None):
-    args = parse_args(__version__, sys.argv[1:] if argv is None else argv)
+    table = load_table(__version__)
+    args = parse_args(table, sys.argv[1:] if argv is None else argv)
     triple = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
     if args.speculative_algorithm and None in triple:
         sys.exit('ValueError: speculative decoding needs --speculative-num-steps, --speculative-eagle-topk '
                  'and --speculative-num-draft-tokens')
     if ':' in (args.served_model_name or ''):
         sys.exit('ValueError: served model name must not contain ":"')
-    settings = resolve(args, __version__)
+    settings = resolve(args, table)
     # Lab knob: die at start-up when the resolved settings match every key of this JSON object (a setting
     # that does not fit on the GPUs, say), as SGLang does: a message, exit status 1, the unit failed.
     if os.path.exists('/etc/lab-sglang-fail.json'):
@@ -734,7 +729,7 @@ def main(argv=None):
     engine = Engine(settings, __version__, settings.get('max_running_requests'))
     server = Server((bind_address(args.host), args.port),
                                  make_handler(settings, engine, time.time(), bool(args.enable_metrics),
-                                              setting(args, __version__, 'api_key')))
+                                              lab_args.field(table, args, 'api_key')))
     server.daemon_threads = True
     sys.stderr.write('[lab-sglang] %s serving %s on %s:%d (speculative: %s)\n' % (
         __version__, settings['served_model_name'], server.server_address[0], args.port,
