@@ -147,7 +147,11 @@ class Container(object):
                 '--link-journal=no', '--machine=' + machine, '--hostname=' + hostname, '--directory=' + self.rootfs]
         argv += ['--bind=%s:%s' % (src, dst) for src, dst in binds]
         log = open(self.path('boot.log'), 'ab')
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        # /tmp on the container's root filesystem, as in an LXC container (nspawn's default is a tmpfs);
+        # /run is a tmpfs in both.
+        env = dict(os.environ, SYSTEMD_NSPAWN_TMPFS_TMP='0')
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                env=env)
         log.close()
         _write(self.path('nspawn.pid'), '%d\n' % proc.pid)
         deadline = time.time() + timeout

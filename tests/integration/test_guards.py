@@ -126,7 +126,7 @@ def test_hostile_but_legal_values_reach_sglang_verbatim(lab, deployed):
     assert env['ODD'] == odd
     argv = lab.unit_proc('cmdline')
     assert argv[-4:] == ['--disable-custom-all-reduce', '--context-length', '32768', '--chunked-prefill-size=8192']
-    assert not os.path.exists(os.path.join(lab.ct_root(), 'tmp', 'pwned'))
+    assert lab.ct_exec(['test', '-e', '/tmp/pwned'], check=False).returncode == 1
     lab.write_stack(STACK, deployed)
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
 
@@ -149,10 +149,11 @@ def test_renaming_the_unit_moves_the_service(lab, deployed):
 def test_a_unit_name_the_container_already_uses_is_refused_before_any_change(lab, deployed, where):
     """gpuhost:sglang.unit: ssh.service would override (or overwrite) the container's own SSH unit, and a
     later destroy would delete it: refused at the start of up, naming the file, nothing changed."""
-    own = os.path.join(lab.ct_root(), where, 'ssh.service')
-    os.makedirs(os.path.dirname(own), exist_ok=True)
-    with open(own, 'w') as f:
-        f.write('[Unit]\nDescription=OpenBSD Secure Shell server\n[Service]\nExecStart=/usr/sbin/sshd -D\n')
+    # Written inside the container: /run there is the container's own tmpfs (an outside write into its
+    # root filesystem's /run would be hidden under it, as on a real host).
+    own = '/%s/ssh.service' % where
+    lab.ct_exec(['sh', '-c', 'mkdir -p "$(dirname "$1")" && cat > "$1"', 'sh', own],
+                stdin='[Unit]\nDescription=OpenBSD Secure Shell server\n[Service]\nExecStart=/usr/sbin/sshd -D\n')
     try:
         lab.write_stack(STACK, with_changes(deployed, ((S, 'unit'), 'ssh.service')))
         digest, starts = lab.host_digest(), lab.unit_starts()
@@ -161,9 +162,9 @@ def test_a_unit_name_the_container_already_uses_is_refused_before_any_change(lab
         assert res.returncode != 0
         assert 'gpuhost:sglang.unit: ssh.service is a unit container 200 has of its own (/%s/ssh.service)' % where \
             in out, out[-3000:]
-        assert open(own).read().startswith('[Unit]\nDescription=OpenBSD')
+        assert lab.ct_exec(['cat', own]).stdout.startswith('[Unit]\nDescription=OpenBSD')
         assert lab.host_digest() == digest and lab.unit_starts() == starts
     finally:
-        os.remove(own)
+        lab.ct_exec(['rm', '-f', own])
         lab.write_stack(STACK, deployed)
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
