@@ -85,6 +85,12 @@ def exit_with_engine() -> None:
     threading.Thread(target=loop, name='gpuhost-engine-watch', daemon=True).start()
 
 
+def in_dynamic_provider_host() -> bool:
+    """True in the process `python -m pulumi.dynamic` that serves this program's providers."""
+    import sys
+    return getattr(getattr(sys.modules.get('__main__'), '__spec__', None), 'name', None) == 'pulumi.dynamic.__main__'
+
+
 def warn(message: str) -> None:
     log(message, 'WARNING')
 
@@ -130,7 +136,6 @@ def _normalising(fn, positions):
     @functools.wraps(fn)
     def wrapper(self, *args):
         import sys
-        exit_with_engine()
         args = [numbers(a) if i in positions else a for i, a in enumerate(args)]
         try:
             return fn(self, *args)
@@ -247,3 +252,11 @@ def _wrap(cls):
 
 
 _wrap(ObservedProvider)
+
+# The dynamic-provider host imports this module when it unpickles a provider, on the engine's first call
+# (a Check, as a rule). A preview of resources to create makes no other call - no create, diff or read -
+# so a watch started in those entry points never ran, and a CLI killed mid-preview (`make preview | head`,
+# SIGPIPE) left the process waiting for ever. Started here, every provider process watches from its
+# first call on. (Before that call the host runs no code of this program: pulumi/dynamic/__main__.py.)
+if in_dynamic_provider_host():
+    exit_with_engine()

@@ -19,7 +19,8 @@ Parts, all bound to loopback addresses from the spec:
     dropped on demand (LAB/control/ssh-drop.json, carried out by lab/sshcmd.py).
   * Control files for tests (LAB/control, see tests/lablib.py): pve-fail.json (fakepve's fail()),
     pve-set.json (fakepve's scenarios: quorum, offline node, locks, tickets, network, task
-    durations; acknowledged in pve-set.ack.json), reboot-request.json (written by the fake
+    durations; acknowledged in pve-set.ack.json), pve-requests.log (every API request and its status,
+    or "dropped"; written by the lab), reboot-request.json (written by the fake
     `reboot`: the host goes down - SSH connections dropped, sshd and the API away for
     reboot_down_secs, guests stopped - boots the installed state and starts the onboot guests).
 """
@@ -271,6 +272,10 @@ class Lab(object):
         pve.storages['local'].setdefault('volumes', {})[self.info['template'].split(':', 1)[1]] = {
             'content': 'vztmpl', 'format': 'tzst', 'size': 129 * 1024 ** 2, 'ctime': 0}
         self.pve = pve
+        # fakepve keeps no record of the requests its network scenario drops: the lab logs every
+        # request, dropped or answered, from a middleware outside fakepve's own (request_log()).
+        build_app = pve._build_app
+        pve._build_app = lambda: self.with_request_log(build_app())
         await self.start_api()
         self.start_sshd()
 
@@ -427,6 +432,39 @@ class Lab(object):
                 error = '%s: %s' % (type(e).__name__, e)
             os.unlink(path)
             hostsim.write(self.control_path('pve-set.ack.json'), json.dumps({'id': req.get('id'), 'error': error}) + '\n')
+
+    def with_request_log(self, app):
+        from aiohttp import web
+
+        @web.middleware
+        async def outermost(request, handler):
+            return await self.request_log(request, handler)
+        app.middlewares.insert(0, outermost)
+        return app
+
+    async def request_log(self, request, handler):
+        """Every request that reached fakepve, one JSON line in LAB/control/pve-requests.log: {"t" (time it
+        arrived), "method", "path" (with the query), "status" (the HTTP status, or "dropped" when the
+        network scenario reset the connection), "agent" (User-Agent: the program's proxmoxer sends
+        python-requests/..., the lab's pct Python-urllib/...)}, so a test can count the drops and the
+        program's retries."""
+        t = time.time()
+        status = 'cancelled'  # the client went away, or the API stopped (a reboot), before an answer
+        try:
+            response = await handler(request)
+            status = response.status
+        except ConnectionResetError as e:
+            # fakepve's drop_rate: the connection closed without an answer.
+            status = 'dropped' if 'connection dropped' in str(e) else type(e).__name__
+            raise
+        except Exception as e:  # an aiohttp HTTPException is an answer too; anything else, its name
+            status = getattr(e, 'status', None) or type(e).__name__
+            raise
+        finally:
+            with open(self.control_path('pve-requests.log'), 'a') as f:
+                f.write(json.dumps({'t': round(t, 3), 'method': request.method, 'path': request.path_qs,
+                                    'status': status, 'agent': request.headers.get('User-Agent')}) + '\n')
+        return response
 
     def guest(self, vmid):
         g = self.pve.guest(int(vmid))

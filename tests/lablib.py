@@ -541,6 +541,16 @@ class Lab(object):
         instant, locks set through pve_set released (tickets revoked stay revoked: log in again)."""
         self.pve_set(reset=True)
 
+    def pve_requests(self):
+        """Every API request that reached fakepve so far, oldest first: [{'t', 'method', 'path' (with the
+        query), 'status' (HTTP status, or 'dropped': the network scenario reset the connection), 'agent' (User-Agent)}]
+        (lab/labctl.py Lab.request_log)."""
+        try:
+            with open(self.control('pve-requests.log')) as f:
+                return [json.loads(line) for line in f if line.endswith('\n')]
+        except FileNotFoundError:
+            return []
+
     # -- the host's reboot
 
     def reboots(self):

@@ -161,26 +161,21 @@ def rescale(level, scale):
 
 # ------------------------------------------------------------------------------------- /metrics
 
-SAMPLE_RX = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 COUNTERS = ('sglang:generation_tokens_total', 'sglang:num_requests_total', 'sglang:spec_verify_calls_total')
 GAUGES = ('sglang:spec_accept_length', 'sglang:spec_accept_rate')
 
 
 def parse_metrics(text):
-    """Prometheus text -> {metric name: sum of its samples} for the counters and gauges used here."""
+    """Prometheus text -> {metric name: sum of its samples} for the counters and gauges used here.
+    prometheus_client's own parser (SGLang's /metrics is prometheus_client's output): a label value may
+    hold `}`, `,` and escaped quotes. Text that is not Prometheus exposition raises ValueError."""
+    # Imported here: the plot runs `tools.bench_serve` in the bench virtualenv, which has no prometheus_client.
+    from prometheus_client.parser import text_string_to_metric_families
     out = {}
-    for line in text.splitlines():
-        if not line or line.startswith('#'):
-            continue
-        m = SAMPLE_RX.match(line)
-        if not m or m.group(1) not in COUNTERS + GAUGES:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if not math.isnan(value):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in COUNTERS + GAUGES and not math.isnan(sample.value):
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
 
 
@@ -363,9 +358,14 @@ class Target(object):
 
     def metrics(self):
         try:
-            return parse_metrics(_http(self.metrics_url, timeout=10))
+            text = _http(self.metrics_url, timeout=10)
         except (OSError, urllib.error.URLError):
             return None
+        try:
+            return parse_metrics(text)
+        except ValueError as e:
+            raise BenchError('%s is not Prometheus text (%s); check that it is SGLang\'s metrics endpoint '
+                             '(--enable-metrics)' % (self.metrics_url, e)) from None
 
     def server_info(self):
         return json.loads(_http(self.server_info_url, self._key))

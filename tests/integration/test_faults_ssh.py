@@ -1,7 +1,8 @@
 """The SSH connection dropped at each of the first ten remote commands of an `up` that changes host
-files (kernel command line, nvidia options) and the SGLang unit: the error names the lost connection,
-the host and the step; no managed file is ever half-written (each holds its old or its new content);
-a re-run converges. Also: a hung host tool is stopped at the step's time limit and named."""
+files (kernel command line, nvidia options) and the SGLang unit, in each way it can drop: the error
+names the lost connection, the host and the step; no managed file is ever half-written (each holds
+its old or its new content); a re-run converges. Also: a hung host tool is stopped at the step's time
+limit and named."""
 
 import copy
 import os
@@ -10,7 +11,18 @@ import pytest
 
 pytestmark = pytest.mark.slow
 STACK = 'sshdrop'
-MODES = ('before', 'during', 'after')
+# The first ten commands of the up (either way between the two states; tests/lablib.py ssh_log()):
+# 1-5 read the host (host_facts.sh, ct_unit_owner.sh, read_file.sh), 6 and 7 write the kernel command
+# line and the nvidia options (put_file.sh, the content on stdin), 8-10 read them back.
+WRITES = (6, 7)
+# Every mode at every command, but 'during' only at the writes: 'during' hands the command the first
+# half of its stdin and then drops the connection once the command has read it. A read takes no stdin,
+# so it is dropped as it starts, its output going nowhere: to the host (a read changes nothing) and
+# to the client (no output, no exit status) that is 'before' again, one more run for no new case.
+CASES = [(n, mode) for n in range(1, 11) for mode in ('before', 'during', 'after')
+         if mode != 'during' or n in WRITES]
+# The smallest gpuhost:host.ssh.command_timeout the config allows: the hung tool is stopped sooner.
+COMMAND_TIMEOUT = 5
 
 
 def changed(cfg):
@@ -38,7 +50,7 @@ def managed_files(lab):
 def states(lab):
     """The managed files in the base state (A) and in the changed state (B)."""
     base = lab.stack_config()
-    base['gpuhost:host']['ssh']['command_timeout'] = 20
+    base['gpuhost:host']['ssh']['command_timeout'] = COMMAND_TIMEOUT
     lab.write_stack(STACK, changed(base))
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     new = managed_files(lab)
@@ -49,34 +61,63 @@ def states(lab):
     return base, old, new
 
 
-@pytest.mark.parametrize('n', range(1, 11))
-def test_drop_at_each_command(lab, states, n):
+def the_other_state(lab, states):
+    """(stack config, files now, files wanted) for an up from the state the lab is in to the other one:
+    each case changes the same files, so it starts where the last one ended rather than spend an up
+    going back (a case that failed half-way is put back to A first)."""
     base, old, new = states
-    mode = MODES[n % len(MODES)]
-    lab.write_stack(STACK, changed(base))
+    now = managed_files(lab)
+    if now == new:
+        return base, new, old
+    if now != old:
+        lab.write_stack(STACK, base)
+        lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    return changed(base), old, new
+
+
+def command(lab, n):
+    return next(e for e in lab.ssh_log() if e['n'] == n)
+
+
+def writes_stdin(step):
+    return step['cmd'].split()[0] in ('put_file.sh', 'ct_put_file.sh')
+
+
+@pytest.mark.parametrize('n,mode', CASES, ids=['%d-%s' % c for c in CASES])
+def test_drop_at_each_command(lab, states, n, mode):
+    cfg, before, after = the_other_state(lab, states)
+    lab.write_stack(STACK, cfg)
     at = lab.drop_ssh_at(n, mode=mode)
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
     out = res.stdout + res.stderr
     assert not lab.ssh_drop_pending(), 'the up ran fewer than %d remote commands: %s\n%s' % (
         n, [e['cmd'] for e in lab.ssh_log()[-12:]], out[-3000:])
-    step = next(e for e in lab.ssh_log() if e['n'] == at)
+    step = command(lab, at)
+    # The case is the one CASES says: a write where 'during' is tested, a read where it is not.
+    assert writes_stdin(step) == (n in WRITES), 'command %d is now %s: the up\'s commands changed, update ' \
+        'WRITES' % (n, step['cmd'])
+    if mode in ('during', 'after'):
+        # The lab logs the dropped command's own end (its exit code on the host) when it comes.
+        lab.wait_for(lambda: 'exit' in command(lab, at), timeout=30, what='the end of command %d' % at)
+        step = command(lab, at)
+    if mode == 'during':
+        assert 0 < step['stdin_sent'] < step['stdin_total'], 'not an upload cut short: %s' % step
+    if mode == 'after':
+        assert step['exit'] == 0, 'the command failed on the host by itself: %s' % step
     assert res.returncode != 0, 'drop %s command %d (%s) went unnoticed:\n%s' % (mode, n, step['cmd'], out[-3000:])
     assert 'connection to root@%s:%d lost during' % (lab.info['ssh']['host'], lab.info['ssh']['port']) in out, \
         (mode, step, out[-3000:])
     assert 'Safe to re-run' in out
     for name, text in managed_files(lab).items():
-        assert text in (old[name], new[name]), '%s half-written after a drop %s %s' % (name, mode, step['cmd'])
+        assert text in (before[name], after[name]), '%s half-written after a drop %s %s' % (name, mode, step['cmd'])
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    assert managed_files(lab) == new
+    assert managed_files(lab) == after
     lab.pulumi('preview', '--refresh', '--expect-no-changes', stack=STACK)
-    lab.write_stack(STACK, base)
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    assert managed_files(lab) == old
 
 
 def test_a_hung_tool_is_stopped_and_named(lab, states):
-    base, old, new = states
-    lab.write_stack(STACK, changed(base))
+    cfg, before, after = the_other_state(lab, states)
+    lab.write_stack(STACK, cfg)
     lab.hang_tool('proxmox-boot-tool.refresh')
     try:
         res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False, timeout=300)
@@ -84,9 +125,7 @@ def test_a_hung_tool_is_stopped_and_named(lab, states):
         lab.clear_faults()
     out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert 'did not finish within 20 s (gpuhost:host.ssh.command_timeout)' in out, out[-3000:]
+    assert 'did not finish within %d s (gpuhost:host.ssh.command_timeout)' % COMMAND_TIMEOUT in out, out[-3000:]
     assert 'writing /etc/kernel/cmdline' in out
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    assert managed_files(lab) == new
-    lab.write_stack(STACK, base)
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert managed_files(lab) == after

@@ -127,3 +127,39 @@ def _providers_of(project):
         if cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd):
             out.append(int(pid))
     return out
+
+
+def test_a_preview_cut_short_by_head_leaves_no_provider_process(lab):
+    """`make preview STACK=prod | head -120`: `head` exits, the CLI dies of SIGPIPE at its next write. A
+    preview of resources still to create calls nothing but `check` in the dynamic-provider process; that
+    process must notice the engine is gone and exit within seconds (it once waited 41 minutes)."""
+    lab.write_stack('fresh', lab.stack_config())
+    proc = subprocess.Popen(['pulumi', 'preview', '--diff', '--stack', 'fresh'], cwd=lab.project, env=lab.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    head, running = [], []
+    try:
+        for line in proc.stdout:
+            head.append(line)
+            # The first resource of the program's providers in the plan: its check has run.
+            if b'pulumi-python:dynamic/' in line:
+                # Frozen at once, so the CLI cannot finish the preview before the pipe closes.
+                os.kill(proc.pid, signal.SIGSTOP)
+                break
+        running = _providers_of(lab.project)
+        proc.stdout.close()
+        os.kill(proc.pid, signal.SIGCONT)
+        rc = proc.wait(timeout=120)
+        assert running, 'no provider process seen when the preview showed:\n%s' % b''.join(head).decode()
+        assert rc == -signal.SIGPIPE, 'the CLI was not cut short (exit %s)' % rc
+        gone = time.time()
+        deadline = gone + 15
+        while time.time() < deadline and _providers_of(lab.project):
+            time.sleep(0.5)
+        # The watch polls every 2 s and gives up after two misses (README: within ~6 s).
+        left = _providers_of(lab.project)
+        assert not left, 'provider process(es) %s still running %.0f s after the CLI died' % (left, time.time() - gone)
+    finally:
+        for pid in _providers_of(lab.project):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()

@@ -95,6 +95,31 @@ def test_accept_length_from_counter_deltas():
     assert b.accept_stats(None, after, 2)['source'] == 'no /metrics'
 
 
+def test_metrics_label_values_may_hold_any_character():
+    # A label value with `}`, `,`, `=` and escaped quotes (a served model name is the operator's choice):
+    # a sample whose labels a hand-made pattern cuts at the first `}` would go missing from the sum.
+    text = ('# HELP sglang:generation_tokens_total Number of generation tokens processed.\n'
+            '# TYPE sglang:generation_tokens_total counter\n'
+            'sglang:generation_tokens_total{model_name="qwen}, \\"v2\\", tp=4",tp_rank="0"} 1200.0\n'
+            'sglang:generation_tokens_total{model_name="qwen}, \\"v2\\", tp=4",tp_rank="1"} 34.0\n'
+            '# HELP sglang:num_requests_total Number of requests processed.\n'
+            '# TYPE sglang:num_requests_total counter\n'
+            'sglang:num_requests_total{model_name="a{b}c,d"} 12.0\n'
+            '# HELP sglang:spec_accept_length Multiprocess metric\n'
+            '# TYPE sglang:spec_accept_length gauge\n'
+            'sglang:spec_accept_length{model_name="}"} NaN\n')
+    assert b.parse_metrics(text) == {'sglang:generation_tokens_total': 1234.0, 'sglang:num_requests_total': 12.0}
+
+
+def test_metrics_that_are_not_prometheus_text_are_named(monkeypatch):
+    # A proxy's login page where /metrics should be: the bench stops and names the URL.
+    monkeypatch.setattr(b, '_http', lambda url, key=None, timeout=10: '<html>login</html>\n')
+    target = b.Target('http://h:30000', 'http://h:30000/metrics', 'http://h:30000/server_info')
+    with pytest.raises(b.BenchError) as e:
+        target.metrics()
+    assert 'http://h:30000/metrics is not Prometheus text' in str(e.value)
+
+
 def run(levels):
     return {'levels': [{'concurrency': c, 'output_tok_s': v, 'output_tok_s_per_request': v / c} for c, v in levels]}
 
