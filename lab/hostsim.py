@@ -19,7 +19,6 @@ Stdlib only: the fake tools run under the host's system python3.
 
 import json
 import os
-import re
 import shutil
 import stat
 import tempfile
