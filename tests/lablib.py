@@ -4,10 +4,12 @@ of the project pointing at it, and the real Pulumi CLI run against a file backen
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -113,6 +115,43 @@ def make_project(base):
                          env=env, capture_output=True, text=True)
     assert res.returncode == 0, 'install-command-plugin.sh failed:\n' + res.stderr
     return project
+
+
+# Each lab (a test module's, a fleet's hosts, a benchmark's) answers on its own loopback /24, 127.0.N.0
+# with N from 21, apart from `make lab`'s 127.0.0.0 and `make lab HOSTS=N`'s 127.1.i.0. Several pytest
+# processes (or xdist workers, or a benchmark next to a test run) may start labs at once: a net is
+# claimed with a lock file held as long as the lab runs, and passed over if its ports are taken.
+NET_LOCKS = '/tmp/gpuhost-lab-nets'
+FIRST_NET, LAST_NET = 21, 120
+
+
+def _ports_free(net):
+    for addr, port in (('127.0.%d.2' % net, 8006), ('127.0.%d.3' % net, 2222), ('127.0.%d.4' % net, 30000)):
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((addr, port))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
+def claim_net():
+    """(net, open lock file): the first free loopback /24; the lock is released when the file is closed."""
+    os.makedirs(NET_LOCKS, exist_ok=True)
+    for net in range(FIRST_NET, LAST_NET):
+        f = open(os.path.join(NET_LOCKS, '%d.lock' % net), 'w')
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        if _ports_free(net):
+            return net, f
+        f.close()
+    raise RuntimeError('no free loopback net for a lab in 127.0.%d-%d.0/24' % (FIRST_NET, LAST_NET - 1))
 
 
 class Lab(object):

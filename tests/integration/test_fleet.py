@@ -9,8 +9,7 @@ import shutil
 
 import pytest
 
-from tests.integration.conftest import claim_net
-from tests.lablib import REPO, FleetLab, max_overlap
+from tests.lablib import REPO, FleetLab, claim_net, max_overlap
 
 STACK = 'fleet'
 UNIT = 'sglang-qwen.service'
