@@ -154,6 +154,12 @@ def claim_net():
     raise RuntimeError('no free loopback net for a lab in 127.0.%d-%d.0/24' % (FIRST_NET, LAST_NET - 1))
 
 
+def _stacks(lab):
+    """The project copy's stacks this process created (write_stack); a Lab made with __new__
+    (in_fleet, attach) or a FleetLab starts without the attribute."""
+    return lab.__dict__.setdefault('_known_stacks', set())
+
+
 class Lab(object):
     """A running lab plus a project copy wired to it. `net` picks the loopback addresses."""
 
@@ -239,9 +245,13 @@ class Lab(object):
         return cfg
 
     def write_stack(self, stack, cfg):
+        """Pulumi.<stack>.yaml with cfg, the stack created the first time (every run names its stack
+        with --stack, so selecting it again would only cost a CLI start)."""
         with open(os.path.join(self.project, 'Pulumi.%s.yaml' % stack), 'w') as f:
             yaml.safe_dump({'config': cfg}, f, sort_keys=False)
-        self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
+        if stack not in _stacks(self):
+            self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
+            _stacks(self).add(stack)
 
     def deploy(self, stack):
         """The lab's stack config written as `stack` and deployed; returns the config."""
@@ -258,6 +268,9 @@ class Lab(object):
             argv += ['--stack', stack]
         res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True, text=True,
                              timeout=timeout)
+        if list(args[:2]) == ['stack', 'rm']:
+            # Whichever stack went (even halfway, on failure), write_stack creates it again.
+            _stacks(self).clear()
         # Whatever happened, the operator never sees Python frames (README: errors come without them).
         for stream in (res.stdout, res.stderr):
             assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
