@@ -12,6 +12,9 @@ import pytest
 from tests.lablib import REPO, FleetLab, claim_net, max_overlap
 
 STACK = 'fleet'
+# Four simulated hosts: the first test's setup starts four labs, and the rolling changes wait for each
+# host's SGLang in turn.
+pytestmark = pytest.mark.timeout(600)
 UNIT = 'sglang-qwen.service'
 
 
