@@ -176,7 +176,8 @@ def running_requests(lab):
     except OSError:  # restarting for the variant
         return 0
     name = 'sglang:num_running_reqs'
-    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines() if line.startswith((name + '{', name + ' ')))
+    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines()
+               if line.startswith((name + '{', name + ' ')))
 
 
 def test_ctrl_c_during_a_variant_restores_the_declared_config(lab, tmp_path):

@@ -85,7 +85,8 @@ def served(base, name):
     with urllib.request.urlopen(base.rsplit('/v1', 1)[0] + '/metrics', timeout=10) as r:
         text = r.read().decode()
     # A sample line is `name{labels} value` or `name value`; the value is its last field.
-    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines() if line.startswith((name + '{', name + ' ')))
+    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines()
+               if line.startswith((name + '{', name + ' ')))
 
 
 def chat(base, n, stream=False, max_tokens=24):

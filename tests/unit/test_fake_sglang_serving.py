@@ -67,8 +67,8 @@ def serve(tmp_path):
         port = free_port()
         p = subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server'] + ARGS + list(extra) +
                              ['--host', '127.0.0.1', '--port', str(port)], cwd=str(tmp_path),
-                             env=dict({'PYTHONPATH': str(pkg.parent), 'PATH': '/usr/bin:/bin', 'LAB_SGLANG_STARTUP': '0',
-                                       'LAB_SGLANG_SPEED': speed}, **(env or {})),
+                             env=dict({'PYTHONPATH': str(pkg.parent), 'PATH': '/usr/bin:/bin',
+                                       'LAB_SGLANG_STARTUP': '0', 'LAB_SGLANG_SPEED': speed}, **(env or {})),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(p)
         base = 'http://127.0.0.1:%d' % port
