@@ -51,19 +51,9 @@ def _preflight_all(fleet, inputs):
 
 
 try:
-    fleet = config.fleet_from_pulumi()
-    inputs, warnings = [], {}
-    for h in fleet.hosts:
-        try:
-            inputs.append(config.connection_inputs(h.deployment, os.getcwd()))
-        except config.ConfigError as e:
-            raise (config.prefixed(e, 'host %s (gpuhost:hosts[%d])' % (h.name, h.index)) if fleet.is_fleet else e)
-        for warning in h.deployment.warnings:
-            warnings.setdefault(warning, []).append(h.name)
-    for warning, names in warnings.items():
-        # The same warning for several hosts of a fleet is said once, naming them.
-        pulumi.log.warn(('host%s %s: ' % ('s' if len(names) > 1 else '', ', '.join(names)) if fleet.is_fleet else '')
-                        + warning)
+    fleet, inputs, warnings = config.load_stack(os.getcwd())
+    for warning in warnings:
+        pulumi.log.warn(warning)
     if not pulumi.runtime.is_dry_run():
         # `up` only (preview contacts no host): every host and its Proxmox are what the config describes,
         # before any step can delete, replace or write anything on any host.

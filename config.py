@@ -887,6 +887,26 @@ def fleet_from_pulumi() -> 'Fleet':
     return parse_fleet(data)
 
 
+def load_stack(root: str) -> tuple:
+    """What the program needs from the running stack's config before it builds anything, for preview
+    and up alike: (fleet, each host's (ssh connection, api) inputs - the files the config names read
+    and parsed against `root`, the project directory - and the warnings to show, one line each).
+    Raises ConfigError with the message the operator sees."""
+    fleet = fleet_from_pulumi()
+    inputs, warnings = [], {}
+    for h in fleet.hosts:
+        try:
+            inputs.append(connection_inputs(h.deployment, root))
+        except ConfigError as e:
+            raise (prefixed(e, 'host %s (gpuhost:hosts[%d])' % (h.name, h.index)) if fleet.is_fleet else e)
+        for warning in h.deployment.warnings:
+            warnings.setdefault(warning, []).append(h.name)
+    # The same warning for several hosts of a fleet is said once, naming them.
+    lines = [(('host%s %s: ' % ('s' if len(names) > 1 else '', ', '.join(names))) if fleet.is_fleet else '') + warning
+             for warning, names in warnings.items()]
+    return fleet, inputs, lines
+
+
 def _all_config_keys():
     import pulumi.runtime.config as rc
     return list(rc.CONFIG.get())

@@ -4,10 +4,12 @@ of the project pointing at it, and the real Pulumi CLI run against a file backen
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -158,6 +160,49 @@ def make_project(base):
     return project
 
 
+# Each lab (a test module's, a fleet's hosts, a benchmark's) answers on its own loopback /24, 127.0.N.0
+# with N from 21, apart from `make lab`'s 127.0.0.0 and `make lab HOSTS=N`'s 127.1.i.0. Several pytest
+# processes (or xdist workers, or a benchmark next to a test run) may start labs at once: a net is
+# claimed with a lock file held as long as the lab runs, and passed over if its ports are taken.
+NET_LOCKS = '/tmp/gpuhost-lab-nets'
+FIRST_NET, LAST_NET = 21, 120
+
+
+def _ports_free(net):
+    for addr, port in (('127.0.%d.2' % net, 8006), ('127.0.%d.3' % net, 2222), ('127.0.%d.4' % net, 30000)):
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((addr, port))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
+def claim_net():
+    """(net, open lock file): the first free loopback /24; the lock is released when the file is closed."""
+    os.makedirs(NET_LOCKS, exist_ok=True)
+    for net in range(FIRST_NET, LAST_NET):
+        f = open(os.path.join(NET_LOCKS, '%d.lock' % net), 'w')
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        if _ports_free(net):
+            return net, f
+        f.close()
+    raise RuntimeError('no free loopback net for a lab in 127.0.%d-%d.0/24' % (FIRST_NET, LAST_NET - 1))
+
+
+def _stacks(lab):
+    """The project copy's stacks this process created (write_stack); a Lab made with __new__
+    (in_fleet, attach) or a FleetLab starts without the attribute."""
+    return lab.__dict__.setdefault('_known_stacks', set())
+
+
 class Lab(object):
     """A running lab plus a project copy wired to it. `net` picks the loopback addresses."""
 
@@ -246,9 +291,13 @@ class Lab(object):
         return cfg
 
     def write_stack(self, stack, cfg):
+        """Pulumi.<stack>.yaml with cfg, the stack created the first time (every run names its stack
+        with --stack, so selecting it again would only cost a CLI start)."""
         with open(os.path.join(self.project, 'Pulumi.%s.yaml' % stack), 'w') as f:
             yaml.safe_dump({'config': cfg}, f, sort_keys=False)
-        self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
+        if stack not in _stacks(self):
+            self.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', stack)
+            _stacks(self).add(stack)
 
     def deploy(self, stack):
         """The lab's stack config written as `stack` and deployed; returns the config."""
@@ -272,6 +321,9 @@ class Lab(object):
         for _ in range(len(self.all_labs()) + 1):
             res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True,
                                  text=True, timeout=timeout)
+            if list(args[:2]) == ['stack', 'rm']:
+                # Whichever stack went (even halfway, on failure), write_stack creates it again.
+                _stacks(self).clear()
             # Whatever happened, the operator never sees Python frames (README: errors come without them).
             for stream in (res.stdout, res.stderr):
                 assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \

@@ -1,7 +1,8 @@
 """make bench: wall time of a no-op `pulumi preview` and `pulumi up` on the lab, and how many remote
 commands a no-op `up` runs (goal: none that change anything, no restart). Writes docs/bench.md.
 
-Runs its own lab (127.0.40.0/24) and stack, deploys once, then measures N repetitions.
+Runs its own lab (on a loopback /24 claimed like a test module's: tests/lablib.py claim_net) and stack,
+deploys once, then measures N repetitions.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.lablib import Lab  # noqa: E402
+from tests.lablib import Lab, claim_net  # noqa: E402
 
 STACK = 'bench'
 RUNS = int(os.environ.get('BENCH_RUNS', '5'))
@@ -35,7 +36,8 @@ KEEP_MARKER = '<!-- bench-serve: kept by tools/bench.py -->'
 
 def main():
     base = tempfile.mkdtemp(prefix='gpuhost-bench-')
-    lab = Lab(base, 40).up()
+    net, lock = claim_net()  # held until the process ends: no test module starts a lab on the same net
+    lab = Lab(base, net).up()
     try:
         lab.write_stack(STACK, lab.stack_config())
         first = timed(lambda: lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))

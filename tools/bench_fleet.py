@@ -4,8 +4,9 @@
 docs/bench.md.
 
 Thirteen simulated hosts (lab/fleet.py topologies, each its own fakepve and sshd on its own loopback
-/24 from 127.0.41.0 up): stack f1 manages one, f4 four others, f8 the remaining eight, so each stack
-owns its hosts (as separate sites would). Every stack lists its hosts in gpuhost:hosts.
+/24, claimed like a test module's: tests/lablib.py claim_net): stack f1 manages one, f4 four others, f8
+the remaining eight, so each stack owns its hosts (as separate sites would). Every stack lists its
+hosts in gpuhost:hosts.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.lablib import FleetLab, max_overlap  # noqa: E402
+from tests.lablib import FleetLab, claim_net, max_overlap  # noqa: E402
 
 RUNS = int(os.environ.get('BENCH_RUNS', '5'))
-FIRST_NET = 41
 BEGIN, END = '<!-- bench-fleet: begin (tools/bench_fleet.py) -->', '<!-- bench-fleet: end -->'
 
 
@@ -53,7 +53,9 @@ def per_host(before, after, names):
 
 def main():
     base = tempfile.mkdtemp(prefix='gpuhost-bench-fleet-')
-    fleet = FleetLab(base, range(FIRST_NET, FIRST_NET + 13))
+    # The locks are held until the process ends: no test module starts a lab on one of these nets.
+    locks = [claim_net() for _ in range(13)]
+    fleet = FleetLab(base, [net for net, _ in locks])
     stacks = {'f1': ['gpu01'], 'f4': ['gpu%02d' % i for i in range(2, 6)],
               'f8': ['gpu%02d' % i for i in range(6, 14)]}
     rows, first = [], {}

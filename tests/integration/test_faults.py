@@ -4,6 +4,7 @@ container, and a Blackwell GPU found in an identity IOMMU group (stop before any
 
 import json
 import os
+import subprocess
 
 STACK = 'faults'
 
@@ -116,12 +117,32 @@ def test_a_failing_restart_inside_the_container_is_named_and_the_rerun_restarts(
 
 
 def test_a_slow_start_reports_progress_while_waiting(lab):
-    """The real model loads for minutes: the wait for /health says where it is every ~15 s."""
+    """The real model loads for minutes: the wait for /health says where it is every ~15 s (a constant of
+    components/sglang.py). The lab's SGLang loads until the CLI has shown that line - at most 50 s, within
+    health_timeout_s - so the test waits only as long as the program takes to say it."""
+    line = 'waiting for http://%s:30000/health - loading, last answer HTTP 503' % lab.spec['addresses']['container']
+    loaded = os.path.join(lab.ct_root(), 'etc', 'lab-sglang-loaded')
     cfg = lab.stack_config()
-    cfg['gpuhost:sglang']['environment'] = {'LAB_SGLANG_STARTUP': '20'}  # the lab's SGLang loads for 20 s
+    cfg['gpuhost:sglang']['environment'] = {'LAB_SGLANG_STARTUP': '50',
+                                            'LAB_SGLANG_LOADED_FILE': '/etc/lab-sglang-loaded'}
     lab.write_stack(STACK, cfg)
-    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    assert 'waiting for http://%s:30000/health - loading, last answer HTTP 503' % lab.spec['addresses']['container'] \
-        in res.stdout, res.stdout[-3000:]
+    proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=lab.project,
+                            env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, seen = [], False
+    try:
+        for text in proc.stdout:  # the CLI prints the provider's message as it arrives
+            out.append(text)
+            if line in text and not seen:
+                seen = True
+                open(loaded, 'w').close()
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if os.path.exists(loaded):
+            os.unlink(loaded)
+    out = ''.join(out)
+    assert rc == 0 and 'Traceback' not in out, out[-3000:]
+    assert seen, 'no progress line while SGLang loaded:\n' + out[-3000:]
     lab.write_stack(STACK, lab.stack_config())
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)

@@ -9,10 +9,12 @@ import shutil
 
 import pytest
 
-from tests.integration.conftest import claim_net
-from tests.lablib import REPO, FleetLab, max_overlap
+from tests.lablib import REPO, FleetLab, claim_net, max_overlap
 
 STACK = 'fleet'
+# Four simulated hosts: the first test's setup starts four labs, and the rolling changes wait for each
+# host's SGLang in turn.
+pytestmark = pytest.mark.timeout(600)
 UNIT = 'sglang-qwen.service'
 
 

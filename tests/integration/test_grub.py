@@ -5,18 +5,23 @@ import shutil
 
 import pytest
 
-from tests.lablib import Lab
+from tests.lablib import Lab, claim_net
 
 STACK = 'grub'
 
 
 @pytest.fixture(scope='module')
 def grub_lab(tmp_path_factory):
+    # A loopback net claimed like the shared `lab` fixture's: no other module or pytest process gets it.
     base = str(tmp_path_factory.mktemp('grublab'))
-    lab = Lab(base, 29, boot='grub', cmdline='root=/dev/mapper/pve-root ro quiet').up()
-    yield lab
-    lab.down()
-    shutil.rmtree(base, ignore_errors=True)
+    net, lock = claim_net()
+    try:
+        lab = Lab(base, net, boot='grub', cmdline='root=/dev/mapper/pve-root ro quiet').up()
+        yield lab
+        lab.down()
+    finally:
+        lock.close()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_grub_host_gets_its_command_line_through_update_grub(grub_lab):

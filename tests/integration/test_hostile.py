@@ -1,16 +1,28 @@
-"""Hostile and careless stack configs, each run through the real `pulumi preview` against the lab.
+"""Hostile and careless stack configs: each is either refused at preview - the message names the config
+key and the fix - or accepted because it is harmless. The classes: values that would inject lines into
+the systemd unit, paths built from names, kernel parameters in other spellings, SGLang flags that
+override managed ones, silent loss (typos in namespaces and keys), coercion and smuggled properties,
+unreadable keys and certificates, secrets given as plain text.
 
-Every case is either refused at preview - the CLI's own output names the config key and the fix, shows
-no Python frames, and nothing on the host changed (no SSH session, same host digest, no guest) - or
-accepted because it is harmless. The classes: values that would inject lines into the systemd unit,
-paths built from names, kernel parameters in other spellings, SGLang flags that override managed
-ones, silent loss (typos in namespaces and keys), coercion and smuggled properties, unreadable keys
-and certificates, secrets given as plain text.
+Every case goes through config.load_stack - what the program runs first, at preview and up alike, and
+whose ConfigError text is the refusal the operator reads - in this process, with the config the CLI
+would hand the program (engine_config). A sample of every class also goes through the real `pulumi
+preview` against the lab: the CLI shows that same message without Python frames, and nothing on the
+host changed (no SSH session, same host digest, no guest).
 """
 
+import contextvars
 import copy
+import json
+import os
 
+import pulumi.runtime.config
+import pulumi.runtime.settings
 import pytest
+import yaml
+
+import config
+from tools import render
 
 STACK = 'hostile'
 DELETE = object()
@@ -262,11 +274,77 @@ def apply(cfg, changes):
     return cfg
 
 
+# Through the real CLI: at least one case of every class, chosen where the CLI's part could differ -
+# a multi-line message, a key in another namespace, a quoted number in YAML, a file path relative to
+# the project, the engine's secret flag.
+CLI_SAMPLE = ('extra_args newline', 'iommu=pt', '--tp 8', 'namespace typo', 'port as string',
+              'private key file not a key', 'plain password')
+CLI_ACCEPTED = ('environment with quotes, $, % and backslash', 'harmless kernel argument')
+CLI_REFUSED = [c for c in CASES if c[0] in CLI_SAMPLE]
+CLI_HARMLESS = [c for c in ACCEPTED if c[0] in CLI_ACCEPTED]
+assert len(CLI_REFUSED) == len(CLI_SAMPLE) and len(CLI_HARMLESS) == len(CLI_ACCEPTED), 'a sampled case was renamed'
+
+
 @pytest.fixture(scope='module')
 def base(lab):
     cfg = lab.stack_config()
     lab.write_stack(STACK, cfg)
     return cfg
+
+
+def engine_config(cfg):
+    """The stack's config as the CLI hands it to the program: one entry per top-level key (every
+    namespace), a string as it is and anything else as JSON; no secure: values here (none of the
+    cases has one - the CLI would decrypt them and list their keys as secret)."""
+    def no_secure(node):
+        if isinstance(node, dict):
+            assert set(node) != {'secure'}, 'engine_config cannot decrypt a secure: value'
+        for child in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
+            no_secure(child)
+    no_secure(cfg)
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in cfg.items()}
+
+
+def load(lab, cfg):
+    """config.load_stack(project) for `cfg` as stack STACK, in the project directory with the stack's
+    file written (as `pulumi preview --stack STACK` would run it), in a context of its own so the
+    SDK's config and stack name do not outlive the call."""
+    with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK), 'w') as f:
+        yaml.safe_dump({'config': cfg}, f, sort_keys=False)
+
+    def run():
+        pulumi.runtime.config.set_all_config(engine_config(cfg), [])
+        pulumi.runtime.settings._set_stack(STACK)
+        return config.load_stack(lab.project)
+    cwd = os.getcwd()
+    os.chdir(lab.project)
+    try:
+        return contextvars.copy_context().run(run)
+    finally:
+        os.chdir(cwd)
+
+
+def refusal(lab, cfg):
+    """The refusal's text (__main__ raises it as the run's error), or the test fails if accepted."""
+    try:
+        load(lab, cfg)
+    except config.ConfigError as e:
+        return str(e)
+    pytest.fail('accepted by config.load_stack')
+
+
+@pytest.mark.parametrize('name,changes,messages', CASES, ids=[c[0] for c in CASES])
+def test_refused_by_the_config(lab, base, name, changes, messages):
+    message = refusal(lab, apply(base, changes))
+    for text in messages:
+        assert text in message, 'missing %r in:\n%s' % (text, message)
+
+
+@pytest.mark.parametrize('name,changes', ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_accepted_by_the_config(lab, base, name, changes):
+    fleet, _, _ = load(lab, apply(base, changes))
+    # What preview goes on to build from it renders: unit, container and VM config, command line.
+    assert render.files(fleet.hosts[0].deployment)
 
 
 def preview(lab, cfg):
@@ -280,16 +358,20 @@ def preview(lab, cfg):
     return res, out
 
 
-@pytest.mark.parametrize('name,changes,messages', CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize('name,changes,messages', CLI_REFUSED, ids=[c[0] for c in CLI_REFUSED])
 def test_refused_at_preview(lab, base, name, changes, messages):
-    res, out = preview(lab, apply(base, changes))
+    cfg = apply(base, changes)
+    res, out = preview(lab, cfg)
     assert res.returncode != 0, 'accepted:\n' + out[-3000:]
     for text in messages:
         assert text in out, 'missing %r in:\n%s' % (text, out[-3000:])
+    # What the in-process cases check is what the operator reads, every line of it.
+    for line in refusal(lab, cfg).splitlines():
+        assert line.strip() in out, 'line %r of the refusal not shown:\n%s' % (line, out[-3000:])
     assert lab.node().lxc.get() == [] and lab.node().qemu.get() == []
 
 
-@pytest.mark.parametrize('name,changes', ACCEPTED, ids=[c[0] for c in ACCEPTED])
+@pytest.mark.parametrize('name,changes', CLI_HARMLESS, ids=[c[0] for c in CLI_HARMLESS])
 def test_accepted_harmless(lab, base, name, changes):
     res, out = preview(lab, apply(base, changes))
     assert res.returncode == 0, out[-3000:]

@@ -80,6 +80,15 @@ class Prometheus(object):
         return {a['labels']['alertname'] for a in self.api('alerts')['alerts'] if state in (None, a['state'])}
 
 
+def served(base, name):
+    """A counter summed over its series, from SGLang's own /metrics (base: the OpenAI base URL, .../v1)."""
+    with urllib.request.urlopen(base.rsplit('/v1', 1)[0] + '/metrics', timeout=10) as r:
+        text = r.read().decode()
+    # A sample line is `name{labels} value` or `name value`; the value is its last field.
+    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines()
+               if line.startswith((name + '{', name + ' ')))
+
+
 def chat(base, n, stream=False, max_tokens=24):
     for i in range(n):
         body = {'model': 'qwen3.5-122b-a10b', 'max_tokens': max_tokens, 'stream': stream,
@@ -214,9 +223,11 @@ def test_sglang_metrics_move_and_rules_evaluate(lab, env):
     wait(lambda: prom.value('sglang:num_running_reqs%s' % SGLANG_SEL) is not None, 30, 'SGLang scraped')
     gen = 'sum(sglang:generation_tokens_total%s)' % SGLANG_SEL
     reqs = 'sum(sglang:num_requests_total%s)' % SGLANG_SEL
-    # (the program's own smoke test may have sent a request already: counted from here)
-    time.sleep(2)
-    gen0, reqs0 = prom.value(gen) or 0, prom.value(reqs) or 0
+    # Counted from what SGLang has served so far (the program's own smoke test may have sent a request),
+    # once Prometheus has scraped that much.
+    gen0 = served(env['base'], 'sglang:generation_tokens_total')
+    reqs0 = served(env['base'], 'sglang:num_requests_total')
+    wait(lambda: (prom.value(gen) or 0, prom.value(reqs) or 0) == (gen0, reqs0), 30, 'Prometheus at SGLang\'s counts')
     chat(env['base'], 3)
     chat(env['base'], 2, stream=True)
     wait(lambda: prom.value(gen) == gen0 + 5 * 24, 30, 'generation tokens counted')

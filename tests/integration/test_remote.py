@@ -3,22 +3,28 @@ intact and are never executed, content travels on stdin, a file write is atomic 
 swap, and credentials never appear in error messages."""
 
 import os
+import shutil
 
 import pytest
 
 from components import pve, remote
 
-ODD = "/tmp/gpuhost odd $(touch gpuhost-pwned); x'y\"z`id`.conf"
+# The lab's host shares this machine's /tmp: a directory of this process's own there, so that two runs
+# at once (two people, or pytest-xdist workers) neither meet nor see each other's temp files.
+DIR = '/tmp/gpuhost-test-remote-%d' % os.getpid()
+ODD = DIR + "/gpuhost odd $(touch gpuhost-pwned); x'y\"z`id`.conf"
 
 
 @pytest.fixture(scope='module')
 def target(lab):
     with open(lab.info['ssh']['key_file']) as f:
         key = f.read()
-    yield remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root', private_key=key,
-                        host_key=lab.info['ssh']['host_key'])
-    if os.path.exists(ODD):  # the lab shares the machine's /tmp
-        os.unlink(ODD)
+    os.makedirs(DIR, exist_ok=True)
+    try:
+        yield remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root', private_key=key,
+                            host_key=lab.info['ssh']['host_key'])
+    finally:
+        shutil.rmtree(DIR, ignore_errors=True)
 
 
 def test_metacharacters_in_arguments_are_data_not_code(target):
@@ -46,7 +52,7 @@ def test_content_cut_short_in_transit_is_never_installed(target):
                    stdin=whole.encode()[:10])
     assert 'arrived incomplete' in str(e.value) and 'nothing was changed' in str(e.value)
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
-    assert not [n for n in os.listdir('/tmp') if n.startswith('.gpuhost.')]
+    assert not [n for n in os.listdir(DIR) if n.startswith('.gpuhost.')]
 
 
 def test_wrong_password_error_names_the_user_not_the_password(lab):

@@ -53,15 +53,15 @@ def free_port():
 def serve(tmp_path):
     procs = []
 
-    def start(version='0.5.23', extra=(), speed='1'):
+    def start(version='0.5.23', extra=(), speed='1', env=None):
         pkg = tmp_path / version / 'sglang'
         if not pkg.exists():
             fakesglang.install(pkg.parent, version)
         port = free_port()
         p = subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server'] + ARGS + list(extra) +
                              ['--host', '127.0.0.1', '--port', str(port)], cwd=str(tmp_path),
-                             env={'PYTHONPATH': str(pkg.parent), 'PATH': '/usr/bin:/bin', 'LAB_SGLANG_STARTUP': '0',
-                                  'LAB_SGLANG_SPEED': speed},
+                             env=dict({'PYTHONPATH': str(pkg.parent), 'PATH': '/usr/bin:/bin',
+                                       'LAB_SGLANG_STARTUP': '0', 'LAB_SGLANG_SPEED': speed}, **(env or {})),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(p)
         base = 'http://127.0.0.1:%d' % port
@@ -69,6 +69,8 @@ def serve(tmp_path):
         while time.time() < deadline:
             try:
                 urllib.request.urlopen(base + '/health', timeout=2).close()
+                return base
+            except urllib.error.HTTPError:  # answering, still loading
                 return base
             except OSError:
                 time.sleep(0.05)
@@ -244,3 +246,15 @@ def test_api_key_guards_everything_but_probes_and_metrics(serve):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 401
+
+
+def test_loading_lasts_until_the_loaded_file_appears(serve, tmp_path):
+    """LAB_SGLANG_LOADED_FILE: a test that must catch SGLang still loading (test_faults.py, the program's
+    progress line) sets a long start-up and ends it as soon as it has seen that moment."""
+    loaded = tmp_path / 'loaded'
+    base = serve(env={'LAB_SGLANG_STARTUP': '600', 'LAB_SGLANG_LOADED_FILE': str(loaded)})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(base, '/health')
+    assert e.value.code == 503
+    loaded.touch()
+    assert get(base, '/health') == ''

@@ -34,6 +34,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from sglang import __version__, lab_args
 
 STARTUP_SECONDS = float(os.environ.get('LAB_SGLANG_STARTUP', '1.0'))
+# Loading also ends as soon as this file exists (in the container): a test that must catch SGLang still
+# loading at some moment - the program's progress line, ~15 s into its wait - sets a long start-up and
+# ends it once it has seen that moment, instead of guessing a delay.
+LOADED_FILE = os.environ.get('LAB_SGLANG_LOADED_FILE')
 # Lab time compression: every simulated duration is divided by it (10 = ten times faster than the
 # model below). Latencies and rates in /metrics are measured on the wall clock, as SGLang measures them.
 SPEED = float(os.environ.get('LAB_SGLANG_SPEED', '1.0'))
@@ -596,7 +600,7 @@ def make_handler(settings, engine, started, metrics_on, api_key=None):
             self.wfile.write(data)
 
         def ready(self):
-            return time.time() - started >= STARTUP_SECONDS
+            return time.time() - started >= STARTUP_SECONDS or bool(LOADED_FILE and os.path.exists(LOADED_FILE))
 
         def refused(self, path):
             if authorized(path, self.headers.get('Authorization'), api_key):
