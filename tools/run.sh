@@ -104,7 +104,10 @@ case "$cmd" in
     ;;
   test)
     deps
-    python -m pytest -q tests "$@"
+    # Test modules in parallel, each whole in one worker (it owns its lab on a loopback net of its own):
+    # the integration tests mostly wait - on the CLI, SSH, a service starting - so three workers keep
+    # two cores busy (docs/bench.md has the measurements behind the number).
+    python -m pytest -q -n "${GPUHOST_TEST_WORKERS:-3}" --dist loadfile tests "$@"
     ;;
   lab)
     deps
