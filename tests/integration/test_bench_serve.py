@@ -58,16 +58,14 @@ def deploy(lab, speed_model=None):
 
 
 def model(lab, settings, batch, params=None):
-    """The lab's speed model (the container's installed copy) for resolved settings and a batch size."""
-    lib = os.path.join(lab.ct_root(), 'opt', 'sglang', 'venv', 'lib', 'python')
+    """The lab's speed model (the copy installed in the container's virtualenv, run there) for resolved
+    settings and a batch size."""
     code = ('import json, sys; from sglang.launch_server import speed_model as m; '
             'print(json.dumps(m(json.loads(sys.argv[1]), int(sys.argv[2]))))')
-    env = {'PYTHONPATH': lib, 'PATH': '/usr/bin:/bin'}
+    argv = ['/opt/sglang/venv/bin/python', '-c', code, json.dumps(settings), str(batch)]
     if params:
-        env['LAB_SGLANG_SPEED_MODEL'] = json.dumps(params)
-    out = subprocess.run(['/usr/bin/python3', '-c', code, json.dumps(settings), str(batch)], env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+        argv = ['env', 'LAB_SGLANG_SPEED_MODEL=' + json.dumps(params)] + argv
+    return json.loads(lab.ct_exec(argv).stdout)
 
 
 NEXTN = {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1, 'speculative_num_draft_tokens': 2}
