@@ -198,7 +198,9 @@ def verify_after_reboot(target, props, required: bool = False) -> None:
         return unit_facts(target, props)
     deadline = time.time() + 120
     f = facts()
-    while f.get('ct') != 'running' and time.time() < deadline:
+    # A container that does not exist yet (a first deployment: the guests are made after the reboot)
+    # will not come back by itself; one that exists may take a while (onboot guests start after sshd).
+    while f.get('ct') == 'stopped' and time.time() < deadline:
         time.sleep(2)  # onboot guests start a little after the host answers SSH
         f = facts()
     if f.get('ct') != 'running' or f.get('UnitFileState') != 'enabled':

@@ -1,7 +1,12 @@
 set -euo pipefail
 # ct_unit_facts.sh VMID UNIT PATH VENV: read-only facts of the service inside the container.
 vmid=$1 unit=$2 path=$3 venv=$4
-if [ "$(pct status "$vmid" 2>/dev/null | awk '{print $2}')" != running ]; then
+# absent: no such container (pct: "Configuration file ... does not exist"); stopped: there, not running.
+if ! status=$(pct status "$vmid" 2>/dev/null); then
+  echo "ct	absent"
+  exit 0
+fi
+if [ "$(printf '%s\n' "$status" | awk '{print $2}')" != running ]; then
   echo "ct	stopped"
   exit 0
 fi
