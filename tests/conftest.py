@@ -14,3 +14,49 @@ def _provider_traceback_limit(monkeypatch):
     # engine prints no frames). Called in a test, that would outlive the test, and Pulumi's mocks then
     # hang (tests/unit/test_components.py after test_fleet_config.py, as pytest-xdist orders them).
     monkeypatch.setattr(sys, 'tracebacklimit', getattr(sys, 'tracebacklimit', 1000), raising=False)
+
+
+# --- the order of the modules -------------------------------------------------------------------
+# `make test` runs modules in parallel workers (pytest-xdist, --dist loadfile --no-loadscope-reorder):
+# each module whole in one worker, handed out in collection order. The longest go first (the longest-
+# processing-time rule), so the run does not end with one worker still busy with a long module the
+# others could have shared out earlier. tests/durations.json holds each module's measured time;
+# a module it does not know yet counts as long. Refresh it after adding or changing scenarios:
+#   GPUHOST_TEST_DURATIONS_OUT=tests/durations.json make test
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'durations.json')
+UNKNOWN_SECS = 600.0
+
+
+def _module(nodeid):
+    return nodeid.split('::', 1)[0]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    import json
+    try:
+        with open(DURATIONS) as f:
+            secs = json.load(f)
+    except (OSError, ValueError):
+        return
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(_module(item.nodeid), i)
+    items.sort(key=lambda it: (-secs.get(_module(it.nodeid), UNKNOWN_SECS), first[_module(it.nodeid)]))
+
+
+_totals = {}
+
+
+def pytest_runtest_logreport(report):
+    m = _module(report.nodeid)
+    _totals[m] = _totals.get(m, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get('GPUHOST_TEST_DURATIONS_OUT')
+    if out and not hasattr(session.config, 'workerinput') and _totals:
+        import json
+        with open(out + '.tmp', 'w') as f:
+            json.dump({m: round(s, 1) for m, s in sorted(_totals.items(), key=lambda kv: -kv[1])}, f, indent=1)
+            f.write('\n')
+        os.replace(out + '.tmp', out)

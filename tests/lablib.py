@@ -25,6 +25,8 @@ from lab import sglang_install  # noqa: E402
 PASSPHRASE = 'gpuhost-itest'
 # systemd's catalog ids of "Started <unit>" and "Stopped <unit>" (sd-messages.h: SD_MESSAGE_UNIT_STARTED,
 # SD_MESSAGE_UNIT_STOPPED).
+# The lab SGLang's load time in the tests' stacks (Lab.stack_config): short, the tests wait for it often.
+SGLANG_STARTUP = 0.2
 JOURNAL_EVENTS = {'39f53479d3a045ac8e11786248231fbf': 'started', '9d1aaa27d60140bd96365438aad20286': 'stopped'}
 # fail_systemctl()'s wrapper, put into a container as /usr/local/sbin/systemctl (first on pct exec's PATH).
 SYSTEMCTL_FAULT = r'''#!/bin/sh
@@ -280,14 +282,19 @@ class Lab(object):
 
     # -- config
 
-    def stack_config(self):
-        """Pulumi.lab.yaml's config, aimed at this lab's addresses."""
+    def stack_config(self, sglang_startup=SGLANG_STARTUP):
+        """Pulumi.lab.yaml's config, aimed at this lab's addresses. The lab's SGLang loads for
+        `sglang_startup` seconds at every start (LAB_SGLANG_STARTUP in the unit's environment; its own
+        default is 1 s, `make up`'s): a test that does not look at the load itself chooses a short one,
+        a test that does sets its own (gpuhost:sglang.environment)."""
         with open(os.path.join(REPO, 'Pulumi.lab.yaml')) as f:
             doc = yaml.safe_load(f)
         cfg = copy.deepcopy(doc['config'])
         cfg['gpuhost:host']['address'] = self.spec['addresses']['ssh']
         cfg['gpuhost:host']['api']['address'] = self.spec['addresses']['pve']
         cfg['gpuhost:container']['ip'] = self.spec['addresses']['container'] + '/8'
+        if sglang_startup is not None:
+            cfg['gpuhost:sglang'].setdefault('environment', {})['LAB_SGLANG_STARTUP'] = str(sglang_startup)
         return cfg
 
     def write_stack(self, stack, cfg):

@@ -3,14 +3,25 @@
 # dependencies stay out of the Pulumi program's .venv. requirements-bench.txt is a lock compiled from
 # requirements-bench.in (every package pinned, with its hashes): installed with --require-hashes and
 # --no-deps, nothing is resolved at install time, so the environment is the same on every machine and
-# every run. Idempotent: rebuilt from scratch (--clear: nothing the lock lacks stays) only when the lock
-# changed. Wheels come from pip's cache (~/.cache/pip) when it has them.
+# every run. It is built once per lock, under ~/.cache/gpuhost/bench-venv-<lock hash> (a fresh clone, or CI,
+# finds it there: building it costs minutes), and .venv-bench links to it; a venv is never changed once
+# built (the marker .reqs is written last), a changed lock is a new one. Wheels come from pip's cache
+# (~/.cache/pip) when it has them. GPUHOST_BENCH_VENV: build and use that directory instead.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 lock=$root/requirements-bench.txt
-venv=${GPUHOST_BENCH_VENV:-$root/.venv-bench}
 want=$(sha256sum "$lock" | cut -c1-16)
-if [ -x "$venv/bin/aiperf" ] && [ "$(cat "$venv/.reqs" 2>/dev/null)" = "$want" ]; then
+cache=${GPUHOST_CACHE:-$HOME/.cache/gpuhost}
+venv=${GPUHOST_BENCH_VENV:-$cache/bench-venv-$want}
+ready() { [ -x "$venv/bin/aiperf" ] && [ "$(cat "$venv/.reqs" 2>/dev/null)" = "$want" ]; }
+link() {
+  if [ -z "${GPUHOST_BENCH_VENV:-}" ] && [ "$(readlink "$root/.venv-bench" 2>/dev/null)" != "$venv" ]; then
+    rm -rf "$root/.venv-bench"
+    ln -s "$venv" "$root/.venv-bench"
+  fi
+}
+if ready; then
+  link
   exit 0
 fi
 # A lock holds the packages its Python needs (environment markers were resolved when it was compiled).
@@ -21,9 +32,16 @@ if [ "$locked" != "$have" ]; then
     "again with python3 (the command is in requirements-bench.in)" >&2
   exit 1
 fi
-echo "bench-venv: installing requirements-bench.txt (AIPerf) into $venv (cold: ~2 min, ~1.2 GB)" >&2
-python3 -m venv --clear "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock"
-# --no-deps trusts the lock to be complete; pip check says so (or names what is missing).
-"$venv/bin/python" -m pip check >/dev/null
-echo "$want" > "$venv/.reqs"
+mkdir -p "$(dirname "$venv")"
+# Several test modules (or a test and `make bench-serve`) may want it at once: one builds, the others wait.
+exec 9>"$venv.lock"
+flock 9
+if ! ready; then
+  echo "bench-venv: installing requirements-bench.txt (AIPerf) into $venv (cold: ~2 min, ~1.2 GB)" >&2
+  python3 -m venv --clear "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock"
+  # --no-deps trusts the lock to be complete; pip check says so (or names what is missing).
+  "$venv/bin/python" -m pip check >/dev/null
+  echo "$want" > "$venv/.reqs"
+fi
+link

@@ -104,10 +104,11 @@ case "$cmd" in
     ;;
   test)
     deps
-    # Test modules in parallel, each whole in one worker (it owns its lab on a loopback net of its own):
-    # the integration tests mostly wait - on the CLI, SSH, a service starting - so three workers keep
-    # two cores busy (docs/bench.md has the measurements behind the number).
-    python -m pytest -q -n "${GPUHOST_TEST_WORKERS:-3}" --dist loadfile tests "$@"
+    # Test modules in parallel, each whole in one worker (it owns its lab on a loopback net of its own),
+    # the longest first (tests/conftest.py orders them by tests/durations.json): the integration tests
+    # mostly wait - on the CLI, SSH, a service starting - so more workers than cores keep both busy
+    # (docs/bench.md has the measurements behind the number).
+    python -m pytest -q -n "${GPUHOST_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder tests "$@"
     ;;
   lab)
     deps

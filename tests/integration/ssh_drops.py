@@ -2,14 +2,16 @@
 files (kernel command line, nvidia options) and the SGLang unit, in each way it can drop: the error
 names the lost connection, the host and the step; no managed file is ever half-written (each holds
 its old or its new content); a re-run converges. Also: a hung host tool is stopped at the step's time
-limit and named."""
+limit and named.
+
+The cases live in three modules, one per way of dropping (test_faults_ssh_before.py, _after.py,
+_during.py), so that parallel test workers share them; this module holds what they have in common."""
 
 import copy
 import os
 
 import pytest
 
-pytestmark = pytest.mark.slow
 STACK = 'sshdrop'
 # The first ten commands of the up (either way between the two states; tests/lablib.py ssh_log()):
 # 1-5 read the host (host_facts.sh, ct_unit_owner.sh, read_file.sh), 6 and 7 write the kernel command
@@ -21,6 +23,14 @@ WRITES = (6, 7)
 # to the client (no output, no exit status) that is 'before' again, one more run for no new case.
 CASES = [(n, mode) for n in range(1, 11) for mode in ('before', 'during', 'after')
          if mode != 'during' or n in WRITES]
+
+
+def cases(mode):
+    return [c for c in CASES if c[1] == mode]
+
+
+def ids(cases_):
+    return ['%d-%s' % c for c in cases_]
 # The smallest gpuhost:host.ssh.command_timeout the config allows: the hung tool is stopped sooner.
 COMMAND_TIMEOUT = 5
 
@@ -83,8 +93,7 @@ def writes_stdin(step):
     return step['cmd'].split()[0] in ('put_file.sh', 'ct_put_file.sh')
 
 
-@pytest.mark.parametrize('n,mode', CASES, ids=['%d-%s' % c for c in CASES])
-def test_drop_at_each_command(lab, states, n, mode):
+def drop_at(lab, states, n, mode):
     cfg, before, after = the_other_state(lab, states)
     lab.write_stack(STACK, cfg)
     at = lab.drop_ssh_at(n, mode=mode)
@@ -115,7 +124,7 @@ def test_drop_at_each_command(lab, states, n, mode):
     lab.pulumi('preview', '--refresh', '--expect-no-changes', stack=STACK)
 
 
-def test_a_hung_tool_is_stopped_and_named(lab, states):
+def hung_tool(lab, states):
     cfg, before, after = the_other_state(lab, states)
     lab.write_stack(STACK, cfg)
     lab.hang_tool('proxmox-boot-tool.refresh')
