@@ -21,6 +21,7 @@ Where each thing is (every key's model, default and rule is in the file of its s
   values.py      what one value may be (names, paths, addresses, CPU lists, keys, certificates)
   host.py        gpuhost:host          iommu.py   gpuhost:iommu        nvidia.py   gpuhost:nvidia
   container.py   gpuhost:container     vm.py      gpuhost:vm           sglang.py   gpuhost:sglang
+  runtime.py     gpuhost:runtime       (the NVIDIA user space, CUDA and the Python environment in the container)
   deployment.py  one host's whole config: the rules across sections, and what follows from it
   fleet.py       gpuhost:hosts and gpuhost:rollout: several hosts, merged and checked across
   errors.py      refusals as the operator reads them (key, value, fix, "did you mean")
@@ -34,11 +35,11 @@ from config.deployment import Deployment, parse
 from config.errors import format_errors
 from config.fleet import Fleet, FleetHost, Rollout, deep_merge, parse_fleet
 from config.load import (check_namespaces, check_secrets, connection_inputs, fleet_from_pulumi, load_stack,
-                         stack_file_secure_paths)
+                         runtime_inputs, stack_file_secure_paths)
 from config.schema import stack_schema
 from config.sglang import Speculative, Sglang
 from config.values import ConfigError, parse_host_key
 
 __all__ = ['ConfigError', 'Deployment', 'Fleet', 'FleetHost', 'Rollout', 'Speculative', 'Sglang', 'check_namespaces',
            'check_secrets', 'connection_inputs', 'deep_merge', 'fleet_from_pulumi', 'format_errors', 'load_stack',
-           'parse', 'parse_fleet', 'parse_host_key', 'stack_file_secure_paths', 'stack_schema']
+           'parse', 'parse_fleet', 'parse_host_key', 'runtime_inputs', 'stack_file_secure_paths', 'stack_schema']

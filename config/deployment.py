@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import posixpath
+import re
 from typing import Optional
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError, model_validator
 
@@ -17,6 +20,7 @@ from config.errors import format_errors
 from config.host import Host
 from config.iommu import EXTRA_KERNEL_ARGS_MAX, Iommu
 from config.nvidia import Nvidia
+from config.runtime import CUDA_MIN_DRIVER, Runtime
 from config.sglang import Sglang
 from config.values import ConfigError, Model, show
 from config.vm import Vm
@@ -32,6 +36,7 @@ class Deployment(Model):
     container: Container
     vm: Optional[Vm] = None
     sglang: Sglang
+    runtime: Optional[Runtime] = None
 
     @model_validator(mode='after')
     def _cross(self):
@@ -73,6 +78,7 @@ class Deployment(Model):
                                                                    len(self.container.gpus)))
         self._check_iommu()
         self._check_api_auth()
+        self._check_runtime()
         try:
             sglang_flags.check(self.sglang.version, self.managed_launch_args(), list(self.sglang.extra_args))
         except sglang_flags.FlagError as e:
@@ -131,6 +137,30 @@ class Deployment(Model):
             raise ValueError('gpuhost:host.api: no password for root@pam; set host.api.password as a secret '
                              '(pulumi config set --secret --path gpuhost:host.api.password)')
 
+    def _check_runtime(self):
+        rt, s = self.runtime, self.sglang
+        if rt is None:
+            return
+        if rt.cuda is not None:
+            m = re.match(r'^cuda-(\d+\.\d+)$', posixpath.basename(s.cuda_home))
+            minor = '.'.join(rt.cuda.version.split('.')[:2])
+            if m and m.group(1) != minor:
+                raise ValueError('gpuhost:sglang.cuda_home: %s names CUDA %s, but gpuhost:runtime.cuda.version installs '
+                                 '%s there; set cuda_home: %s' % (s.cuda_home, m.group(1), rt.cuda.version,
+                                                                  posixpath.join(posixpath.dirname(s.cuda_home),
+                                                                                 'cuda-' + minor)))
+            need = CUDA_MIN_DRIVER.get(int(rt.cuda.version.split('.')[0]))
+            if rt.nvidia is not None and need and int(rt.nvidia.version.split('.')[0]) < need:
+                raise ValueError('gpuhost:runtime.nvidia.version: %s is too old for CUDA %s, which needs a %d-series '
+                                 'driver or newer (on the host and in the container); upgrade the host driver first' % (
+                                     rt.nvidia.version, rt.cuda.version, need))
+        if rt.python is not None:
+            envs, venv = rt.python.envs_dir, s.venv
+            if envs == venv or envs.startswith(venv + '/') or venv.startswith(envs + '/'):
+                raise ValueError('gpuhost:runtime.python.envs_dir: %s and gpuhost:sglang.venv %s overlap; the '
+                                 'environments live in envs_dir and venv becomes a link to the current one - give '
+                                 'them separate paths, e.g. /opt/sglang/envs and /opt/sglang/venv' % (envs, venv))
+
     # -------------------------------------------------------------- derived
 
     @property
@@ -150,6 +180,16 @@ class Deployment(Model):
                            'back to true afterwards' % (side, side, guest.vmid))
         out.extend(sglang_flags.warnings(self.sglang.version, self.launch_args(), self.sglang.environment,
                                          bool(self.sglang.speculative)))
+        index = self.runtime.python.index if self.runtime and self.runtime.python else None
+        if index is not None and index.username and index.url.startswith('http://'):
+            host = urlsplit(index.url).hostname or ''
+            try:
+                loopback = ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = host == 'localhost'
+            if not loopback:
+                out.append('gpuhost:runtime.python.index.url: %s is plain http: the index password crosses the network '
+                           'unencrypted at every environment build; use https' % index.url)
         return out
 
     @property
@@ -184,10 +224,12 @@ class Deployment(Model):
         key = ['--api-key', systemd.EnvRef(API_KEY_VAR)] if self.sglang.api_key else []
         return self.managed_launch_args() + key + list(self.sglang.extra_args)
 
-    def service_environment(self):
+    def service_environment(self, python_prefix=None):
+        """The unit's environment. python_prefix: the environment SGLang runs from (a managed one's own
+        directory, components/runtime.py), else gpuhost:sglang.venv."""
         s = self.sglang
         env = {'CUDA_HOME': s.cuda_home, 'PATH': '%s/bin:%s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:'
-                                                 '/sbin:/bin' % (s.venv, s.cuda_home)}
+                                                 '/sbin:/bin' % (python_prefix or s.venv, s.cuda_home)}
         if self.p2p_disabled:
             env['NCCL_P2P_DISABLE'] = '1'
         env.update(s.environment)

@@ -12,11 +12,13 @@ from typing import Optional
 from config.deployment import Deployment
 from config.errors import _loc, did_you_mean
 from config.fleet import FLEET_KEYS, Fleet, parse_fleet, prefixed
+from config.runtime import check_password
 from config.values import ConfigError, check_ca, check_private_key, parse_host_key
+from grammar import pylock, unidiff
 
 
 SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'),
-                ('sglang', 'api_key'))
+                ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'))
 
 
 # Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
@@ -75,6 +77,69 @@ def connection_inputs(d: Deployment, root: str) -> tuple:
     return connection, api_in
 
 
+def read_repo_file(rel: str, root: str, key: str) -> str:
+    """A file the config names inside the repository (the project directory): it must stay inside it, also
+    through symbolic links - a lock or patch from elsewhere would be code nobody reviewed with the stack."""
+    top = os.path.realpath(root)
+    full = os.path.realpath(os.path.join(top, rel))
+    if not full.startswith(top + os.sep):
+        raise ConfigError('%s: %s leads outside the repository (to %s, through a symbolic link); keep the file in the '
+                          'repository and name it by its path there' % (key, rel, full))
+    return read_file(full, top, '%s (%s)' % (key, rel))
+
+
+def runtime_inputs(d: Deployment, root: str, read_secrets: bool = True) -> Optional[dict]:
+    """What gpuhost:runtime.python names outside the stack's config, read and checked at preview: the lock
+    (every package pinned with its sha256; sglang at gpuhost:sglang.version; pip, which builds the
+    environment in a container that has none), the patches (unified diffs of relative paths) and the index
+    password from its file. Plain data for the SGLang unit (the caller hands the password on as a secret);
+    None when the stack does not manage the Python environment."""
+    rt = d.runtime
+    if rt is None or rt.python is None:
+        return None
+    py = rt.python
+    key = 'gpuhost:runtime.python.lock'
+    try:
+        lock = pylock.parse(read_repo_file(py.lock, root, key))
+    except pylock.LockError as e:
+        raise ConfigError('%s (%s), line %d: %s' % (key, py.lock, e.line, e)) from None
+    sglang = lock.get('sglang')
+    if sglang is None:
+        raise ConfigError('%s (%s) pins no sglang; add sglang==%s with its hashes (the environment exists to run it)'
+                          % (key, py.lock, d.sglang.version))
+    if sglang.version != d.sglang.version:
+        raise ConfigError('%s (%s) pins sglang==%s, but gpuhost:sglang.version is %s (the unit\'s flags are rendered '
+                          'and checked for that version); lock sglang==%s, or set gpuhost:sglang.version: %s' % (
+                              key, py.lock, sglang.version, d.sglang.version, d.sglang.version, sglang.version))
+    if lock.get('pip') is None:
+        raise ConfigError('%s (%s) pins no pip; the environment is built with the pip the lock pins, from the package '
+                          'source (the container has none): lock it too (pip-compile --generate-hashes --allow-unsafe, '
+                          'or add pip==<version> with its hashes)' % (key, py.lock))
+    patches = []
+    for i, rel in enumerate(py.patches):
+        pkey = 'gpuhost:runtime.python.patches[%d]' % i
+        text = read_repo_file(rel, root, pkey)
+        try:
+            unidiff.parse(text)
+        except unidiff.PatchError as e:
+            raise ConfigError('%s (%s): %s' % (pkey, rel, e)) from None
+        patches.append({'name': rel, 'text': text})
+    password = None
+    if not read_secrets:
+        pass   # tools/render.py: nothing rendered depends on a secret
+    elif py.index is not None and py.index.password is not None:
+        password = py.index.password.get_secret_value()
+    elif py.index is not None and py.index.password_file is not None:
+        pkey = 'gpuhost:runtime.python.index.password_file'
+        password = read_file(py.index.password_file, root, pkey).strip()
+        try:
+            check_password(password)
+        except ValueError as e:
+            raise ConfigError('%s (%s): the password %s' % (pkey, py.index.password_file, e)) from None
+    return {'lock': lock.canonical(), 'lock_sha256': lock.sha256(), 'packages': lock.versions(), 'patches': patches,
+            'index_password': password}
+
+
 def fleet_from_pulumi() -> 'Fleet':
     """The fleet from the running stack's `gpuhost:*` config (secure leaves arrive decrypted and go
     into SecretStr fields; the program hands them to resources only as Pulumi secrets)."""
@@ -104,14 +169,15 @@ def fleet_from_pulumi() -> 'Fleet':
 
 def load_stack(root: str) -> tuple:
     """What the program needs from the running stack's config before it builds anything, for preview
-    and up alike: (fleet, each host's (ssh connection, api) inputs - the files the config names read
-    and parsed against `root`, the project directory - and the warnings to show, one line each).
+    and up alike: (fleet, each host's (ssh connection, api, runtime) inputs - the files the config names
+    read and parsed against `root`, the project directory; runtime: runtime_inputs() - and the warnings to
+    show, one line each).
     Raises ConfigError with the message the operator sees."""
     fleet = fleet_from_pulumi()
     inputs, warnings = [], {}
     for h in fleet.hosts:
         try:
-            inputs.append(connection_inputs(h.deployment, root))
+            inputs.append(connection_inputs(h.deployment, root) + (runtime_inputs(h.deployment, root),))
         except ConfigError as e:
             raise (prefixed(e, 'host %s (gpuhost:hosts[%d])' % (h.name, h.index)) if fleet.is_fleet else e)
         for warning in h.deployment.warnings:

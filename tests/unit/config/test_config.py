@@ -109,4 +109,19 @@ def test_warnings():
 
 def test_schema_lists_every_section():
     schema = config.Deployment.model_json_schema()
-    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang'}
+    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang', 'runtime'}
+
+
+def test_an_index_login_over_plain_http_is_warned_unless_on_loopback():
+    assert not [w for w in parse().warnings if 'plain http' in w]
+    d = parse(runtime__python__index__url='http://pypi.example.internal/simple')
+    assert any('gpuhost:runtime.python.index.url: http://pypi.example.internal/simple is plain http' in w
+               for w in d.warnings)
+
+
+def test_runtime_parts_are_optional_and_versions_are_strings():
+    d = parse(runtime={'nvidia': {'version': '580.95.05', 'sha256': 'a' * 64,
+                                  'installer': '/root/NVIDIA-Linux-x86_64-580.95.05.run'}})
+    assert d.runtime.cuda is None and d.runtime.python is None
+    with pytest.raises(config.ConfigError, match='gpuhost:runtime.cuda.version'):
+        parse(runtime__cuda__version=13.0)

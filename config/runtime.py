@@ -1,0 +1,188 @@
+"""gpuhost:runtime - what SGLang stands on inside the container, installed and checked by the program:
+
+  nvidia   the NVIDIA user space (libcuda, libnvidia-ml, nvidia-smi) at exactly the host module's version,
+           from NVIDIA's .run installer (a file on the host, with its sha256), run in the container with
+           --no-kernel-module;
+  cuda     the CUDA toolkit at gpuhost:sglang.cuda_home, from NVIDIA's runfile (a file on the host, sha256);
+  python   the Python environment SGLang runs from, built from a lock kept in the repository (every package
+           pinned with its sha256, pip among them: the container has none), from a package index (its
+           password a Pulumi secret) or a wheelhouse on the host, with patches (unified diffs in the
+           repository) applied to the installed packages. Content-addressed: a new lock, patch or Python
+           builds a new environment beside the running one.
+
+Optional, each part on its own: without gpuhost:runtime the operator installs SGLang into gpuhost:sglang.venv
+and the program checks its version (README, "The first `up` on a bare host"). The files the section names in
+the repository (lock, patches) are read and checked at preview by config/load.py (runtime_inputs)."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Annotated, Optional
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+
+from config.values import FilePath, Model, Path, grammar, host_or_ip, no_control, show
+
+Sha256 = Annotated[str, grammar(r'^[0-9a-f]{64}$', 'a sha256 (64 lowercase hex digits)',
+                                'the output of sha256sum <file>', 64)]
+DriverVersion = Annotated[str, grammar(r'^\d{3}\.\d{1,3}(\.\d{1,3})?$', 'an NVIDIA driver version',
+                                       '580.95.05 (cat /sys/module/nvidia/version on the host)', 16)]
+CudaVersion = Annotated[str, grammar(r'^\d{1,2}\.\d{1,2}\.\d{1,3}$', 'a CUDA toolkit version as version.json has it',
+                                     '13.0.2', 16)]
+PythonVersion = Annotated[str, grammar(r'^3\.\d{1,2}$', 'a Python minor version', '3.11 (Debian 12\'s python3)', 5)]
+
+# NVIDIA's own file names: the version in the name must be the declared one (a wrong file fails at preview).
+NVIDIA_RUN_RE = re.compile(r'^NVIDIA-Linux-(?:x86_64|aarch64)-(\d[\d.]*?)(?:-no-compat32)?\.run$')
+CUDA_RUN_RE = re.compile(r'^cuda_(\d+\.\d+\.\d+)_(\d[\d.]*?)_linux(?:_sbsa)?\.run$')
+# The oldest driver branch each CUDA major needs (SYSTEM.md: CUDA 13.0 needs a 580-series driver).
+CUDA_MIN_DRIVER = {13: 580, 12: 525}
+
+
+def repo_path(value: str) -> str:
+    """A file in the repository, relative to the project directory, that stays inside it."""
+    no_control(value)
+    if value.startswith(('/', '~')):
+        raise ValueError('%s is not a path inside the repository; keep the file in the repository and give its path '
+                         'relative to the project directory, e.g. runtime/sglang.lock' % show(value))
+    parts = value.split('/')
+    if not re.match(r'^[A-Za-z0-9._+@/\-]+$', value) or any(p in ('', '.', '..') for p in parts):
+        raise ValueError('%s is not a normalised relative path inside the repository (letters, digits, ._+@-, no '
+                         '"..", "." or empty parts); write e.g. runtime/patches/sm120-fp4.patch' % show(value))
+    return value
+
+
+RepoPath = Annotated[str, AfterValidator(repo_path)]
+
+
+def index_url(value: str) -> str:
+    no_control(value)
+    parts = urlsplit(value)
+    if parts.scheme not in ('https', 'http') or not parts.netloc:
+        raise ValueError('%s is not an http(s) URL of a package index; write e.g. https://pypi.example.internal/simple'
+                         % show(value))
+    if '@' in parts.netloc:
+        raise ValueError('holds credentials (user:password@host), which would be stored in plain text in the stack\'s '
+                         'config and state and reach pip\'s command line; write the URL without them and set '
+                         'gpuhost:runtime.python.index.username and .password (pulumi config set --secret --path '
+                         'gpuhost:runtime.python.index.password)')
+    if parts.query or parts.fragment or any(c in value for c in ' "\'\\<>'):
+        raise ValueError('%s has a query, a fragment or characters a URL does not carry; write the index\'s base URL, '
+                         'e.g. https://pypi.example.internal/simple' % show(value))
+    try:
+        host = parts.hostname or ''
+        parts.port
+    except ValueError:
+        raise ValueError('%s has an invalid port; write e.g. https://pypi.example.internal:8443/simple' % show(value)) \
+            from None
+    host_or_ip(host)
+    return value.rstrip('/')
+
+
+class Installer(Model):
+    installer: Path = Field(description='The installer on the Proxmox host (uploaded once by the operator)')
+    sha256: Sha256 = Field(description='sha256sum of the installer; a file with another hash is never run')
+
+
+class NvidiaRuntime(Installer):
+    version: DriverVersion = Field(description='The NVIDIA user space version: exactly the host\'s loaded module '
+                                               '(/sys/module/nvidia/version), or NVML fails with "Driver/library '
+                                               'version mismatch"')
+
+    @model_validator(mode='after')
+    def _name(self):
+        m = NVIDIA_RUN_RE.match(posixpath.basename(self.installer))
+        if not m:
+            raise ValueError('gpuhost:runtime.nvidia.installer: %s is not NVIDIA\'s driver installer '
+                             '(NVIDIA-Linux-x86_64-<version>.run, as NVIDIA names it); give the path of the .run file '
+                             'for %s on the host' % (show(self.installer), self.version))
+        if m.group(1) != self.version:
+            raise ValueError('gpuhost:runtime.nvidia.installer: %s installs driver %s, but version is %s; give the '
+                             'installer of %s (or fix the version)' % (show(self.installer), m.group(1), self.version,
+                                                                        self.version))
+        return self
+
+
+class CudaRuntime(Installer):
+    version: CudaVersion = Field(description='The CUDA toolkit version installed at gpuhost:sglang.cuda_home '
+                                             '(version.json\'s cuda.version)')
+
+    @model_validator(mode='after')
+    def _name(self):
+        m = CUDA_RUN_RE.match(posixpath.basename(self.installer))
+        if not m:
+            raise ValueError('gpuhost:runtime.cuda.installer: %s is not NVIDIA\'s CUDA runfile '
+                             '(cuda_<version>_<driver>_linux.run); give the path of the runfile for %s on the host'
+                             % (show(self.installer), self.version))
+        if m.group(1) != self.version:
+            raise ValueError('gpuhost:runtime.cuda.installer: %s installs CUDA %s, but version is %s; give the '
+                             'runfile of %s (or fix the version)' % (show(self.installer), m.group(1), self.version,
+                                                                      self.version))
+        return self
+
+
+class PackageIndex(Model):
+    url: Annotated[str, AfterValidator(index_url)] = Field(description='The index\'s PEP 503 "simple" URL, without '
+                                                                       'credentials')
+    username: Optional[Annotated[str, grammar(r'^[A-Za-z0-9._@+\-]{1,128}$', 'a user name for the index',
+                                              'deploy', 128)]] = None
+    password: Optional[SecretStr] = Field(None, description='The index password; a secret. It reaches pip through a '
+                                          'root-only netrc file in the container\'s /run, never a command line')
+    password_file: Optional[FilePath] = Field(None, description='Or: a file holding it (read at preview)')
+
+    @field_validator('password')
+    @classmethod
+    def _password(cls, v):
+        if v is not None:
+            check_password(v.get_secret_value())
+        return v
+
+    @model_validator(mode='after')
+    def _auth(self):
+        if self.password is not None and self.password_file is not None:
+            raise ValueError('gpuhost:runtime.python.index: set password (a secret) or password_file, not both')
+        if (self.password is not None or self.password_file is not None) != (self.username is not None):
+            raise ValueError('gpuhost:runtime.python.index: a username needs a password and a password a username; '
+                             'set both (the password as a secret) or neither (an index without login)')
+        return self
+
+
+def check_password(value: str) -> str:
+    """What netrc can carry: printable, no whitespace or quotes, not starting with #. Never shown."""
+    if not re.match(r'^[!#-&(-\[\]-~]{1,256}$', value) or value.startswith('#'):
+        raise ValueError('must be 1-256 printable characters without spaces, quotes or backslashes, not starting with '
+                         '"#" (not shown); make one with: openssl rand -base64 32')
+    return value
+
+
+class PythonEnvironment(Model):
+    lock: RepoPath = Field(description='The lock in the repository: every package pinned with --hash=sha256 '
+                                       '(pip-compile --generate-hashes --allow-unsafe), pip and sglang among them')
+    index: Optional[PackageIndex] = Field(None, description='Where the packages come from: a package index ...')
+    wheelhouse: Optional[Path] = Field(None, description='... or a directory of wheels on the host')
+    patches: list[RepoPath] = Field(default_factory=list, max_length=64,
+                                    description='Unified diffs in the repository, applied in order to the installed '
+                                                'packages (paths relative to site-packages; git\'s a/ b/ are stripped)')
+    version: PythonVersion = Field('3.11', description='The container python3\'s minor version the lock is for')
+    keep: int = Field(1, ge=0, le=10, description='How many previous environments to keep beside the current one')
+    envs_dir: Path = Field('/opt/sglang/envs', description='Where the environments live, one directory each, named '
+                                                           'after the hash of lock, patches and Python version')
+
+    @model_validator(mode='after')
+    def _source(self):
+        if (self.index is None) == (self.wheelhouse is None):
+            raise ValueError('gpuhost:runtime.python: set exactly one package source: index (url, username, password '
+                             'as a secret) or wheelhouse (a directory of wheels on the host)')
+        dup = sorted({p for p in self.patches if self.patches.count(p) > 1})
+        if dup:
+            raise ValueError('gpuhost:runtime.python.patches: %s is listed twice; list each patch once' % dup[0])
+        return self
+
+
+class Runtime(Model):
+    nvidia: Optional[NvidiaRuntime] = None
+    cuda: Optional[CudaRuntime] = None
+    python: Optional[PythonEnvironment] = None
+    install_timeout_s: float = Field(3600.0, ge=30, le=86400, description='Longest an installer or an environment '
+                                     'build may run (the CUDA runfile and torch wheels are gigabytes)')
