@@ -145,7 +145,8 @@ class Container(object):
         _write(os.path.join(self.rootfs, 'etc', 'hostname'), hostname + '\n')
         argv = ['systemd-nspawn', '--boot', '--register=no', '--keep-unit', '--quiet', '--console=pipe',
                 '--link-journal=no', '--machine=' + machine, '--hostname=' + hostname, '--directory=' + self.rootfs]
-        argv += ['--bind=%s:%s' % (src, dst) for src, dst in binds]
+        # (src, dst) or (src, dst, 'ro').
+        argv += ['--%s=%s:%s' % ('bind-ro' if len(b) > 2 and b[2] == 'ro' else 'bind', b[0], b[1]) for b in binds]
         log = open(self.path('boot.log'), 'ab')
         # /tmp on the container's root filesystem, as in an LXC container (nspawn's default is a tmpfs);
         # /run is a tmpfs in both.

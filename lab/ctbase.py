@@ -6,8 +6,7 @@
 Built with Debian's `mmdebstrap` from Debian's packages into ~/.cache/gpuhost/ct-base/<recipe hash>/root
 and never written again: every lab container is an overlay of it (lab/container.py), so a container
 is made in milliseconds and destroyed without trace. Nothing of this project is in it - no SGLang, no
-virtualenv, no NVIDIA library: what the service needs, the program (or, until it does, the operator's
-step, lab/sglang_install.py) installs.
+virtualenv, no NVIDIA library: what the service needs, the program installs (gpuhost:runtime).
 
 What it has: Debian's `important` packages (systemd as init, apt, cron, iproute2, procps, ...) plus
 the `standard`-priority tools Proxmox's template carries (python3, curl, wget, ca-certificates, less,

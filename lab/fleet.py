@@ -30,7 +30,7 @@ import sys
 
 import yaml
 
-from lab import hostsim
+from lab import hostsim, pyindex
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -79,7 +79,11 @@ def host_entry(i: int, spec: dict, lab_dir: str) -> dict:
                               'private_key_file': '%s/ssh/id_ed25519' % lab_dir},
                       'api': {'address': a['pve'], 'password_file': '%s/secrets/pve-password' % lab_dir,
                               'ca_file': '%s/pve/fakepve.crt' % lab_dir}},
-             'container': {'ip': '%s/8' % a['container']}}
+             'container': {'ip': '%s/8' % a['container']},
+             # Each host's lab serves its own package index and wrote its own lock (the same wheels: the same lock).
+             'runtime': {'python': {'lock': '%s/runtime/sglang.lock' % lab_dir,
+                                    'index': {'url': 'http://%s:%d/simple' % (a.get('index', a['pve']), pyindex.PORT),
+                                              'password_file': '%s/secrets/index-password' % lab_dir}}}}
     kind = topology(i)
     if kind == 'no-vm':
         entry['vm'] = None
@@ -102,6 +106,10 @@ def shared_config() -> dict:
     for key in ('address', 'password_file', 'ca_file'):
         host['api'].pop(key, None)
     cfg['gpuhost:container'].pop('ip', None)
+    python = cfg['gpuhost:runtime']['python']
+    python.pop('lock', None)
+    for key in ('url', 'password_file'):
+        python['index'].pop(key, None)
     return cfg
 
 

@@ -27,6 +27,12 @@ import uuid
 VENDOR_NVIDIA = '0x10de'
 DEFAULT_DRIVER = 'nvidia'
 GPU_DRIVERS = ('nvidia', 'vfio-pci')
+# The nvidia module the simulated host runs unless the spec says (nvidia_version), and the CUDA toolkit whose
+# runfile the host holds (cuda_version): Pulumi.lab.yaml declares these, with the installers' sha256.
+NVIDIA_VERSION = '580.95.05'
+CUDA_VERSION = '13.0.2'
+# Where the operator's installers lie on the host (root's home: LAB/host/root, safe to write from outside).
+ARTIFACTS = 'root/gpuhost-artifacts'
 
 
 class Host(object):
@@ -55,7 +61,7 @@ class Host(object):
         """Lay out a freshly booted host from the spec (running state == configured state)."""
         spec = self.spec
         for sub in ('sys/bus/pci/devices', 'sys/bus/pci/drivers/nvidia', 'sys/bus/pci/drivers/vfio-pci',
-                    'sys/kernel/iommu_groups', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
+                    'sys/kernel/iommu_groups', 'sys/module/nvidia', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
                     'etc/pve/lxc', 'etc/pve/qemu-server', 'etc/pve/nodes', 'boot/initrd-modprobe.d',
                     'var/lib/lxc', 'dev', 'sbin', 'log'):
             os.makedirs(self.path(sub), exist_ok=True)
@@ -82,6 +88,11 @@ class Host(object):
             root_args, default_args = split_grub_default(spec['cmdline'])
             write(self.path('etc/default/grub'), GRUB_TEMPLATE.format(default=default_args))
             write(self.path('etc/gpuhost-lab-grub-root'), root_args + '\n')
+        driver = spec.get('nvidia_version', NVIDIA_VERSION)
+        self.set_nvidia_module(driver)
+        self.add_artifact(nvidia_installer_name(driver), nvidia_installer(driver))
+        cuda = spec.get('cuda_version', CUDA_VERSION)
+        self.add_artifact(cuda_installer_name(cuda, driver), cuda_installer(cuda))
         write(self.path('boot/cmdline'), spec['cmdline'] + '\n')
         write_in_place(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
@@ -100,6 +111,22 @@ class Host(object):
         for name, major, minor in nodes:
             if not os.path.exists(self.path('dev', name)):
                 os.mknod(self.path('dev', name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+    def set_nvidia_module(self, version):
+        """The nvidia kernel module the host runs: /sys/module/nvidia/version and /proc/driver/nvidia/version
+        (what the containers see). A test changes it to upgrade the host driver out of band."""
+        write(self.path('sys/module/nvidia/version'), version + '\n')
+        write(self.path('proc/driver/nvidia/version'), nvidia_proc_version(version))
+
+    def nvidia_module(self):
+        return read(self.path('sys/module/nvidia/version')).strip()
+
+    def add_artifact(self, name, text):
+        """An installer the operator uploaded to the host: (its path on the host, its sha256)."""
+        import hashlib
+        path = self.path(ARTIFACTS, name)
+        write(path, text)
+        return '/' + ARTIFACTS + '/' + name, hashlib.sha256(text.encode()).hexdigest()
 
     def boot_line(self, cmdline):
         return 'BOOT_IMAGE=/boot/vmlinuz-%s %s' % (self.spec['kernel'], cmdline.strip())
@@ -233,6 +260,146 @@ class Host(object):
         for name in sorted(os.listdir(d)):
             params.update(modprobe_nvidia_params(read(os.path.join(d, name))))
         self.write_nvidia_params(params)
+
+
+def nvidia_proc_version(version):
+    """/proc/driver/nvidia/version as the open kernel module writes it."""
+    return ('NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  '
+            '(dvs-builder@U22-I3-AE18-23-3)  Tue Sep 23 09:50:16 UTC 2025\n'
+            'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n' % version)
+
+
+def nvidia_installer_name(version):
+    return 'NVIDIA-Linux-x86_64-%s.run' % version
+
+
+def cuda_installer_name(version, driver=NVIDIA_VERSION):
+    return 'cuda_%s_%s_linux.run' % (version, driver)
+
+
+# SIMULATED installers: shell scripts that leave in a container what NVIDIA's leave there (files, versions,
+# messages), and refuse what NVIDIA's refuse in a container. Their text - and so their sha256, which
+# Pulumi.lab.yaml pins - depends only on the version (tests/unit/test_lab_runtime.py holds them to it).
+NVIDIA_INSTALLER = r'''#!/bin/sh
+# NVIDIA-Linux-x86_64-@VERSION@.run - SIMULATED by the gpuhost lab (lab/hostsim.py), not NVIDIA's installer.
+# With --no-kernel-module it installs what NVIDIA's installs in an LXC container: the user-space libraries
+# (libcuda.so.@VERSION@, libnvidia-ml.so.@VERSION@ and their .so.1 links) and nvidia-smi, replacing any other
+# version's. nvidia-smi compares its own version with the running kernel module's (/proc/driver/nvidia/version)
+# and fails as NVML does when they differ.
+set -eu
+version=@VERSION@
+kernel=yes
+for a in "$@"; do
+  case $a in
+    --no-kernel-module|--no-kernel-modules) kernel=no ;;
+    -s|--silent|--no-questions|--ui=none|--no-nouveau-check|--accept-license|--no-x-check|--no-install-compat32-libs) ;;
+    *) echo "ERROR: Unrecognised option: '$a'" >&2; exit 1 ;;
+  esac
+done
+mkdir -p /var/log
+log=/var/log/nvidia-installer.log
+echo "nvidia-installer log file '$log'" > "$log"
+if [ $kernel = yes ]; then
+  echo "ERROR: Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module was built against the wrong or improperly configured kernel sources" | tee -a "$log" >&2
+  exit 1
+fi
+lib=/usr/lib/x86_64-linux-gnu
+mkdir -p "$lib"
+rm -f "$lib"/libcuda.so* "$lib"/libnvidia-ml.so*
+for l in libcuda.so libnvidia-ml.so; do
+  printf 'SIMULATED %s %s\n' "$l" "$version" > "$lib/$l.$version"
+  ln -sf "$l.$version" "$lib/$l.1"
+  ln -sf "$l.1" "$lib/$l"
+done
+cat > /usr/bin/nvidia-smi.new <<'NVSMI'
+#!/bin/sh
+# nvidia-smi - SIMULATED by the gpuhost lab (installed by the lab's NVIDIA-Linux-x86_64-<version>.run).
+lib=$(readlink -f /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 2>/dev/null || true)
+mine=${lib##*/libnvidia-ml.so.}
+kernel=$(sed -n 's/^NVRM version:.*[[:space:]]\([0-9][0-9]*\.[0-9][0-9.]*\)[[:space:]].*/\1/p' /proc/driver/nvidia/version 2>/dev/null | head -n 1)
+if [ -z "$kernel" ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+  exit 9
+fi
+if [ "$kernel" != "$mine" ]; then
+  echo "Failed to initialize NVML: Driver/library version mismatch"
+  echo "NVML library version: ${mine%.*}"
+  exit 18   # NVML_ERROR_LIB_RM_VERSION_MISMATCH in nvml.h
+fi
+case " $* " in
+  *" --query-gpu=driver_version "*)
+    n=0
+    for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && n=$((n + 1)); done
+    if [ $n = 0 ]; then echo "No devices were found"; exit 6; fi
+    i=0
+    while [ $i -lt $n ]; do echo "$mine"; i=$((i + 1)); done ;;
+  *) printf 'NVIDIA-SMI %s    Driver Version: %s    CUDA Version: 13.0\n' "$mine" "$mine" ;;
+esac
+NVSMI
+chmod 755 /usr/bin/nvidia-smi.new
+mv -f /usr/bin/nvidia-smi.new /usr/bin/nvidia-smi
+echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: $version) is now complete." | tee -a "$log"
+'''
+
+CUDA_INSTALLER = r'''#!/bin/sh
+# cuda_@VERSION@_<driver>_linux.run - SIMULATED by the gpuhost lab (lab/hostsim.py), not NVIDIA's runfile. With
+# --silent --toolkit [--toolkitpath=DIR] it installs what the toolkit leaves for SGLang's JIT: DIR/version.json
+# and a DIR/bin/nvcc that prints its release.
+set -eu
+version=@VERSION@
+release=${version%.*}
+toolkit=no
+path=/usr/local/cuda-$release
+for a in "$@"; do
+  case $a in
+    --silent|--override|--no-man-page|--no-opengl-libs|--no-drm) ;;
+    --toolkit) toolkit=yes ;;
+    --toolkitpath=*) path=${a#--toolkitpath=} ;;
+    --driver) echo "ERROR: the driver cannot be installed in a container (no kernel module); install it on the host" >&2; exit 1 ;;
+    *) echo "Unknown option: $a" >&2; exit 1 ;;
+  esac
+done
+mkdir -p /var/log
+if [ $toolkit = no ]; then
+  echo "Nothing selected to install (--silent needs --toolkit or --driver)" | tee /var/log/cuda-installer.log >&2
+  exit 1
+fi
+mkdir -p "$path/bin"
+cat > "$path/version.json" <<JSON
+{
+   "cuda" : {
+      "name" : "CUDA SDK",
+      "version" : "$version"
+   },
+   "cuda_nvcc" : {
+      "name" : "CUDA NVCC",
+      "version" : "$release.88"
+   }
+}
+JSON
+cat > "$path/bin/nvcc" <<NVCC
+#!/bin/sh
+# nvcc - SIMULATED by the gpuhost lab.
+if [ "\${1:-}" = --version ]; then
+  echo "nvcc: NVIDIA (R) Cuda compiler driver"
+  echo "Copyright (c) 2005-2025 NVIDIA Corporation"
+  echo "Cuda compilation tools, release $release, V$release.88"
+  exit 0
+fi
+echo "nvcc fatal   : No input files specified; use option --help for more information" >&2
+exit 1
+NVCC
+chmod 755 "$path/bin/nvcc"
+echo "Toolkit:  Installed in $path/" | tee /var/log/cuda-installer.log
+'''
+
+
+def nvidia_installer(version):
+    return NVIDIA_INSTALLER.replace('@VERSION@', version)
+
+
+def cuda_installer(version):
+    return CUDA_INSTALLER.replace('@VERSION@', version)
 
 
 GRUB_TEMPLATE = '''# If you change this file, run 'update-grub' afterwards to update

@@ -22,6 +22,8 @@ mount --bind "$H/sys/bus/pci" /sys/bus/pci
 mount --bind "$H/sys/kernel/iommu_groups" /sys/kernel/iommu_groups
 mount --bind "$H/proc/cmdline" /proc/cmdline
 mount --bind "$H/proc/driver" /proc/driver
+# /sys/module of the simulated host: its nvidia module's version (lab/hostsim.py), nothing of the machine's.
+mount --bind "$H/sys/module" /sys/module
 mount --bind "$H/proc/boot_id" /proc/sys/kernel/random/boot_id
 mount --bind "$H/sbin" /usr/local/sbin
 # root's home is the simulated host's own (LAB/host/root, Debian's dot files), not the machine's.

@@ -19,8 +19,9 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'lab'))
 import hostsim  # noqa: E402
+import pyindex  # noqa: E402
 from container import Container  # noqa: E402
-from lab import sglang_install  # noqa: E402
+from lab import sglang_wheel  # noqa: E402
 
 PASSPHRASE = 'gpuhost-itest'
 # systemd's catalog ids of "Started <unit>" and "Stopped <unit>" (sd-messages.h: SD_MESSAGE_UNIT_STARTED,
@@ -223,7 +224,6 @@ class Lab(object):
         self.spec = spec
         self.env = project_env(base, self.dir)
         self.info = None
-        self.sglang_installs = []
 
     @classmethod
     def in_fleet(cls, fleet, name, spec):
@@ -237,7 +237,6 @@ class Lab(object):
         self.spec = spec
         self.env = fleet.env
         self.info = None
-        self.sglang_installs = []
         return self
 
     @classmethod
@@ -251,7 +250,6 @@ class Lab(object):
         with open(self.spec_path) as f:
             self.spec = json.load(f)
         self.env = project_env(base, self.dir)
-        self.sglang_installs = []
         with open(os.path.join(self.dir, 'lab.json')) as f:
             self.info = json.load(f)
         self.host = hostsim.Host(self.dir)
@@ -293,6 +291,7 @@ class Lab(object):
         cfg['gpuhost:host']['address'] = self.spec['addresses']['ssh']
         cfg['gpuhost:host']['api']['address'] = self.spec['addresses']['pve']
         cfg['gpuhost:container']['ip'] = self.spec['addresses']['container'] + '/8'
+        cfg['gpuhost:runtime']['python']['index']['url'] = self.index_url()
         if sglang_startup is not None:
             cfg['gpuhost:sglang'].setdefault('environment', {})['LAB_SGLANG_STARTUP'] = str(sglang_startup)
         return cfg
@@ -316,44 +315,24 @@ class Lab(object):
     # -- the CLI
 
     def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None):
-        """Run the real CLI in the project copy. After an `up` that stopped because a container has no SGLang
-        yet - a new container is as bare as debian-12-standard, and the program does not install SGLang
-        (README, "The first `up` on a bare host") - the operator's hand step installs it
-        (lab/sglang_install.py, recorded in self.sglang_installs) and, unless the caller expects a failure
-        (check=False), the same `up` runs again: once per host at most (a fleet reaches its hosts' units
-        one after another)."""
+        """Run the real CLI in the project copy (an `up` from a bare container installs everything SGLang
+        needs: README, "The first `up` on a bare host")."""
         argv = ['pulumi'] + list(args)
         if stack:
             argv += ['--stack', stack]
-        for _ in range(len(self.all_labs()) + 1):
-            res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True,
-                                 text=True, timeout=timeout)
-            if list(args[:2]) == ['stack', 'rm']:
-                # Whichever stack went (even halfway, on failure), write_stack creates it again.
-                _stacks(self).clear()
-            # Whatever happened, the operator never sees Python frames (README: errors come without them).
-            for stream in (res.stdout, res.stderr):
-                assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
-                    '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])
-            if res.returncode == 0 or args[:1] != ('up',) or not self.install_sglang_where_missing(res) or not check:
-                break
+        res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True,
+                             text=True, timeout=timeout)
+        if list(args[:2]) == ['stack', 'rm']:
+            # Whichever stack went (even halfway, on failure), write_stack creates it again.
+            _stacks(self).clear()
+        # Whatever happened, the operator never sees Python frames (README: errors come without them).
+        for stream in (res.stdout, res.stderr):
+            assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
+                '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])
         if check and res.returncode != 0:
             raise AssertionError('%s failed (%d):\n%s\n%s' % (' '.join(argv), res.returncode, res.stdout[-6000:],
                                                               res.stderr[-3000:]))
         return res
-
-    def all_labs(self):
-        return list(getattr(self, 'labs', {}).values()) or [self]
-
-    def install_sglang_where_missing(self, res):
-        """The operator's step after the program's "no SGLang at <venv>" refusal (lab/sglang_install.py): SGLang
-        installed into every running container of the lab(s) that the refusal names and that lacks it.
-        Returns how many."""
-        by_dir = {lab.dir: lab for lab in self.all_labs()}
-        done = sglang_install.install_where_missing(list(by_dir), res.stdout + res.stderr)
-        for d, vmid, venv, version in done:
-            by_dir[d].sglang_installs.append((vmid, venv, version))
-        return len(done)
 
     def preview_json(self, stack, *extra):
         res = self.pulumi('preview', '--json', *extra, stack=stack)
@@ -366,6 +345,8 @@ class Lab(object):
         """Which of the lab's credentials appear in plain text in the stack's state."""
         state = self.pulumi('stack', 'export', stack=stack).stdout
         found = []
+        if self.index_password() in state:
+            found.append('index password')
         with open(self.info['pve']['password_file']) as f:
             if f.read().strip() in state:
                 found.append('api password')
@@ -373,6 +354,42 @@ class Lab(object):
             if any(line in state for line in f.read().splitlines()[1:-1]):
                 found.append('ssh private key')
         return found
+
+    # -- the package index (lab/pyindex.py) and the locks for it
+
+    def index_url(self):
+        return 'http://%s:%d/simple' % (self.spec['addresses'].get('index', self.spec['addresses']['pve']),
+                                        pyindex.PORT)
+
+    def index_password(self):
+        with open(os.path.join(self.dir, 'secrets', 'index-password')) as f:
+            return f.read()
+
+    def add_sglang(self, version):
+        """The lab's simulated SGLang at `version` into the lab's index (built once per source hash);
+        returns the wheel's sha256."""
+        return pyindex.add(os.path.join(self.dir, 'runtime', 'index'), sglang_wheel.wheel(version))
+
+    def write_lock(self, rel, sglang=None, pins=None, text=None):
+        """A lock in the project (rel: its path there) for sglang==`sglang` and pip as the lab's index has them
+        (pins: more {project: version}); text: the lock's text as given instead. Returns rel."""
+        if text is None:
+            versions = dict(pins or {}, sglang=sglang, pip=self.info['index']['pip_version'])
+            text = pyindex.lock_text(os.path.join(self.dir, 'runtime', 'index'), versions)
+        hostsim.write(os.path.join(self.project, rel), text)
+        return rel
+
+    def index_down(self, down=True):
+        """The package index stops answering (connections closed unanswered), or answers again."""
+        self.pve_set(index_down=down)
+
+    def index_requests(self):
+        """Every request the index saw: [{'t', 'path', 'status' (HTTP status, 401, or 'dropped')}]."""
+        try:
+            with open(self.control('index-requests.log')) as f:
+                return [json.loads(line) for line in f if line.endswith('\n')]
+        except FileNotFoundError:
+            return []
 
     # -- observing the simulated host
 
@@ -797,8 +814,6 @@ class FleetLab(object):
     # The CLI, as for one lab: the same project-copy methods (every run checked for Python frames).
     write_stack = Lab.write_stack
     pulumi = Lab.pulumi
-    all_labs = Lab.all_labs
-    install_sglang_where_missing = Lab.install_sglang_where_missing
     preview_json = Lab.preview_json
     outputs = Lab.outputs
 

@@ -58,26 +58,10 @@ deploy_lab() {
   fi
   select_stack "$1"
   policy_args "$1"
-  # --refresh: reconcile with what the hosts run now (a reboot, a hand edit) before planning. A new
-  # container is bare (as debian-12-standard) and the program does not install SGLang yet: where `up` stops
-  # with "no SGLang at <venv>", the operator's hand step installs it (lab/sglang_install.py) and `up` runs
-  # again - once per host at most (a fleet's rollout reaches its hosts one after another).
-  local out rc tries=0
-  while :; do
-    out=$(mktemp)
-    set +e
-    pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}" 2>&1 | tee "$out"
-    rc=${PIPESTATUS[0]}
-    set -e
-    if [ "$rc" -eq 0 ] || ! grep -q 'no SGLang at ' "$out" || [ "$tries" -gt "${3:-1}" ]; then
-      rm -f "$out"
-      return "$rc"
-    fi
-    tries=$((tries + 1))
-    echo "run: the container has no SGLang yet: installing the lab's, as an operator would (lab/sglang_install.py)" >&2
-    python -m lab.sglang_install install-missing --from "$out"
-    rm -f "$out"
-  done
+  # --refresh: reconcile with what the hosts run now (a reboot, a hand edit) before planning. A new container
+  # is bare (as debian-12-standard): the same `up` installs what SGLang needs (README, "The first `up` on a
+  # bare host").
+  pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
 }
 
 cmd=${1:-}
@@ -97,7 +81,7 @@ case "$cmd" in
     deps
     n=${1:?hosts}
     fresh=$(python -m lab.fleet up --hosts "$n" | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["started"]) == len(d["hosts"]))')
-    deploy_lab lab-fleet "$fresh" "$n"
+    deploy_lab lab-fleet "$fresh"
     echo
     echo "Fleet ($n hosts, stack lab-fleet; every output: pulumi stack output --json --stack lab-fleet):"
     pulumi stack output --json | python -m tools.fleet_summary

@@ -138,7 +138,8 @@ def test_a_wrong_committed_table_fails_verify_and_the_lab_does_not_use_it(tmp_pa
     port = free_port()
     p = subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server', '--model-path', '/m', '--enable-metrics',
                           '--mamba-radix-cache-strategy', 'extra_buffer_lazy', '--host', '127.0.0.1', '--port', str(port)],
-                         cwd=str(lib), env={'PYTHONPATH': str(lib), 'PATH': '/usr/bin:/bin', 'LAB_SGLANG_STARTUP': '0'},
+                         cwd=str(lib), env=dict({'PYTHONPATH': str(lib), 'PATH': '/usr/bin:/bin', 'LAB_SGLANG_STARTUP': '0'},
+                                                **fakesglang.sysroot(tmp_path / 'container')),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 20

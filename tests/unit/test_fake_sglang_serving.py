@@ -58,10 +58,13 @@ def serve(tmp_path):
         if not pkg.exists():
             fakesglang.install(pkg.parent, version)
         port = free_port()
+        root = tmp_path / 'container'
+        gpu = fakesglang.sysroot(root) if not root.exists() else {'LAB_SGLANG_SYSROOT': str(root),
+                                                                  'CUDA_HOME': '/usr/local/cuda-13.0'}
         p = subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server'] + ARGS + list(extra) +
                              ['--host', '127.0.0.1', '--port', str(port)], cwd=str(tmp_path),
                              env=dict({'PYTHONPATH': str(pkg.parent), 'PATH': '/usr/bin:/bin',
-                                       'LAB_SGLANG_STARTUP': '0', 'LAB_SGLANG_SPEED': speed}, **(env or {})),
+                                       'LAB_SGLANG_STARTUP': '0', 'LAB_SGLANG_SPEED': speed}, **gpu, **(env or {})),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(p)
         base = 'http://127.0.0.1:%d' % port

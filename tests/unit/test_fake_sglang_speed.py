@@ -73,7 +73,8 @@ def test_random_draw_averages_the_models_accept_length(pkg, tmp_path):
     port = free_port()
     p = subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server'] + ARGS + MTP2 +
                          ['--host', '127.0.0.1', '--port', str(port)], cwd=str(tmp_path),
-                         env=env(pkg, LAB_SGLANG_SPEED='50', LAB_SGLANG_SPEED_MODEL='{"draw": "random", "seed": 7}'),
+                         env=env(pkg, LAB_SGLANG_SPEED='50', LAB_SGLANG_SPEED_MODEL='{"draw": "random", "seed": 7}',
+                                 **fakesglang.sysroot(tmp_path / 'container')),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = 'http://127.0.0.1:%d' % port
     try:
@@ -107,14 +108,14 @@ def test_the_lab_spec_sets_the_speed_model_of_the_containers_it_creates(tmp_path
     import zipfile
     import tests.lablib  # noqa: F401 (puts lab/ on sys.path)
     import labctl
-    from lab import sglang_install
+    from lab import sglang_wheel
     fake = types.SimpleNamespace(info={'container_ip': '127.0.0.4', 'sglang_version': '0.5.23',
                                        'sglang_speed': {'base_tok_s': 90, 'batch_cost': 0.05}})
     files = labctl.Lab.ct_files(fake)
     path = tmp_path / 'lab-sglang-speed.json'
     path.write_text(files['/etc/lab-sglang-speed.json'])
     lib = tmp_path / 'site-packages'
-    with zipfile.ZipFile(sglang_install.wheel('0.5.23')) as z:
+    with zipfile.ZipFile(sglang_wheel.wheel('0.5.23')) as z:
         z.extractall(lib)
     code = ('import json, sys; from sglang.launch_server import speed_params; '
             'print(json.dumps(speed_params({}, sys.argv[1])))')

@@ -31,7 +31,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sglang import __version__, lab_args
+from sglang import __version__, lab_args, lab_runtime
 
 STARTUP_SECONDS = float(os.environ.get('LAB_SGLANG_STARTUP', '1.0'))
 # Loading also ends as soon as this file exists (in the container): a test that must catch SGLang still
@@ -726,6 +726,10 @@ def main(argv=None):
             fail = json.load(f)
         if all(settings.get(k) == v for k, v in fail.items() if k != 'message'):
             sys.exit(fail.get('message') or 'RuntimeError: lab: start-up fails for %s' % json.dumps(fail, sort_keys=True))
+    # What the container must give it: the NVIDIA user space at the host module's version, CUDA at CUDA_HOME.
+    broken = lab_runtime.problem()
+    if broken:
+        sys.exit(broken)
     # Lab knob: report (and run with) other resolved values, as an SGLang that silently ignores a flag would.
     if os.path.exists('/etc/lab-sglang-override.json'):
         with open('/etc/lab-sglang-override.json') as f:
