@@ -34,7 +34,7 @@ def _preflight_all(fleet, inputs):
     from components.state import describe_unexpected
 
     def one(h):
-        connection, api = inputs[h.index]
+        connection, api, _ = inputs[h.index]
         try:
             preflight.run(h.deployment, connection, api)
         except (config.ConfigError, OperatorError) as e:
@@ -83,7 +83,7 @@ for h in fleet.hosts:
     vm = (SevSnpVm(name('vm'), d, api, opts=pulumi.ResourceOptions(depends_on=[host]), fleet_host=fleet_host)
           if d.vm else None)
     service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
-                            fleet_host=fleet_host)
+                            fleet_host=fleet_host, runtime_files=inputs[h.index][2])
     # node_exporter textfile with declared vs running state, after the host status and the unit are known.
     monitoring.host_metrics(name('host-metrics'), d, connection, host, container, service)
     built.append((host, container, vm, service))

@@ -25,6 +25,7 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from components import remote
+from components.runtime import declared as runtime_declared
 from components.sglang import expected_speculation
 from components.state import ObservedProvider, OperatorError, numbers
 
@@ -104,10 +105,12 @@ def _spec_labels(algorithm, steps, topk, draft) -> dict:
             'num_draft_tokens': _num(draft or 0)}
 
 
-def textfile(decl: dict, gpus: dict, reasons: list, resolved, active, enabled) -> str:
+def textfile(decl: dict, gpus: dict, reasons: list, resolved, active, enabled, facts=None) -> str:
     """The content of gpuhost.prom. gpus: HostStatus' `gpus` (address -> assigned_to, numa, driver, id,
     iommu_group, iommu_group_type); reasons: its `reboot_reasons`; resolved: the SGLang unit's
-    `resolved` (/server_info, None when it could not be read); active/enabled: the unit's state."""
+    `resolved` (/server_info, None when it could not be read); active/enabled: the unit's state; facts: its
+    `runtime_facts` (driver versions of the host module and the container's libraries, CUDA, the running
+    environment and its lock's hash)."""
     gpus, resolved = numbers(gpus or {}), numbers(resolved)
     reasons = list(reasons or [])
     t = _Text()
@@ -139,6 +142,25 @@ def textfile(decl: dict, gpus: dict, reasons: list, resolved, active, enabled) -
              [({'unit': decl['unit']}, 1 if active else 0)])
     t.family('gpuhost_sglang_unit_enabled', 'Whether the SGLang unit is enabled to start with the container (1) or '
              'not (0), as the last pulumi up found it.', [({'unit': decl['unit']}, 1 if enabled else 0)])
+
+    facts = facts or {}
+    t.family('gpuhost_nvidia_driver_info', 'The NVIDIA driver version on each side: the kernel module the host runs '
+             '(side="host") and the user-space libraries in the container (side="container"), at the last pulumi up.',
+             [({'side': side, 'version': facts[key]}, 1) for side, key in (('host', 'host_driver'),
+                                                                            ('container', 'container_driver'))
+              if facts.get(key)])
+    if facts.get('host_driver') and facts.get('container_driver'):
+        t.family('gpuhost_nvidia_driver_match', 'Whether the container\'s NVIDIA user space is the host module\'s '
+                 'version (1) or not (0: NVML fails with "Driver/library version mismatch", SGLang cannot start again).',
+                 [({}, 1 if facts['host_driver'] == facts['container_driver'] else 0)])
+    if facts.get('cuda'):
+        t.family('gpuhost_cuda_info', 'The CUDA toolkit in the container (version.json), at the last pulumi up.',
+                 [({'version': facts['cuda']}, 1)])
+    if facts.get('sglang') and facts.get('sglang') != '-':
+        t.family('gpuhost_sglang_environment_info', 'The Python environment the SGLang unit runs from: the SGLang '
+                 'version it holds, its directory\'s id and the sha256 of its lock (empty when the operator manages it).',
+                 [({'sglang_version': facts['sglang'], 'env': facts.get('env') or '',
+                    'lock_sha256': facts.get('lock_sha256') or ''}, 1)])
 
     spec = decl['speculation'] or {}
     requested = _spec_labels(spec.get('algorithm'), spec.get('num_steps'), spec.get('eagle_topk'),
@@ -239,7 +261,7 @@ def upstream(d, host, container, service) -> pulumi.Output:
     rewriting the file only if the content differs - so preview lists what up changes. All of it is
     known at preview (never an output that may be null, which a preview reads as unknown)."""
     s = d.sglang
-    unit = [service.unit, s.version, s.unit, d.container.vmid]
+    unit = [service.unit, s.version, s.unit, d.container.vmid, runtime_declared(d)]
     token = pulumi.Output.all(host.status.expect, host.status.observed, container.identity).apply(
         lambda a: _digest(list(a) + unit))
     key = getattr(s, 'api_key', None)
@@ -254,8 +276,8 @@ def host_metrics(name, d, connection, host, container, service, opts=None) -> Me
     after both (`upstream`: see upstream())."""
     decl = declared(d)
     status, unit = host.status, service.service
-    content = pulumi.Output.all(host.gpus, host.reboot_reasons, unit.resolved, unit.active, unit.enabled).apply(
-        lambda a: textfile(decl, *a))
+    content = pulumi.Output.all(host.gpus, host.reboot_reasons, unit.resolved, unit.active, unit.enabled,
+                                unit.runtime_facts).apply(lambda a: textfile(decl, *a))
     opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(depends_on=[status, unit]), opts)
     return MetricsFile(MetricsFileProvider(), name, {
         'connection': connection, 'path': TEXTFILE, 'mode': '0644', 'content': content,

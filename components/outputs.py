@@ -8,6 +8,13 @@ from components.monitoring import file_sd
 from components.sglang import expected_speculation, smoke_summary
 
 
+def runtime_output(facts, env) -> dict:
+    f = facts or {}
+    return {'host_driver': f.get('host_driver'), 'container_driver': f.get('container_driver'), 'cuda': f.get('cuda'),
+            'sglang': f.get('sglang') if f.get('sglang') != '-' else None, 'env': f.get('env'),
+            'lock_sha256': f.get('lock_sha256'), 'declared_env': env['id'] if env else None}
+
+
 def host_outputs(d, host, container, vm, service) -> dict:
     """A host's outputs: a one-host stack's top-level outputs, and each entry of a fleet's `hosts`."""
     base = service.endpoint
@@ -30,6 +37,9 @@ def host_outputs(d, host, container, vm, service) -> dict:
         # The last smoke test: one chat completion from the host after the unit (or its container) changed.
         'smoke_test': service.smoke.stdout.apply(smoke_summary),
         'sglang_version': d.sglang.version,
+        # What SGLang stands on, as the last run (or refresh) found it: the host's nvidia module and the
+        # container's NVIDIA libraries (equal, or SGLang cannot start), CUDA, the environment it runs from.
+        'runtime': service.runtime_facts.apply(lambda f: runtime_output(f, service.env)),
         'sglang_unit_sha256': hashlib.sha256(service.unit.encode()).hexdigest(),
         'reboot_required': host.reboot_required,
         'reboot_reasons': host.reboot_reasons,

@@ -9,7 +9,9 @@ any resource step runs - so before anything is deleted, replaced or written:
     a GPU module, or contradicts the nvidia option (the next boot would undo what the program sets);
   * what the guests need exists on the Proxmox side: the node (online), the container's storage,
     its OS template, and the bridges;
-  * the SGLang unit's name is not one the container already has of its own.
+  * the SGLang unit's name is not one the container already has of its own;
+  * the host runs the nvidia kernel module gpuhost:runtime.nvidia declares (a host driver upgraded under a
+    running container stops the run here, before any restart: the container's user space must match it).
 
 Each failure is one ConfigError-like message naming the config key, what was found and what to do.
 """
@@ -17,7 +19,7 @@ Each failure is one ConfigError-like message naming the config key, what was fou
 from __future__ import annotations
 
 from components import host as host_mod
-from components import pve, remote
+from components import pve, remote, runtime
 from components.sglang import service_props
 from components.state import OperatorError
 from grammar.gpu import BLACKWELL_IDS
@@ -42,6 +44,8 @@ def check_host(d, connection: dict) -> remote.HostFacts:
     conflicts = host_mod.modprobe_conflicts(facts, d.nvidia.dma_remap_peer_mmio)
     if conflicts:
         raise PreflightError(host_mod.modprobe_stop(conflicts))
+    if d.runtime is not None and d.runtime.nvidia is not None and facts.nvidia_module != d.runtime.nvidia.version:
+        raise PreflightError(runtime.host_driver_message(d.runtime.nvidia.version, facts.nvidia_module))
     return facts
 
 

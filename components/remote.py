@@ -97,6 +97,10 @@ STEPS = {
     'ct_unit_owner.sh': ('checking who owns {1} in container {0}', 60),
     'ct_remove_dropins.sh': ('removing the drop-ins of {1} in container {0}', 60),
     'ct_stop_unit.sh': ('stopping and removing {1} in container {0}', 300),
+    'ct_install_artifact.sh': ('installing {1} in container {0}', None),
+    'ct_runtime_check.sh': ('checking the NVIDIA user space and CUDA in container {0}', 60),
+    'ct_env_build.sh': ('building a Python environment in container {0}', None),
+    'ct_env_link.sh': ('linking {1} to {2} in container {0}', 120),
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'remove_file.sh': ('removing {0}', 60),
 }
@@ -322,6 +326,7 @@ class HostFacts:
     files: dict = dataclasses.field(default_factory=dict)
     pending: dict = dataclasses.field(default_factory=dict)   # path -> follow-up step never finished
     modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
+    nvidia_module: Optional[str] = None                        # /sys/module/nvidia/version (None: not loaded)
 
     def running_args(self):
         return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
@@ -345,6 +350,8 @@ def parse_facts(text: str) -> HostFacts:
             facts.grub_default = rest.strip()
         elif kind == 'running':
             facts.running = rest.strip()
+        elif kind == 'nvidia_module':
+            facts.nvidia_module = rest.strip() or None
         elif kind == 'gpu':
             bdf, pci_id, numa, driver, override, group, gtype = fields[:7]
             facts.gpus[bdf] = Gpu(bdf, pci_id, int(numa) if numa.lstrip('-').isdigit() else -1,

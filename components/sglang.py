@@ -10,6 +10,7 @@ service is restarted only when the unit changed; the step waits for /health and 
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +18,7 @@ import urllib.request
 import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
-from components import remote
+from components import remote, runtime
 from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
@@ -60,16 +61,19 @@ def wait_http(url: str, timeout: float, what: str, failed=None) -> None:
                        '(journalctl -u <unit>)' % (what, url, timeout, last))
 
 
-def unit_text(d) -> str:
+def unit_text(d, env=None) -> str:
+    """The unit. env: the managed Python environment (components/runtime.py environment()): the unit runs
+    from its own directory, so a new environment is a new unit; without one, from gpuhost:sglang.venv."""
     s = d.sglang
     spec = s.speculative
+    prefix = env['path'] if env else s.venv
     return render('sglang.service.j2', version=s.version, served_model_name=s.served_model_name, tp=s.tp,
                   speculative=('%s steps=%d topk=%d draft=%d' % (spec.algorithm, spec.num_steps, spec.eagle_topk,
                                                                  spec.num_draft_tokens)
                                if spec and spec.num_steps else None),
-                  environment=d.service_environment(),
+                  environment=d.service_environment(prefix if env else None),
                   environment_file=env_path(s.unit) if s.api_key else None,
-                  exec_start=exec_start(['%s/bin/python' % s.venv, '-m', 'sglang.launch_server'] + d.launch_args()))
+                  exec_start=exec_start(['%s/bin/python' % prefix, '-m', 'sglang.launch_server'] + d.launch_args()))
 
 
 def env_path(unit: str) -> str:
@@ -213,49 +217,84 @@ def verify_after_reboot(target, props, required: bool = False) -> None:
     verify_serving(target, props, lambda: facts().get('ActiveState') in ('active', 'activating'))
 
 
+def facts_args(props) -> list:
+    """ct_unit_facts.sh's arguments: where the unit, its environment(s) and CUDA are."""
+    py = (props.get('install') or {}).get('python') or {}
+    return [props['vmid'], props['unit_name'], props['unit_path'], props['venv'], props.get('cuda_home') or '-',
+            py.get('envs_dir') or '-']
+
+
 class SglangUnitProvider(ObservedProvider):
     # container_uid: which container (changes when it is replaced). A container started or rebooted by
     # this run is checked by the container step itself (/health, /server_info).
     # dropins: <unit>.d/*.conf files (systemctl edit) - they change the unit as systemd runs it: none.
-    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key', 'dropins')
+    # runtime, env: what the service stands on when the stack declares it (gpuhost:runtime, components/runtime.py):
+    # the NVIDIA user space and CUDA versions in the container, and the Python environment (None: not managed).
+    DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key', 'dropins',
+               'runtime', 'env')
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
-    # at all in a stopped container): a restart is forced only when the unit differs from it.
+    # at all in a stopped container): a restart is forced only when the unit differs from it. confirmed_unit:
+    # its text, which a failed switch to a new environment puts back; confirmed_envs: the environments
+    # confirmed so far, newest first (the ones pruning keeps).
     # observed_at: when `resolved` was read from SGLang (UTC, ISO 8601): at every apply, and at a refresh
     # that found it different (an unchanged value keeps its time, so a refresh alone is no change).
-    OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at')
+    # runtime_facts: driver versions (host module, container libraries), CUDA, the running environment.
+    OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at', 'runtime_facts', 'confirmed_unit',
+               'confirmed_envs')
     ROLLOUT_STEP = 'its SGLang unit'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
 
-    def observe(self, target, props):
-        text = remote.run(target, 'ct_unit_facts.sh', [
-            props['vmid'], props['unit_name'], props['unit_path'], props['venv']]).stdout
-        facts = remote.parse_kv(text)
-        dropins = sorted(line.split('\t', 1)[1] for line in text.splitlines() if line.startswith('dropin\t'))
+    def facts(self, target, props) -> dict:
+        return runtime.parse_facts(remote.run(target, 'ct_unit_facts.sh', facts_args(props)).stdout)
+
+    def observe(self, target, props, facts=None):
+        facts = facts if facts is not None else self.facts(target, props)
         running = facts.get('ct') == 'running'
         unit = key = None
         if running:
-            res = remote.run(target, 'ct_read_file.sh', [props['vmid'], props['unit_path']], check=False)
-            unit = res.stdout if res.exit_code == 0 else None
+            unit = facts.get('unit_text')
             if props.get('api_key'):
                 # Read back (it stays a secret: same name as the secret input) so a changed key is drift.
                 res = remote.run(target, 'ct_read_file.sh', [props['vmid'], env_path(props['unit_name'])], check=False)
                 key = key_from_env(res.stdout) if res.exit_code == 0 else None
-        return {'unit': unit, 'version': facts.get('sglang') if running else None,
-                'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
-                'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid'),
-                'api_key': key, 'sha256': facts.get('unit') if running else None, 'dropins': dropins}
+        rt = runtime.observed(props, facts)
+        if props.get('env') is not None:
+            # A managed environment: the version is the one of the environment the unit file runs from.
+            version = (rt['runtime_facts'] or {}).get('sglang') or '-'
+        else:
+            version = facts.get('sglang')
+        return dict({'unit': unit, 'version': version if running else None,
+                     'active': facts.get('ActiveState') == 'active', 'enabled': facts.get('UnitFileState') == 'enabled',
+                     'invocation_id': facts.get('InvocationID') or None, 'container_uid': props.get('container_uid'),
+                     'api_key': key, 'sha256': facts.get('unit') if running and facts.get('unit') != '-' else None,
+                     'dropins': facts.get('dropins', [])}, **rt)
 
-    def apply(self, props, force_restart=False):
+    def apply(self, props, force_restart=False, previous=None):
+        """previous: the last confirmed unit ({unit, env_id, envs, expect, version}), put back when the unit
+        fails its check after switching to a new environment."""
         target = remote.Target.from_inputs(props['connection'])
-        before = self.observe(target, props)
+        facts = self.facts(target, props)
+        before = self.observe(target, props, facts)
         if before['version'] is None:
             raise ServiceError('container %s is not running, so its SGLang unit cannot be written; start it (pct start %s) '
                                'or check the container step above' % (props['vmid'], props['vmid']))
-        if before['version'] == '-':
+        installed = False
+        if props.get('runtime') is not None:
+            # Before anything changes: the user space to install must be the module the host runs.
+            runtime.check_host_driver(props, facts)
+            installed = runtime.install_nvidia(target, props, facts)
+            installed = runtime.install_cuda(target, props, facts) or installed
+            if installed:
+                runtime.verify_installed(target, props)
+        if props.get('env') is not None:
+            # Beside the running one; nothing the service uses changes until the unit is written below.
+            runtime.build_env(target, props, facts, password=props.get('index_password'))
+        elif before['version'] == '-':
             raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
-                               '(python -m venv %s && %s/bin/pip install "sglang[all]==%s")' % (
+                               '(python -m venv %s && %s/bin/pip install "sglang[all]==%s"), or let the program '
+                               'build it: gpuhost:runtime.python (README, "The first `up` on a bare host")' % (
                                    props['vmid'], props['venv'], props['version'], props['venv'], props['venv'],
                                    props['version']))
-        if before['version'] != props['version']:
+        elif before['version'] != props['version']:
             raise ServiceError('container %s has SGLang %s but gpuhost:sglang.version declares %s; the unit\'s flags '
                                'are rendered for the declared version - install it or change the config' % (
                                    props['vmid'], before['version'], props['version']))
@@ -273,14 +312,66 @@ class SglangUnitProvider(ObservedProvider):
             key_changed = True   # the unit systemd runs changes: restart
         changed = remote.ct_put_file(target, props['vmid'], props['unit_path'], props['unit'],
                                      expected=before['sha256'] or '-') or key_changed
-        restart = 'yes' if changed or force_restart else 'no'
-        remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
-
-        info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
+        # New NVIDIA libraries or CUDA are loaded only by a new process: one restart for all of it.
+        restart = 'yes' if changed or force_restart or installed else 'no'
+        switching = bool(props.get('env') and previous and previous.get('unit') and
+                         previous.get('env_id') != props['env']['id'])
+        try:
+            remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
+            info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
+        except (ServiceError, remote.RemoteError) as e:
+            if switching:
+                self.roll_back(target, props, previous, e)
+            raise
+        confirmed_envs = None
+        if props.get('env') is not None:
+            confirmed_envs = runtime.confirmed_history(props['env']['id'], (previous or {}).get('envs'),
+                                                       props['install']['python']['keep'])
+            runtime.finish(target, props, confirmed_envs)
         after = self.observe(target, props)
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
-                    confirmed=remote.sha256_hex(props['unit']), observed_at=utc_now())
+                    confirmed=remote.sha256_hex(props['unit']), confirmed_unit=props['unit'],
+                    confirmed_envs=confirmed_envs, observed_at=utc_now())
+
+    def roll_back(self, target, props, previous, error):
+        """The unit failed after switching to a new environment: the previous confirmed unit is written back
+        and restarted (its environment is still there: pruning runs only after a success), checked, and the
+        run fails saying so. Raises."""
+        envs_dir = props['install']['python']['envs_dir']
+        old_id = runtime.env_of_unit(previous['unit'], envs_dir)
+        old_env = posixpath.join(envs_dir, old_id) if old_id else props['venv']
+        what = ('%s with the new environment %s (SGLang %s) failed its check: %s' % (
+            props['unit_name'], props['env']['path'], props['env']['sglang'], error))
+        try:
+            remote.ct_put_file(target, props['vmid'], props['unit_path'], previous['unit'],
+                               expected=remote.sha256_hex(props['unit']))
+            remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], 'yes'])
+            old = dict(props, expect=previous.get('expect'), version=previous.get('version') or '?')
+            verify_serving(target, old, lambda: self.observe(target, props)['active'])
+        except (ServiceError, remote.RemoteError) as e:
+            raise ServiceError('%s. Putting the previous unit back (environment %s) failed too: %s. Check the service in '
+                               'container %s (journalctl -u %s) and re-run' % (
+                                   what, old_env, e, props['vmid'], props['unit_name'])) from None
+        raise ServiceError('%s. Rolled back: container %s runs the previous unit again - environment %s, SGLang %s - '
+                           'and it serves (/health and /server_info checked). This run failed; the new environment '
+                           'stays on disk until the next successful `up` removes it. Fix what failed (the lock, the '
+                           'patches or gpuhost:sglang.version) and re-run' % (
+                               what, props['vmid'], old_env, previous.get('version') or '?')) from None
+
+    def diff(self, id_, olds, news):
+        result = super().diff(id_, olds, news)
+        # What a person reads in the preview besides the inputs' diff: the environment change in words.
+        if news.get('env') and olds.get('env') != news.get('env'):
+            info('sglang-unit: the Python environment changes: %s. It is built beside the running one as %s, then the '
+                 'unit switches to it (one restart; the previous one is put back if SGLang fails its check)' % (
+                     runtime.describe_change(olds.get('env'), news['env']), news['env']['path']))
+        old_rt, new_rt = olds.get('runtime') or {}, news.get('runtime') or {}
+        for key, name in (('nvidia', 'NVIDIA user space'), ('cuda', 'CUDA toolkit')):
+            if new_rt.get(key) and old_rt.get(key) != new_rt.get(key):
+                info('sglang-unit: the container\'s %s: %s -> %s (installed from %s, then one restart)' % (
+                    name, old_rt.get(key) or 'none', new_rt[key], news['install'][key]['installer']))
+        return result
 
     def create(self, props):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
@@ -297,12 +388,23 @@ class SglangUnitProvider(ObservedProvider):
         # when the container was replaced (new uid): it starts from nothing.
         confirmed = olds.get('confirmed') or (remote.sha256_hex(olds['unit']) if olds.get('unit') else None)
         force = confirmed != remote.sha256_hex(news['unit']) or olds.get('container_uid') != news.get('container_uid')
-        return UpdateResult(self.apply(news, force_restart=force))
+        previous = None
+        if olds.get('confirmed_unit') and olds.get('vmid') == news['vmid'] and \
+                olds.get('container_uid') == news.get('container_uid'):
+            previous = {'unit': olds['confirmed_unit'], 'envs': olds.get('confirmed_envs'),
+                        'env_id': (olds.get('confirmed_envs') or [None])[0], 'expect': olds.get('expect'),
+                        'version': olds.get('version')}
+        return UpdateResult(self.apply(news, force_restart=force, previous=previous))
 
     def read(self, id_, props):
         target = remote.Target.from_inputs(props['connection'])
-        outs = dict(props, **self.observe(target, props))
+        facts = self.facts(target, props)
+        outs = dict(props, **self.observe(target, props, facts))
         outs.pop('sha256', None)
+        # A host driver upgraded under the running container: nothing to repair here, everything to say.
+        danger = runtime.driver_danger(props, facts, 'sglang-unit')
+        if danger:
+            warn(danger)
         try:
             outs['resolved'] = resolved(server_info(props['endpoint'], props.get('api_key')))
         except (OSError, ValueError, ServiceError):
@@ -364,17 +466,25 @@ class SglangUnit(Resource, module='gpuhost', name='SglangUnit'):
 class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
-    def __init__(self, name, deployment, connection, container, opts=None, gate=(), rollout=None, fleet_host=None):
+    def __init__(self, name, deployment, connection, container, opts=None, gate=(), rollout=None, fleet_host=None,
+                 runtime_files=None):
+        """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password)."""
         super().__init__('gpuhost:index:SglangService', name, None, opts)
         d = deployment
         s = d.sglang
-        self.unit = unit_text(d)
+        self.env = runtime.environment(d, runtime_files)
+        self.unit = unit_text(d, self.env)
         self.endpoint = service_props(d)['endpoint']
         key = s.api_key.get_secret_value() if s.api_key else None
+        password = (runtime_files or {}).get('index_password')
         props = dict(service_props(d), expect=expected_speculation(d), connection=connection,
                      api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],
+                     cuda_home=s.cuda_home, runtime=runtime.declared(d), env=self.env,
+                     install=runtime.install_inputs(d, runtime_files),
+                     # Reaches pip only as a root-only netrc file in the container (ct_env_build.py).
+                     index_password=pulumi.Output.secret(password) if password else None,
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))
         if rollout:
             # Not compared by diff (not DESIRED): where this host stands in the fleet's rollout, for the
@@ -391,4 +501,5 @@ class SglangService(pulumi.ComponentResource):
         self.active = self.service.active
         self.enabled = self.service.enabled
         self.observed_at = self.service.observed_at
+        self.runtime_facts = self.service.runtime_facts
         self.register_outputs({'resolved': self.resolved, 'active': self.active, 'enabled': self.enabled})

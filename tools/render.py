@@ -52,8 +52,10 @@ def strip_secure(value):
     return value
 
 
-def files(d: config.Deployment) -> dict:
-    """relative path under OUT -> content."""
+def files(d: config.Deployment, runtime_files=None) -> dict:
+    """relative path under OUT -> content. runtime_files: config.runtime_inputs() of a stack that manages
+    the Python environment (the unit runs from its directory)."""
+    from components.runtime import environment
     from components.container import raw_lxc_lines
     from components.vm import vm_config
     args = d.iommu.kernel_args()
@@ -66,7 +68,7 @@ def files(d: config.Deployment) -> dict:
             '# (iommu=pt, iommu.passthrough=<true>), IOMMU off, vfio-pci.ids/pci-stub.ids, blacklisted GPU modules.\n'),
         'host/etc/kernel/cmdline.example': cmdline.join(cmdline.edit(['root=ZFS=rpool/ROOT/pve-1', 'boot=zfs', 'quiet'],
                                                                      args, d.kernel_policy())) + '\n',
-        'container/etc/systemd/system/%s' % d.sglang.unit: unit_text(d),
+        'container/etc/systemd/system/%s' % d.sglang.unit: unit_text(d, environment(d, runtime_files)),
     }
     if d.vm:
         out['host/etc/driverctl.d/README'] = 'driverctl set-override <address> vfio-pci, one file per GPU:\n'
@@ -82,12 +84,13 @@ def files(d: config.Deployment) -> dict:
     return out
 
 
-def main(argv):
+def main(argv, project=ROOT):
+    """project: the directory holding Pulumi.<stack>.yaml and the files it names (locks, patches)."""
     if len(argv) != 2:
         sys.exit('usage: python -m tools.render STACK OUT')
     stack, out_dir = argv
     try:
-        fleet = load_fleet(stack)
+        fleet = load_fleet(stack, project)
     except config.ConfigError as e:
         sys.exit(str(e))
     for h in fleet.hosts:
@@ -95,7 +98,11 @@ def main(argv):
         where = os.path.join(out_dir, h.name) if fleet.is_fleet else out_dir
         for warning in h.deployment.warnings:
             print('warning: %s%s' % ('host %s: ' % h.name if fleet.is_fleet else '', warning), file=sys.stderr)
-        for rel, content in sorted(files(h.deployment).items()):
+        try:
+            runtime_files = config.runtime_inputs(h.deployment, project, read_secrets=False)
+        except config.ConfigError as e:
+            sys.exit(str(e))
+        for rel, content in sorted(files(h.deployment, runtime_files).items()):
             path = os.path.join(where, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, 'w') as f:

@@ -30,6 +30,8 @@ case "$pbt" in
     ;;
 esac
 echo "running${tab}$(oneline < /proc/cmdline)"
+# The nvidia kernel module the host runs: what the containers' NVIDIA user space must equal.
+if [ -r /sys/module/nvidia/version ]; then echo "nvidia_module${tab}$(head -n 1 /sys/module/nvidia/version | oneline)"; fi
 for dev in /sys/bus/pci/devices/*; do
   [ "$(cat "$dev/vendor")" = 0x10de ] || continue
   case "$(cat "$dev/class" 2>/dev/null || echo 0x03)" in 0x03*) ;; *) continue ;; esac

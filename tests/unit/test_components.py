@@ -100,3 +100,29 @@ def test_guests_and_service():
         assert 'NCCL_P2P_DISABLE=1' in unit['unit']
         assert r['container-lxc'].custom and r['sglang-unit'].typ == 'pulumi-python:dynamic/gpuhost:SglangUnit'
     return pulumi.Output.all(ct.status, vm.status, svc.active).apply(check)
+
+
+@pulumi.runtime.test
+def test_the_unit_runs_from_its_environment_and_the_index_password_is_a_secret():
+    from tests.unit.test_runtime import FILES
+    d = parse()
+    ct = GpuContainer('container', d, API, CONN)
+    svc = SglangService('sglang', d, CONN, ct, runtime_files=FILES)
+
+    def check(_):
+        unit = by_name()['sglang-unit'].inputs
+        env = unit['env']
+        assert 'ExecStart=%s/bin/python -m sglang.launch_server' % env['path'] in unit['unit']
+        assert 'Environment="PATH=%s/bin:/usr/local/cuda-13.0/bin:' % env['path'] in unit['unit']
+        assert unit['runtime'] == {'nvidia': '580.95.05', 'cuda': '13.0.2'}
+        assert unit['install']['python']['lock'] == FILES['lock']
+        assert unit['install']['python']['index'] == {'url': 'http://127.0.0.2:3141/simple', 'username': 'gpuhost-lab'}
+        # Never in a plain input: the password is an input of its own, which the program passes as a secret.
+        assert 'pw' not in repr(unit['install'])
+    async def secret():
+        return await svc.service.index_password.is_secret()
+
+    def both(is_secret):
+        assert is_secret, 'the index password reaches the state unencrypted'
+        return check(None)
+    return pulumi.Output.from_input(secret()).apply(both)

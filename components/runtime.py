@@ -1,0 +1,400 @@
+"""The container's runtime as declared state (gpuhost:runtime, config/runtime.py): what SGLang stands on.
+
+  NVIDIA user space   libcuda / libnvidia-ml / nvidia-smi at exactly the host module's version, installed by
+                      NVIDIA's .run (an operator's file on the host, sha256-checked there) run in the container
+                      with --no-kernel-module. Why not the host's libraries bind-mounted: README, "The
+                      container's runtime".
+  CUDA toolkit        NVIDIA's runfile with --toolkit into gpuhost:sglang.cuda_home; checked by its
+                      version.json and `nvcc --version`.
+  Python environment  content-addressed: <envs_dir>/<id>, id = a hash of the lock (its canonical text), the
+                      patches and the Python version. Built beside the running one by ct_env_build.py (a fresh
+                      virtualenv under a temporary name, pip install --require-hashes --no-deps, patches, `import
+                      sglang` at the declared version, one rename), never changed afterwards. The unit's
+                      ExecStart and PATH name the environment's own directory, so a new environment is a new
+                      unit: the SGLang unit's step restarts once, checks /health and /server_info, and on failure
+                      puts the previous confirmed unit back (components/sglang.py). Once confirmed, the venv path
+                      becomes a link to it and environments beyond the current and `keep` previous are removed.
+
+All of it is a part of the SGLang unit's resource (its `runtime` and `env` inputs), not resources of its
+own: the facts come with the unit's own read (ct_unit_facts.sh, one round trip), the restart and the
+rollback are the unit's, and a fleet rolls a new environment out like any other unit change.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import posixpath
+
+from components import remote
+from components.state import OperatorError, warn
+
+ENV_ID_LEN = 16
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+# Where ct_env_build.sh copies a wheelhouse inside the container while a build runs.
+WHEELHOUSE_IN_CT = '/var/tmp/.gpuhost-wheelhouse'
+# NVIDIA's installers, unattended: no kernel module in a container (the host's is the one loaded).
+NVIDIA_ARGS = ('--silent', '--no-kernel-module', '--no-questions', '--ui=none', '--no-nouveau-check')
+CUDA_ARGS = ('--silent', '--toolkit', '--no-man-page', '--override')
+
+
+class RuntimeStepError(OperatorError):
+    pass
+
+
+# ----------------------------------------------------------------------------- desired (preview-time)
+
+def environment(d, files) -> dict | None:
+    """The Python environment the unit runs from (the unit resource's `env`): its id and directory, and what
+    it holds - package versions from the lock, patches, Python - so a preview can say what changes."""
+    if d.runtime is None or d.runtime.python is None or files is None:
+        return None
+    py = d.runtime.python
+    patches = [{'name': p['name'], 'sha256': remote.sha256_hex(p['text'])} for p in files['patches']]
+    ident = hashlib.sha256(json.dumps({'lock': files['lock_sha256'], 'patches': [[p['name'], p['sha256']]
+                                                                                 for p in patches],
+                                       'python': py.version}, sort_keys=True).encode()).hexdigest()[:ENV_ID_LEN]
+    return {'id': ident, 'path': posixpath.join(py.envs_dir, ident), 'python': py.version,
+            'lock_sha256': files['lock_sha256'], 'packages': dict(files['packages']), 'patches': patches,
+            'sglang': d.sglang.version}
+
+
+def declared(d) -> dict | None:
+    """The unit resource's `runtime`: the NVIDIA user space and CUDA versions the container must have (None
+    for a part the stack does not manage)."""
+    rt = d.runtime
+    if rt is None:
+        return None
+    return {'nvidia': rt.nvidia.version if rt.nvidia else None, 'cuda': rt.cuda.version if rt.cuda else None}
+
+
+def install_inputs(d, files) -> dict | None:
+    """How to install what `runtime` and `env` declare: the unit resource's `install` input. Not compared
+    (an installer moved on the host changes nothing installed); the index password is not here (a secret
+    input of its own)."""
+    rt = d.runtime
+    if rt is None:
+        return None
+    out = {'timeout': rt.install_timeout_s, 'nvidia': None, 'cuda': None, 'python': None}
+    if rt.nvidia:
+        out['nvidia'] = {'installer': rt.nvidia.installer, 'sha256': rt.nvidia.sha256}
+    if rt.cuda:
+        out['cuda'] = {'installer': rt.cuda.installer, 'sha256': rt.cuda.sha256}
+    if rt.python and files is not None:
+        py = rt.python
+        out['python'] = {'lock_path': py.lock, 'lock': files['lock'], 'patches': files['patches'], 'keep': py.keep,
+                         'envs_dir': py.envs_dir,
+                         'index': {'url': py.index.url, 'username': py.index.username} if py.index else None,
+                         'wheelhouse': py.wheelhouse}
+    return out
+
+
+def describe_change(old: dict | None, new: dict | None) -> str:
+    """An environment change as a person reads it, from the two environments' package lists:
+    'sglang 0.5.23 -> 0.5.24, torch 2.12.0.dev20261101+cu130 unchanged (+41 more unchanged), patches:
+    +sm120-fp4.patch'."""
+    if new is None:
+        return 'no environment managed by the program'
+    newp = new.get('packages') or {}
+    if not old:
+        head = ', '.join('%s %s' % (k, newp[k]) for k in ('sglang', 'torch') if k in newp)
+        patches = [posixpath.basename(p['name']) for p in new.get('patches') or []]
+        return 'a new environment: %s (%d packages)%s' % (head, len(newp), ', patches: ' + ', '.join(
+            '+' + p for p in patches) if patches else '')
+    oldp = old.get('packages') or {}
+    first = ('sglang', 'torch')
+    order = sorted(set(oldp) | set(newp), key=lambda k: (first.index(k) if k in first else len(first), k))
+    parts = []
+    for k in order:
+        if k in oldp and k in newp and oldp[k] != newp[k]:
+            parts.append('%s %s -> %s' % (k, oldp[k], newp[k]))
+        elif k in newp and k not in oldp:
+            parts.append('+%s %s' % (k, newp[k]))
+        elif k in oldp and k not in newp:
+            parts.append('-%s %s' % (k, oldp[k]))
+    same = [k for k in order if k in oldp and k in newp and oldp[k] == newp[k]]
+    named = [k for k in first if k in same]
+    if named or same:
+        parts.append('%s unchanged%s' % (', '.join('%s %s' % (k, newp[k]) for k in named) or 'the other packages',
+                                         ' (+%d more unchanged)' % (len(same) - len(named)) if len(same) > len(named)
+                                         and named else ''))
+    if old.get('lock_sha256') != new.get('lock_sha256') and all(oldp.get(k) == v for k, v in newp.items()) \
+            and set(oldp) == set(newp):
+        parts.insert(0, 'the same versions pinned to other files (hashes)')
+    oldpat = {p['name']: p['sha256'] for p in old.get('patches') or []}
+    newpat = {p['name']: p['sha256'] for p in new.get('patches') or []}
+    changes = ['+' + posixpath.basename(n) for n in newpat if n not in oldpat] + \
+        ['-' + posixpath.basename(n) for n in oldpat if n not in newpat] + \
+        ['~' + posixpath.basename(n) for n in newpat if n in oldpat and oldpat[n] != newpat[n]]
+    if changes:
+        parts.append('patches: ' + ', '.join(changes))
+    if old.get('python') != new.get('python'):
+        parts.append('Python %s -> %s' % (old.get('python'), new.get('python')))
+    return ', '.join(parts)
+
+
+# ----------------------------------------------------------------------------------- facts
+
+def parse_facts(text: str) -> dict:
+    """ct_unit_facts.sh's lines (pure; unit-tested): the tab-separated key/value pairs, plus `dropins`,
+    `unit_text` (decoded), `envdirs` ({name: marker or None}), `container_driver` (the one version of
+    libcuda and libnvidia-ml, or what differs)."""
+    kv, dropins, envdirs = {}, [], {}
+    for line in text.splitlines():
+        key, sep, value = line.partition('\t')
+        if not sep:
+            continue
+        if key == 'dropin':
+            dropins.append(value)
+        elif key == 'envdir':
+            name, _, marker = value.partition('\t')
+            try:
+                envdirs[name] = json.loads(marker) if marker not in ('', '-') else None
+            except ValueError:
+                envdirs[name] = None
+        else:
+            kv[key.strip()] = value.strip()
+    out = dict(kv, dropins=sorted(dropins), envdirs=envdirs)
+    if 'unit_text' in kv:
+        out['unit_text'] = base64.b64decode(kv['unit_text']).decode('utf-8', 'replace')
+    for key in ('host_driver',):
+        if out.get(key) in ('', '-'):
+            out[key] = None
+    if 'libcuda.so' in kv:
+        cuda_libs = kv.get('libcuda.so', '').split()
+        nvml_libs = kv.get('libnvidia-ml.so', '').split()
+        if not cuda_libs and not nvml_libs:
+            out['container_driver'] = None
+        elif cuda_libs == nvml_libs and len(cuda_libs) == 1:
+            out['container_driver'] = cuda_libs[0]
+        else:
+            out['container_driver'] = 'mixed: libcuda %s, libnvidia-ml %s' % (
+                ' '.join(cuda_libs) or 'none', ' '.join(nvml_libs) or 'none')
+    if out.get('cuda') == '-':
+        out['cuda'] = None
+    return out
+
+
+def env_of_unit(unit_text: str | None, envs_dir: str | None) -> str | None:
+    """The environment directory the unit file runs from (its ExecStart's python), if it is one in envs_dir."""
+    if not unit_text or not envs_dir:
+        return None
+    for line in unit_text.splitlines():
+        if line.startswith('ExecStart='):
+            words = line[len('ExecStart='):].strip().lstrip('@-:+!').split()
+            exe = words[0].strip('"') if words else ''
+            if exe.startswith(envs_dir + '/'):
+                return exe[len(envs_dir) + 1:].split('/', 1)[0]
+    return None
+
+
+def observed(props: dict, facts: dict) -> dict:
+    """The runtime keys as the container has them: `runtime` (the parts the stack declares), `env` (the
+    marker of the declared environment if it is built), and the facts every output carries."""
+    running = facts.get('ct') == 'running'
+    want = props.get('runtime')
+    rt = None
+    if want is not None and running:
+        rt = {'nvidia': facts.get('container_driver') if want.get('nvidia') else None,
+              'cuda': facts.get('cuda') if want.get('cuda') else None}
+    env = None
+    want_env = props.get('env')
+    if want_env is not None and running:
+        env = facts.get('envdirs', {}).get(want_env['id'])
+    py = (props.get('install') or {}).get('python') or {}
+    running_env = env_of_unit(facts.get('unit_text'), py.get('envs_dir')) if running else None
+    if py:
+        marker = facts.get('envdirs', {}).get(running_env) or {} if running_env else {}
+        sglang, lock = marker.get('sglang'), marker.get('lock_sha256')
+    else:
+        sglang, lock = facts.get('sglang') if running else None, None
+    return {'runtime': rt, 'env': env, 'runtime_facts': {
+        'host_driver': facts.get('host_driver'),
+        'container_driver': facts.get('container_driver') if running else None,
+        'cuda': facts.get('cuda') if running else None,
+        'sglang': sglang, 'env': running_env, 'lock_sha256': lock,
+        'venv_link': facts.get('venv_link') if running else None}}
+
+
+def driver_danger(props: dict, facts: dict, label: str) -> str | None:
+    """The warning for a host module that is not the container's user space (a host driver upgraded under a
+    running container): SGLang dies at its next start. None when they match or either is unknown."""
+    host, ct = facts.get('host_driver'), facts.get('container_driver')
+    if not host or not ct or host == ct:
+        return None
+    declared_ = (props.get('runtime') or {}).get('nvidia')
+    fix = ('upload NVIDIA-Linux-x86_64-%s.run to the host, set gpuhost:runtime.nvidia.version: %s with its installer '
+           'and sha256, then `pulumi up` (it installs the matching user space in the container and restarts SGLang '
+           'once)' % (host, host) if declared_ else
+           'install the NVIDIA user space %s in the container (NVIDIA-Linux-x86_64-%s.run --no-kernel-module), or '
+           'let the program do it: gpuhost:runtime.nvidia' % (host, host))
+    return ('%s: DANGER - the host runs nvidia kernel module %s but container %s has the NVIDIA user space %s: NVML '
+            'fails with "Driver/library version mismatch" and SGLang will not start again (at its next restart or the '
+            'container\'s). Fix: %s' % (label, host, props['vmid'], ct, fix))
+
+
+# ------------------------------------------------------------------------------------ apply
+
+def check_host_driver(props: dict, facts: dict) -> None:
+    """Stop before anything changes when the host module is not the declared version: the user space to
+    install must equal what the host runs."""
+    want = (props.get('runtime') or {}).get('nvidia')
+    host = facts.get('host_driver')
+    if want and host != want:
+        raise RuntimeStepError(host_driver_message(want, host))
+
+
+def host_driver_message(want, host) -> str:
+    if host is None:
+        return ('gpuhost:runtime.nvidia.version: %s, but the host has no nvidia kernel module loaded (no '
+                '/sys/module/nvidia/version); install and load the host driver %s first (the container only gets '
+                'the user space). Nothing was changed.' % (want, want))
+    return ('gpuhost:runtime.nvidia.version: %s, but the host runs nvidia kernel module %s (/sys/module/nvidia/version): '
+            'the container\'s user space must be exactly the host module\'s, or NVML fails with "Driver/library '
+            'version mismatch". Nothing was changed, nothing restarted. If the host driver was upgraded on purpose: '
+            'upload NVIDIA-Linux-x86_64-%s.run to the host, set gpuhost:runtime.nvidia.version: %s with its installer '
+            'and sha256, and re-run (the container gets the matching user space, SGLang restarts once); otherwise put '
+            'the host driver %s back.' % (want, host, host, host, want))
+
+
+def _installer_error(res, key, what, props, artifact) -> RuntimeStepError:
+    tail = ' | '.join(res.stderr.strip().splitlines()[-4:])
+    if res.exit_code == 4:
+        return RuntimeStepError('%s.installer: %s does not exist on the host; upload it there (it is not in the '
+                                'container yet). Nothing was installed.' % (key, artifact['installer']))
+    if res.exit_code == 5:
+        got = res.stderr.strip().rsplit(' ', 1)[-1]
+        return RuntimeStepError('%s.sha256: %s on the host has sha256 %s, not the declared %s - another or a damaged '
+                                'file; compare it with NVIDIA\'s published checksum, then fix the file or the '
+                                'sha256. Nothing was installed.' % (key, artifact['installer'], got, artifact['sha256']))
+    return RuntimeStepError('installing %s in container %s failed (exit %d): %s. The installer\'s own log is in the '
+                            'container (%s); the running service was not restarted.' % (
+                                what, props['vmid'], res.exit_code, tail or '(no output)',
+                                '/var/log/nvidia-installer.log' if 'nvidia' in key else '/var/log/cuda-installer.log'))
+
+
+def install_nvidia(target, props: dict, facts: dict) -> bool:
+    want = (props.get('runtime') or {}).get('nvidia')
+    if not want or facts.get('container_driver') == want:
+        return False
+    art = props['install']['nvidia']
+    res = remote.run(target, 'ct_install_artifact.sh', [props['vmid'], art['installer'], art['sha256']] +
+                     list(NVIDIA_ARGS), check=False, timeout=float(props['install']['timeout']))
+    if res.exit_code != 0:
+        raise _installer_error(res, 'gpuhost:runtime.nvidia', 'the NVIDIA user space %s' % want, props, art)
+    return True
+
+
+def install_cuda(target, props: dict, facts: dict) -> bool:
+    want = (props.get('runtime') or {}).get('cuda')
+    if not want or (facts.get('cuda') == want and facts.get('nvcc') == 'yes'):
+        return False
+    art = props['install']['cuda']
+    res = remote.run(target, 'ct_install_artifact.sh', [props['vmid'], art['installer'], art['sha256']] +
+                     list(CUDA_ARGS) + ['--toolkitpath=%s' % props['cuda_home']], check=False,
+                     timeout=float(props['install']['timeout']))
+    if res.exit_code != 0:
+        raise _installer_error(res, 'gpuhost:runtime.cuda', 'CUDA %s' % want, props, art)
+    return True
+
+
+def verify_installed(target, props: dict) -> None:
+    """After an install: nvidia-smi must talk to the driver (no version mismatch) and nvcc must be the
+    declared release - what SGLang needs at its start, checked before it is restarted."""
+    want = props.get('runtime') or {}
+    out = remote.run(target, 'ct_runtime_check.sh', [props['vmid'], props['cuda_home']]).stdout
+    got = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition('\t')
+        code, _, first = rest.partition('\t')
+        got[name] = (code, first.strip())
+    if want.get('nvidia'):
+        code, first = got.get('nvidia_smi', ('?', ''))
+        if code != '0' or first.split(',')[0].strip() != want['nvidia']:
+            raise RuntimeStepError('container %s: nvidia-smi after installing the NVIDIA user space %s says: %s (exit '
+                                   '%s); the service was not restarted. Check the devN device nodes and the host '
+                                   'driver (nvidia-smi on the host)' % (props['vmid'], want['nvidia'], first, code))
+    if want.get('cuda'):
+        code, first = got.get('nvcc', ('?', ''))
+        release = 'release %s' % '.'.join(want['cuda'].split('.')[:2])
+        if code != '0' or release not in first:
+            raise RuntimeStepError('container %s: %s/bin/nvcc --version after installing CUDA %s says: %s (exit %s); '
+                                   'the service was not restarted' % (props['vmid'], props['cuda_home'], want['cuda'],
+                                                                      first or '(nothing)', code))
+
+
+def builder_source() -> str:
+    """The program the container's python3 runs to build an environment: the patch applier, then the builder."""
+    with open(os.path.join(REPO, 'grammar', 'unidiff.py')) as f:
+        applier = f.read()
+    with open(os.path.join(HERE, 'scripts', 'ct_env_build.py')) as f:
+        builder = f.read()
+    return applier + '\n\n' + builder
+
+
+# What each of the builder's exit codes is about: the config key an operator fixes.
+BUILD_KEYS = {3: 'gpuhost:runtime.python.index', 4: 'gpuhost:runtime.python.lock', 6: 'gpuhost:runtime.python.patches',
+              7: 'gpuhost:sglang.version', 8: 'gpuhost:runtime.python.version'}
+
+
+def build_env(target, props: dict, facts: dict, password=None) -> bool:
+    """Build the declared environment unless it is there (its marker is the declared one). False: nothing
+    to build. Any failure leaves the running environment and unit as they were, and says which key to fix."""
+    env = props['env']
+    if facts.get('envdirs', {}).get(env['id']) == env:
+        return False
+    py = props['install']['python']
+    job = {'path': env['path'], 'marker': env, 'lock': py['lock'], 'patches': py['patches'], 'python': env['python'],
+           'sglang': env['sglang'],
+           'index': dict(py['index'], password=password) if py.get('index') else None}
+    res = remote.run(target, 'ct_env_build.sh', [props['vmid'], py.get('wheelhouse') or '-', builder_source()],
+                     stdin=json.dumps(job).encode(), check=False, timeout=float(props['install']['timeout']),
+                     lost_detail='an environment is renamed into place only when complete: %s is whole or absent'
+                     % env['path'])
+    if res.exit_code == 0:
+        return True
+    lines = [l for l in res.stderr.strip().splitlines() if l.startswith('gpuhost-build: ')]
+    why = lines[-1][len('gpuhost-build: '):] if lines else ' | '.join(res.stderr.strip().splitlines()[-3:])
+    key = BUILD_KEYS.get(res.exit_code)
+    if res.exit_code == 5:
+        key = 'gpuhost:runtime.python.wheelhouse' if py.get('wheelhouse') else 'gpuhost:runtime.python.index'
+    if res.exit_code == 4:
+        key = 'gpuhost:runtime.python.lock (%s)' % py['lock_path']
+    fix = {3: 'check that the index answers from the host\'s network and the login, then re-run',
+           4: 'if the lock is stale, compile it again (pip-compile --generate-hashes); otherwise the source serves '
+              'other files than the lock was made from - find out why before re-running',
+           5: 'add the missing files to the package source, or lock what it has',
+           6: 'make the patch against the locked version of the package (git diff --no-renames in a checkout of it)',
+           7: 'lock sglang at gpuhost:sglang.version',
+           8: 'lock for the container\'s Python, or set gpuhost:runtime.python.version to it',
+           9: 'free space in the container or grow its disk (gpuhost:container.rootfs_gb); previous environments are '
+              'kept by gpuhost:runtime.python.keep',
+           10: 'see above'}.get(res.exit_code, 'see above')
+    if res.exit_code in (126, 127):
+        why, fix = 'the container has no python3', 'install python3 in the container (debian-12-standard has it)'
+    raise RuntimeStepError('%sbuilding the Python environment %s in container %s failed: %s; %s. Nothing was switched: '
+                           'the service runs its current environment and unit, untouched.' % (
+                               key + ': ' if key else '', env['path'], props['vmid'], why, fix))
+
+
+def finish(target, props: dict, keep_ids: list) -> None:
+    """After the environment serves: the venv path links to it, and only the environments in keep_ids (the
+    current one, then the previous confirmed ones) stay."""
+    env = props['env']
+    py = props['install']['python']
+    out = remote.run(target, 'ct_env_link.sh', [props['vmid'], props['venv'], env['path'], py['envs_dir']] +
+                     list(keep_ids)).stdout
+    for line in out.splitlines():
+        what, _, path = line.partition('\t')
+        if what == 'kept':
+            warn('sglang-unit: %s in container %s is a directory (an environment made by hand before the program '
+                 'managed it), so it was left as it is instead of becoming a link to %s; remove it once nothing '
+                 'uses it' % (path, props['vmid'], env['path']))
+
+
+def confirmed_history(env_id: str, previous: list, keep: int) -> list:
+    """The environments to keep, newest first: the one just confirmed, then up to `keep` confirmed before."""
+    return [env_id] + [e for e in (previous or []) if e != env_id][:keep]

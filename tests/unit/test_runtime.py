@@ -1,0 +1,87 @@
+"""components/runtime.py's pure parts: the environment's id and description, the facts parser (golden lines
+as ct_unit_facts.sh prints them), the driver check."""
+
+import base64
+import json
+
+import pytest
+
+from components import runtime
+from tests.unit.config.test_config import parse
+
+H = 'a' * 64
+FILES = {'lock': 'pip==23.2.1 --hash=sha256:%s\nsglang==0.5.23 --hash=sha256:%s\n' % (H, H), 'lock_sha256': 'c' * 64,
+         'packages': {'pip': '23.2.1', 'sglang': '0.5.23'}, 'patches': [], 'index_password': 'pw'}
+
+
+def test_the_environment_is_named_by_its_content():
+    d = parse()
+    a = runtime.environment(d, FILES)
+    assert a['path'] == '/opt/sglang/envs/' + a['id'] and len(a['id']) == 16
+    assert runtime.environment(d, dict(FILES)) == a, 'the same content, the same environment'
+    patched = dict(FILES, patches=[{'name': 'runtime/patches/sm120.patch', 'text': '--- a/x\n'}])
+    assert runtime.environment(d, patched)['id'] != a['id']
+    assert runtime.environment(d, dict(FILES, lock_sha256='d' * 64))['id'] != a['id']
+    assert runtime.environment(parse(runtime__python__version='3.12'), FILES)['id'] != a['id']
+    assert runtime.environment(parse(runtime=None), FILES) is None
+
+
+def test_the_change_in_a_persons_words():
+    old = {'packages': {'sglang': '0.5.23', 'torch': '2.12.0.dev20261101+cu130', 'numpy': '2.3.1', 'pip': '25.0'},
+           'patches': [{'name': 'runtime/patches/old.patch', 'sha256': '1'}], 'python': '3.11', 'lock_sha256': 'x'}
+    new = {'packages': {'sglang': '0.5.24', 'torch': '2.12.0.dev20261101+cu130', 'numpy': '2.3.1', 'pip': '25.0',
+                        'triton': '3.5.0'},
+           'patches': [{'name': 'runtime/patches/sm120-fp4.patch', 'sha256': '2'}], 'python': '3.11',
+           'lock_sha256': 'y'}
+    assert runtime.describe_change(old, new) == (
+        'sglang 0.5.23 -> 0.5.24, +triton 3.5.0, torch 2.12.0.dev20261101+cu130 unchanged (+2 more unchanged), '
+        'patches: +sm120-fp4.patch, -old.patch')
+    same = dict(old, lock_sha256='z')
+    assert runtime.describe_change(old, same).startswith('the same versions pinned to other files (hashes)')
+    assert runtime.describe_change(None, new) == ('a new environment: sglang 0.5.24, torch 2.12.0.dev20261101+cu130 '
+                                                  '(5 packages), patches: +sm120-fp4.patch')
+
+
+UNIT = '[Service]\nExecStart=/opt/sglang/envs/0123456789abcdef/bin/python -m sglang.launch_server --port 30000\n'
+MARKER = {'id': '0123456789abcdef', 'sglang': '0.5.23', 'lock_sha256': 'c' * 64}
+FACTS = '\n'.join([
+    'host_driver\t580.95.05', 'ct\trunning', 'unit\t' + 'b' * 64,
+    'unit_text\t' + base64.b64encode(UNIT.encode()).decode(),
+    'dropin\t/etc/systemd/system/sglang-qwen.service.d/override.conf',
+    'ActiveState\tactive', 'InvocationID\tabc', 'UnitFileState\tenabled',
+    'libcuda.so\t580.95.05', 'libnvidia-ml.so\t580.95.05', 'cuda\t13.0.2', 'nvcc\tyes',
+    'envdir\t0123456789abcdef\t' + json.dumps(MARKER), 'envdir\t.building-fedcba9876543210-77\t-',
+    'venv_link\t/opt/sglang/envs/0123456789abcdef', ''])
+
+
+def test_facts_as_the_script_prints_them():
+    f = runtime.parse_facts(FACTS)
+    assert f['host_driver'] == f['container_driver'] == '580.95.05' and f['cuda'] == '13.0.2'
+    assert f['unit_text'] == UNIT and f['dropins'] == ['/etc/systemd/system/sglang-qwen.service.d/override.conf']
+    assert f['envdirs'] == {'0123456789abcdef': MARKER, '.building-fedcba9876543210-77': None}
+    props = {'vmid': 200, 'runtime': {'nvidia': '580.95.05', 'cuda': '13.0.2'}, 'env': MARKER,
+             'install': {'python': {'envs_dir': '/opt/sglang/envs'}}}
+    seen = runtime.observed(props, f)
+    assert seen['runtime'] == {'nvidia': '580.95.05', 'cuda': '13.0.2'} and seen['env'] == MARKER
+    assert seen['runtime_facts']['env'] == '0123456789abcdef' and seen['runtime_facts']['sglang'] == '0.5.23'
+    assert runtime.driver_danger(props, f, 'sglang-unit') is None
+
+
+@pytest.mark.parametrize('libs,want', [
+    (('', ''), None),
+    (('580.95.05 580.105.08', '580.105.08'), 'mixed: libcuda 580.95.05 580.105.08, libnvidia-ml 580.105.08'),
+])
+def test_container_driver_when_not_one_version(libs, want):
+    f = runtime.parse_facts('ct\trunning\nlibcuda.so\t%s\nlibnvidia-ml.so\t%s\n' % libs)
+    assert f['container_driver'] == want
+
+
+def test_a_host_driver_upgraded_under_the_container_is_danger_with_the_fix():
+    f = runtime.parse_facts(FACTS.replace('host_driver\t580.95.05', 'host_driver\t580.105.08'))
+    message = runtime.driver_danger({'vmid': 200, 'runtime': {'nvidia': '580.95.05'}}, f, 'sglang-unit')
+    assert message.startswith('sglang-unit: DANGER - the host runs nvidia kernel module 580.105.08 but container 200 '
+                              'has the NVIDIA user space 580.95.05')
+    assert 'Driver/library version mismatch' in message
+    assert 'set gpuhost:runtime.nvidia.version: 580.105.08' in message
+    with pytest.raises(runtime.RuntimeStepError, match='Nothing was changed, nothing restarted'):
+        runtime.check_host_driver({'runtime': {'nvidia': '580.95.05'}}, f)
