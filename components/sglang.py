@@ -439,8 +439,10 @@ def smoke_test(name, d, connection, unit, key, unit_text_declared, container_ide
                                              shlex.quote(d.sglang.served_model_name))
     return command.Command('%s-smoke-test' % name, connection=conn, create=run,
                            stdin=pulumi.Output.secret(key) if key else '',
-                           # Declared values (known at preview): a new unit or container runs it again.
-                           triggers=[remote.sha256_hex(unit_text_declared), container_identity],
+                           # Declared values (known at preview): a new unit or container runs it again, and so
+                           # does a new NVIDIA user space or CUDA (the unit restarts with them).
+                           triggers=[remote.sha256_hex(unit_text_declared), container_identity] + (
+                               [json.dumps(runtime.declared(d), sort_keys=True)] if d.runtime else []),
                            # An action, replaced (run again) whenever its triggers change: never protected,
                            # whatever its parent is.
                            opts=pulumi.ResourceOptions(parent=unit, depends_on=[unit], protect=False))

@@ -172,7 +172,8 @@ FIRST_NET, LAST_NET = 21, 120
 
 
 def _ports_free(net):
-    for addr, port in (('127.0.%d.2' % net, 8006), ('127.0.%d.3' % net, 2222), ('127.0.%d.4' % net, 30000)):
+    for addr, port in (('127.0.%d.2' % net, 8006), ('127.0.%d.3' % net, 2222), ('127.0.%d.4' % net, 30000),
+                       ('127.0.%d.2' % net, pyindex.PORT)):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -38,6 +38,19 @@ def m(*changes):
     return list(changes)
 
 
+class File(tuple):
+    """A file the config names in the project: (path relative to it, text); put there before loading. A text
+    of the form 'symlink:<target>' makes a symbolic link instead."""
+
+    def __new__(cls, rel, text):
+        return tuple.__new__(cls, (rel, text))
+
+
+H1 = 'a' * 64
+LOCK = 'pip==23.2.1 --hash=sha256:%s\nsglang==0.5.23 --hash=sha256:%s\n' % (H1, H1)
+R = 'gpuhost:runtime'
+
+
 CASES = [
     # 1. Unit-file injection: control characters anywhere a string reaches the unit.
     ('extra_args newline', m(((S, 'extra_args'), ['--context-length', '4096\nExecStartPre=/bin/touch /tmp/pwned'])),
@@ -238,7 +251,88 @@ CASES = [
     ('both key forms', m(((H, 'ssh', 'host_key'), 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIlXMOnzn+VUtUJ2HPp/GySToF/fuDXoovapSPPhSllC')),
      ['gpuhost:host.ssh', 'exactly one']),
     ('api token', m(((H, 'api', 'token_id'), 'root@pam!deploy')), ['gpuhost:host.api.token_id', 'only root@pam']),
-    # 8. Secrets given as plain config.
+    # 8. The container's runtime: every value checked for where it lands, the files it names in the repository
+    # read and parsed, the index password a secret.
+    ('driver version with shell', m(((R, 'nvidia', 'version'), '580.95.05; reboot')),
+     ['gpuhost:runtime.nvidia.version', 'not an NVIDIA driver version', '/sys/module/nvidia/version']),
+    ('driver version as a number', m(((R, 'nvidia', 'version'), 580.95)),
+     ['gpuhost:runtime.nvidia.version', 'write it in quotes']),
+    ('driver installer of another version',
+     m(((R, 'nvidia', 'installer'), '/root/gpuhost-artifacts/NVIDIA-Linux-x86_64-580.105.08.run')),
+     ['gpuhost:runtime.nvidia.installer', 'installs driver 580.105.08, but version is 580.95.05']),
+    ('driver installer not NVIDIA\'s', m(((R, 'nvidia', 'installer'), '/root/driver.sh')),
+     ['gpuhost:runtime.nvidia.installer', "not NVIDIA's driver installer"]),
+    ('driver installer relative', m(((R, 'nvidia', 'installer'), 'NVIDIA-Linux-x86_64-580.95.05.run')),
+     ['gpuhost:runtime.nvidia.installer', 'not an absolute path']),
+    ('driver installer with a newline', m(((R, 'nvidia', 'installer'), '/root/x\n.run')),
+     ['gpuhost:runtime.nvidia.installer', 'control character']),
+    ('driver sha256 short', m(((R, 'nvidia', 'sha256'), 'abc123')),
+     ['gpuhost:runtime.nvidia.sha256', 'not a sha256', 'sha256sum']),
+    ('driver sha256 uppercase', m(((R, 'nvidia', 'sha256'), 'A' * 64)), ['gpuhost:runtime.nvidia.sha256']),
+    ('cuda runfile of another version', m(((R, 'cuda', 'installer'), '/root/cuda_12.8.1_570.124.06_linux.run')),
+     ['gpuhost:runtime.cuda.installer', 'installs CUDA 12.8.1, but version is 13.0.2']),
+    ('cuda version the cuda_home does not name', m(((R, 'cuda', 'version'), '12.8.1'),
+                                                   ((R, 'cuda', 'installer'), '/root/cuda_12.8.1_570.124.06_linux.run')),
+     ['gpuhost:sglang.cuda_home: /usr/local/cuda-13.0 names CUDA 13.0', 'set cuda_home: /usr/local/cuda-12.8']),
+    ('cuda 13 with a 575 driver', m(((R, 'nvidia', 'version'), '575.64.05'),
+                                    ((R, 'nvidia', 'installer'), '/root/NVIDIA-Linux-x86_64-575.64.05.run')),
+     ['gpuhost:runtime.nvidia.version: 575.64.05 is too old for CUDA 13.0.2', '580-series']),
+    ('index URL with credentials', m(((R, 'python', 'index', 'url'), 'https://deploy:hunter2@pypi.example/simple')),
+     ['gpuhost:runtime.python.index.url', 'holds credentials', '--secret --path gpuhost:runtime.python.index.password']),
+    ('index URL not http', m(((R, 'python', 'index', 'url'), 'file:///srv/wheels')),
+     ['gpuhost:runtime.python.index.url', 'not an http(s) URL']),
+    ('index URL with a query', m(((R, 'python', 'index', 'url'), 'https://pypi.example/simple?x=1')),
+     ['gpuhost:runtime.python.index.url', 'query']),
+    ('index password in plain text', m(((R, 'python', 'index', 'password_file'), DELETE),
+                                       ((R, 'python', 'index', 'password'), 'hunter2-not-secret')),
+     ['gpuhost:runtime.python.index.password is set as plain text',
+      'pulumi config set --secret --path gpuhost:runtime.python.index.password']),
+    ('index password and its file', m(((R, 'python', 'index', 'password'), 'x')),
+     ['gpuhost:runtime.python.index']),
+    ('index user without password', m(((R, 'python', 'index', 'password_file'), DELETE)),
+     ['gpuhost:runtime.python.index', 'a username needs a password']),
+    ('index password file with a space', m(((R, 'python', 'index', 'password_file'), File('pw.txt', 'two words\n'))),
+     ['gpuhost:runtime.python.index.password_file (pw.txt)', 'without spaces']),
+    ('index and wheelhouse', m(((R, 'python', 'wheelhouse'), '/root/wheels')),
+     ['gpuhost:runtime.python', 'exactly one package source']),
+    ('no package source', m(((R, 'python', 'index'), DELETE)), ['exactly one package source']),
+    ('wheelhouse relative', m(((R, 'python', 'index'), DELETE), ((R, 'python', 'wheelhouse'), 'wheels')),
+     ['gpuhost:runtime.python.wheelhouse', 'not an absolute path']),
+    ('lock outside the repository', m(((R, 'python', 'lock'), '../../etc/passwd')),
+     ['gpuhost:runtime.python.lock', 'not a normalised relative path inside the repository']),
+    ('lock by absolute path', m(((R, 'python', 'lock'), '/etc/passwd')),
+     ['gpuhost:runtime.python.lock', 'not a path inside the repository']),
+    ('lock through a link out of the repository', m(((R, 'python', 'lock'), File('evil.lock', 'symlink:/etc/hostname'))),
+     ['gpuhost:runtime.python.lock', 'evil.lock leads outside the repository', '/etc/hostname']),
+    ('lock without hashes', m(((R, 'python', 'lock'), File('nohash.lock', 'pip==23.2.1\nsglang==0.5.23\n'))),
+     ['gpuhost:runtime.python.lock (nohash.lock), line 1', 'pip==23.2.1 has no --hash', 'generate-hashes']),
+    ('lock with a range', m(((R, 'python', 'lock'), File('range.lock', LOCK + 'torch>=2 --hash=sha256:%s\n' % H1))),
+     ['line 3', 'not pinned to one version']),
+    ('lock naming an index', m(((R, 'python', 'lock'), File('idx.lock', '--extra-index-url https://x/simple\n' + LOCK))),
+     ['line 1', '--extra-index-url names a package source']),
+    ('lock of another SGLang', m(((R, 'python', 'lock'), File('old.lock', LOCK.replace('0.5.23', '0.5.22')))),
+     ['pins sglang==0.5.22, but gpuhost:sglang.version is 0.5.23']),
+    ('lock without SGLang', m(((R, 'python', 'lock'), File('nosg.lock', LOCK.splitlines()[0] + '\n'))),
+     ['pins no sglang']),
+    ('lock without pip', m(((R, 'python', 'lock'), File('nopip.lock', LOCK.splitlines()[1] + '\n'))),
+     ['pins no pip', '--allow-unsafe']),
+    ('lock missing', m(((R, 'python', 'lock'), 'runtime/none.lock')),
+     ['gpuhost:runtime.python.lock (runtime/none.lock)', 'cannot read']),
+    ('patch outside the repository', m(((R, 'python', 'patches'), ['../sm120.patch'])),
+     ['gpuhost:runtime.python.patches[0]', 'inside the repository']),
+    ('patch that is not a diff', m(((R, 'python', 'patches'), [File('p/x.patch', 'just text\n')])),
+     ['gpuhost:runtime.python.patches[0] (p/x.patch)', 'not a unified diff']),
+    ('patch escaping site-packages', m(((R, 'python', 'patches'), [File(
+        'p/evil.patch', '--- a/../../../etc/passwd\n+++ b/../../../etc/passwd\n@@ -1 +1 @@\n-root\n+evil\n')])),
+     ['gpuhost:runtime.python.patches[0] (p/evil.patch)', 'not a relative path inside the tree']),
+    ('patch listed twice', m(((R, 'python', 'patches'), ['p/a.patch', 'p/a.patch'])), ['listed twice']),
+    ('environments inside the venv', m(((R, 'python', 'envs_dir'), '/opt/sglang/venv/envs')),
+     ['gpuhost:runtime.python.envs_dir', 'overlap']),
+    ('keep too many', m(((R, 'python', 'keep'), 50)), ['gpuhost:runtime.python.keep']),
+    ('python version', m(((R, 'python', 'version'), '3')), ['gpuhost:runtime.python.version', 'Python minor version']),
+    ('unknown runtime key', m(((R, 'nvidia', 'driver'), '580.95.05')),
+     ['gpuhost:runtime.nvidia.driver is not a setting here']),
+    # 9. Secrets given as plain config.
     ('plain password', m(((H, 'api', 'password_file'), DELETE), ((H, 'api', 'password'), 'hunter2-not-secret')),
      ['gpuhost:host.api.password is set as plain text', 'pulumi config set --secret --path gpuhost:host.api.password']),
     ('plain private key', m(((H, 'ssh', 'private_key_file'), DELETE), ((H, 'ssh', 'private_key'), 'PRIVATE')),
@@ -255,7 +349,32 @@ ACCEPTED = [
     ('tokenizer environment', m(((S, 'environment'), {'TOKENIZERS_PARALLELISM': 'false'}))),
     ('hub model id', m(((S, 'model_path'), 'Qwen/Qwen3.5-122B-A10B'))),
     ('speculation off', m(((S, 'speculative'), None))),
+    ('a wheelhouse instead of an index', m(((R, 'python', 'index'), DELETE), ((R, 'python', 'wheelhouse'), '/root/wheels'))),
+    ('a patch', m(((R, 'python', 'patches'), [File('runtime/patches/sm120-fp4.patch',
+                                                   '--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -1 +1 @@\n-a\n+b\n')]))),
+    ('no runtime: the operator installs SGLang', m((('gpuhost:runtime',), DELETE))),
 ]
+
+
+def put_files(project, node):
+    """The File values of a config written into the project, each replaced by its path."""
+    if isinstance(node, File):
+        rel, text = node
+        path = os.path.join(project, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.lexists(path):
+            os.unlink(path)
+        if text.startswith('symlink:'):
+            os.symlink(text[len('symlink:'):], path)
+        else:
+            with open(path, 'w') as f:
+                f.write(text)
+        return rel
+    if isinstance(node, dict):
+        return {k: put_files(project, v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [put_files(project, v) for v in node]
+    return node
 
 
 def apply(cfg, changes):
@@ -278,7 +397,7 @@ def apply(cfg, changes):
 # a multi-line message, a key in another namespace, a quoted number in YAML, a file path relative to
 # the project, the engine's secret flag.
 CLI_SAMPLE = ('extra_args newline', 'iommu=pt', '--tp 8', 'namespace typo', 'port as string',
-              'private key file not a key', 'plain password')
+              'private key file not a key', 'plain password', 'lock without hashes', 'index URL with credentials')
 CLI_ACCEPTED = ('environment with quotes, $, % and backslash', 'harmless kernel argument')
 CLI_REFUSED = [c for c in CASES if c[0] in CLI_SAMPLE]
 CLI_HARMLESS = [c for c in ACCEPTED if c[0] in CLI_ACCEPTED]
@@ -309,6 +428,7 @@ def load(lab, cfg):
     """config.load_stack(project) for `cfg` as stack STACK, in the project directory with the stack's
     file written (as `pulumi preview --stack STACK` would run it), in a context of its own so the
     SDK's config and stack name do not outlive the call."""
+    cfg = put_files(lab.project, cfg)
     with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK), 'w') as f:
         yaml.safe_dump({'config': cfg}, f, sort_keys=False)
 
@@ -342,12 +462,13 @@ def test_refused_by_the_config(lab, base, name, changes, messages):
 
 @pytest.mark.parametrize('name,changes', ACCEPTED, ids=[c[0] for c in ACCEPTED])
 def test_accepted_by_the_config(lab, base, name, changes):
-    fleet, _, _ = load(lab, apply(base, changes))
+    fleet, inputs, _ = load(lab, apply(base, changes))
     # What preview goes on to build from it renders: unit, container and VM config, command line.
-    assert render.files(fleet.hosts[0].deployment)
+    assert render.files(fleet.hosts[0].deployment, inputs[0][2])
 
 
 def preview(lab, cfg):
+    cfg = put_files(lab.project, cfg)
     lab.write_stack(STACK, cfg)
     sessions, digest = lab.ssh_sessions(), lab.host_digest()
     res = lab.pulumi('preview', stack=STACK, check=False)

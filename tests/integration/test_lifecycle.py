@@ -46,15 +46,8 @@ def test_preview_contacts_no_host(lab, stack):
 
 
 def test_up_from_empty_reaches_the_declared_state(lab, stack):
-    # A new container is as bare as debian-12-standard and the program does not install SGLang yet: the
-    # first `up` makes everything else, then stops at the unit naming what to do; the operator installs
-    # it (tests/lablib.py does that step, lab/sglang_install.py) and the next `up` finishes.
-    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
-    assert res.returncode != 0
-    assert 'container 200: no SGLang at /opt/sglang/venv (expected 0.5.23); install it in the container first' \
-        in res.stdout + res.stderr, res.stdout[-3000:]
-    assert lab.node().lxc(200).status.current.get()['status'] == 'running'
-    assert lab.sglang_installs == [(200, '/opt/sglang/venv', '0.5.23')]
+    # A new container is as bare as debian-12-standard: one `up` installs what SGLang stands on (the NVIDIA user
+    # space, CUDA, the Python environment from the lab's lock and index) and serves; no hand step.
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     host = lab.host
     # Kernel command line: configured and installed for the next boot, not yet running.
@@ -87,7 +80,9 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
     # The service: unit rendered for the version, healthy, started once.
     unit = open(os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')).read()
     assert 'Environment="NCCL_P2P_DISABLE=1"' in unit and 'Environment="CUDA_HOME=/usr/local/cuda-13.0"' in unit
-    assert 'Environment="PATH=/opt/sglang/venv/bin:' in unit
+    env = lab.outputs(STACK)['runtime']['env']
+    assert 'Environment="PATH=/opt/sglang/envs/%s/bin:' % env in unit
+    assert os.readlink(os.path.join(lab.ct_root(), 'opt/sglang/venv')) == '/opt/sglang/envs/' + env
     assert '--speculative-algorithm NEXTN --speculative-num-steps 1 --speculative-eagle-topk 1 ' \
            '--speculative-num-draft-tokens 2' in unit
     assert health(lab) == 200
@@ -109,6 +104,11 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
     assert out['iommu']['running_domain_types'] == ['DMA-FQ']
     assert len(out['sglang_unit_sha256']) == 64
     assert out['sglang_unit'] == {'name': 'sglang-qwen.service', 'active': True, 'enabled': True}
+    from grammar import pylock
+    with open(lab.info['index']['lock']) as f:
+        lock = pylock.parse(f.read())
+    assert out['runtime'] == {'host_driver': '580.95.05', 'container_driver': '580.95.05', 'cuda': '13.0.2',
+                              'sglang': '0.5.23', 'env': env, 'declared_env': env, 'lock_sha256': lock.sha256()}
     import datetime
     seen = datetime.datetime.strptime(out['speculation']['resolved_observed_at'], '%Y-%m-%dT%H:%M:%SZ')
     assert abs(datetime.datetime.utcnow() - seen) < datetime.timedelta(minutes=10), seen
@@ -120,14 +120,14 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
 
 
 def test_second_up_changes_nothing_and_restarts_nothing(lab, stack):
-    digest, starts = lab.host_digest(), lab.unit_starts()
+    digest, starts, asked = lab.host_digest(), lab.unit_starts(), len(lab.index_requests())
     unit = os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')
     mtimes = [os.stat(p).st_mtime_ns for p in (unit, lab.host.path('etc/kernel/cmdline'),
                                                lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))]
     lab.pulumi('preview', '--expect-no-changes', stack=STACK)
     res = lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
     assert 'unchanged' in res.stdout
-    assert lab.unit_starts() == starts
+    assert lab.unit_starts() == starts and len(lab.index_requests()) == asked
     assert lab.host_digest() == digest
     assert [os.stat(p).st_mtime_ns for p in (unit, lab.host.path('etc/kernel/cmdline'),
                                              lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))] == mtimes

@@ -1,0 +1,231 @@
+"""What SGLang stands on in the container, as the program's declared state (gpuhost:runtime), with the real CLI,
+real pip and a real container: from a bare container to a serving one without a hand step; a new version
+built beside the running environment, one restart, the old one kept; a new environment that fails its check
+rolled back; a lock hash mismatch, an index that does not answer and a patch that does not apply each leaving
+the running environment and unit byte for byte as they were; the host's driver upgraded out of band: DANGER
+at refresh, `up` stopped before any restart, and the fix. The tests run in order on one lab and one stack."""
+
+import hashlib
+import json
+import os
+import urllib.request
+
+import pytest
+
+STACK = 'runtime'
+OLD, NEW = '0.5.19', '0.5.23'   # lab SGLang versions whose real parser is cached (their lab tables)
+UNIT = 'etc/systemd/system/sglang-qwen.service'
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOOD_PATCH = ('--- a/sglang/__init__.py\n+++ b/sglang/__init__.py\n@@ -1,2 +1,3 @@\n'
+              ' """A stand-in for the sglang package inside lab containers (see launch_server.py)."""\n'
+              '+SM120_FP4 = True\n import os\n')
+
+
+def crashing_patch():
+    """A patch that applies and breaks SGLang's start as a kernel built for the wrong GPU does."""
+    with open(os.path.join(REPO, 'lab', 'fakesglang', 'sglang', 'launch_server.py')) as f:
+        n = f.read().splitlines().index('def main(argv=None):') + 1
+    return ('--- a/sglang/launch_server.py\n+++ b/sglang/launch_server.py\n@@ -%d,2 +%d,3 @@\n def main(argv=None):\n'
+            "+    sys.exit('RuntimeError: CUDA error: no kernel image is available for execution on the device')\n"
+            '     table = load_table(__version__)\n' % (n, n))
+
+
+@pytest.fixture(scope='module')
+def base(lab):
+    lab.add_sglang(OLD)
+    cfg = lab.stack_config()
+    return configure(lab, cfg, OLD, [])
+
+
+def configure(lab, cfg, version, patches, lock=None):
+    """cfg declaring SGLang `version` from a lock of the lab's index (or `lock`: its text), with patches
+    [(name, text)] written into the project."""
+    rel = 'runtime/sglang-%s-%s.lock' % (version, hashlib.sha256((lock or '').encode()).hexdigest()[:8])
+    lab.write_lock(rel, version, text=lock)
+    names = []
+    for name, text in patches:
+        path = os.path.join(lab.project, 'runtime', 'patches', name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(text)
+        names.append('runtime/patches/' + name)
+    cfg = json.loads(json.dumps(cfg))
+    cfg['gpuhost:sglang']['version'] = version
+    cfg['gpuhost:runtime']['python']['lock'] = rel
+    cfg['gpuhost:runtime']['python']['patches'] = names
+    lab.write_stack(STACK, cfg)
+    return cfg
+
+
+def health(lab):
+    with urllib.request.urlopen('http://%s:30000/health' % lab.spec['addresses']['container'], timeout=5) as r:
+        return r.status
+
+
+def server_version(lab):
+    with urllib.request.urlopen('http://%s:30000/server_info' % lab.spec['addresses']['container'], timeout=5) as r:
+        return json.loads(r.read())['version']
+
+
+def tree(path):
+    """Every file, link and directory under path, with content: what "untouched" means for environments."""
+    h = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(path)):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            p = os.path.join(root, name)
+            h.update(os.path.relpath(p, path).encode() + b'\0')
+            if os.path.islink(p):
+                h.update(b'->' + os.readlink(p).encode())
+            elif os.path.isfile(p):
+                with open(p, 'rb') as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+def service_state(lab):
+    root = lab.ct_root()
+    with open(os.path.join(root, UNIT), 'rb') as f:
+        unit = f.read()
+    return {'unit': unit, 'envs': tree(os.path.join(root, 'opt', 'sglang')),
+            'link': os.readlink(os.path.join(root, 'opt', 'sglang', 'venv')), 'starts': lab.unit_starts()}
+
+
+def envs(lab):
+    return sorted(os.listdir(os.path.join(lab.ct_root(), 'opt', 'sglang', 'envs')))
+
+
+def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(lab, base):
+    root = lab.ct_root()
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert health(lab) == 200 and server_version(lab) == OLD
+    assert lab.unit_starts() == 1
+    # The NVIDIA user space of the host module's version, CUDA at cuda_home, the environment under its id.
+    assert os.path.realpath(root + '/usr/lib/x86_64-linux-gnu/libcuda.so.1').endswith('libcuda.so.580.95.05')
+    assert lab.ct_exec(['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader']).stdout.split() == \
+        ['580.95.05'] * 4
+    with open(root + '/usr/local/cuda-13.0/version.json') as f:
+        assert json.load(f)['cuda']['version'] == '13.0.2'
+    out = lab.outputs(STACK)['runtime']
+    assert (out['host_driver'], out['container_driver'], out['cuda'], out['sglang']) == \
+        ('580.95.05', '580.95.05', '13.0.2', OLD)
+    env = '/opt/sglang/envs/' + out['env']
+    assert out['env'] == out['declared_env'] and envs(lab) == [out['env']]
+    assert os.readlink(root + '/opt/sglang/venv') == env
+    with open(os.path.join(root, UNIT)) as f:
+        unit = f.read()
+    assert 'ExecStart=%s/bin/python -m sglang.launch_server' % env in unit
+    assert 'Environment="PATH=%s/bin:/usr/local/cuda-13.0/bin:' % env in unit
+    # pip installed it with the index's login: never on a command line, in the state or in the output.
+    password = lab.index_password()
+    assert all(password not in (e['command'] or '') for e in lab.ssh_log())
+    assert lab.plaintext_secrets_in_state(STACK) == []
+    assert any(r['path'].startswith('/packages/sglang-%s' % OLD) and r['status'] == 200 for r in lab.index_requests())
+    prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost.prom').stdout
+    assert 'gpuhost_nvidia_driver_match 1\n' in prom and 'gpuhost_cuda_info{version="13.0.2"} 1\n' in prom
+    assert 'gpuhost_sglang_environment_info{sglang_version="%s",env="%s"' % (OLD, out['env']) in prom
+
+    state, asked = service_state(lab), len(lab.index_requests())
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+    assert service_state(lab) == state and len(lab.index_requests()) == asked
+
+
+def test_a_new_version_that_fails_its_check_is_rolled_back(lab, base):
+    state = service_state(lab)
+    old_env = state['link']
+    configure(lab, base, NEW, [('sm120-kernels.patch', crashing_patch())])
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'no kernel image is available' in lab.ct_exec(['journalctl', '-u', 'sglang-qwen.service']).stdout
+    assert 'failed its check' in out and 'Rolled back: container 200 runs the previous unit again - environment %s, ' \
+        'SGLang %s - and it serves' % (old_env, OLD) in out, out[-3000:]
+    # The service is on the old environment again, serving; the new one stays until a successful up.
+    assert health(lab) == 200 and server_version(lab) == OLD
+    after = service_state(lab)
+    assert after['unit'] == state['unit'] and after['link'] == old_env
+    assert after['starts'] == state['starts'] + 2, 'the new unit once, the previous one once'
+    assert len(envs(lab)) == 2
+
+
+def test_a_version_bump_builds_beside_restarts_once_and_keeps_the_old_one(lab, base):
+    state = service_state(lab)
+    configure(lab, base, NEW, [('sm120-fp4.patch', GOOD_PATCH)])
+    preview = lab.pulumi('preview', '--diff', stack=STACK).stdout
+    assert 'the Python environment changes: sglang %s -> %s' % (OLD, NEW) in preview, preview[-3000:]
+    assert 'patches: +sm120-fp4.patch' in preview
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.unit_starts() == state['starts'] + 1, 'SGLang must restart exactly once'
+    assert health(lab) == 200 and server_version(lab) == NEW
+    out = lab.outputs(STACK)['runtime']
+    new_env = '/opt/sglang/envs/' + out['env']
+    assert lab.ct_exec([new_env + '/bin/python', '-c', 'import sglang; print(sglang.SM120_FP4)']).stdout == 'True\n'
+    assert os.readlink(os.path.join(lab.ct_root(), 'opt', 'sglang', 'venv')) == new_env
+    # The previous confirmed environment is kept (keep: 1); the one that failed is gone.
+    assert envs(lab) == sorted([out['env'], os.path.basename(state['link'])])
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+@pytest.mark.parametrize('fault', ['lock hash mismatch', 'index does not answer', 'patch does not apply'])
+def test_a_failed_build_leaves_the_service_byte_for_byte(lab, base, fault):
+    state = service_state(lab)
+    if fault == 'lock hash mismatch':
+        with open(os.path.join(lab.project, lab.write_lock('runtime/good.lock', NEW))) as f:
+            text = f.read()
+        wheel_sha = text.split('sglang==%s' % NEW)[1].split('sha256:')[1][:64]
+        # The lock pins another file than the index serves (a stale lock, or a tampered file).
+        configure(lab, base, NEW, [], lock=text.replace(wheel_sha, '0' * 64))
+        words = ['gpuhost:runtime.python.lock', 'sglang==%s' % NEW, 'the lock pins %s' % ('0' * 64)]
+    elif fault == 'index does not answer':
+        configure(lab, base, NEW, [('other.patch', GOOD_PATCH.replace('SM120_FP4', 'OTHER'))])
+        lab.index_down()
+        words = ['gpuhost:runtime.python.index', 'did not answer']
+    else:
+        configure(lab, base, NEW, [('stale.patch', GOOD_PATCH.replace('A stand-in', 'No stand-in'))])
+        words = ['gpuhost:runtime.python.patches', 'runtime/patches/stale.patch', 'hunk 1', 'does not apply']
+    try:
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        lab.index_down(False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    for w in words + ['Nothing was switched']:
+        assert w in out, (w, out[-3000:])
+    assert service_state(lab) == state, 'the running environment or unit changed'
+    assert health(lab) == 200
+
+
+def test_a_host_driver_upgraded_out_of_band_is_danger_and_stops_up(lab, base):
+    cfg = configure(lab, base, NEW, [('sm120-fp4.patch', GOOD_PATCH)])
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+    state = service_state(lab)
+    lab.host.set_nvidia_module('580.105.08')
+    res = lab.pulumi('preview', '--refresh', stack=STACK)
+    assert 'DANGER - the host runs nvidia kernel module 580.105.08 but container 200 has the NVIDIA user space ' \
+           '580.95.05' in res.stdout + res.stderr, res.stdout[-3000:]
+    assert 'set gpuhost:runtime.nvidia.version: 580.105.08' in res.stdout + res.stderr
+    n = lab.ssh_commands()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'gpuhost:runtime.nvidia.version: 580.95.05, but the host runs nvidia kernel module 580.105.08' in out
+    assert 'Nothing was changed, nothing restarted' in out
+    assert service_state(lab) == state
+    assert all(e['cmd'].split()[0] in ('host_facts.sh', 'ct_unit_owner.sh') for e in lab.ssh_log() if e['n'] > n), \
+        'up ran more than its preflight'
+    # The fix the message names: the new installer on the host, declared; one restart.
+    path, sha = lab.host.add_artifact('NVIDIA-Linux-x86_64-580.105.08.run', lab_installer('580.105.08'))
+    cfg['gpuhost:runtime']['nvidia'] = {'version': '580.105.08', 'installer': path, 'sha256': sha}
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert lab.unit_starts() == state['starts'] + 1 and health(lab) == 200
+    assert lab.outputs(STACK)['runtime']['container_driver'] == '580.105.08'
+    assert lab.ct_exec(['nvidia-smi']).returncode == 0
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def lab_installer(version):
+    import sys
+    sys.path.insert(0, os.path.join(REPO, 'lab'))
+    import hostsim
+    return hostsim.nvidia_installer(version)
