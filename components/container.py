@@ -4,7 +4,7 @@ Decided here: the container's Proxmox config (devN for each GPU's /dev/nvidiaN p
 control devices; network; cores and memory), what cannot change in place (`create`: template,
 rootfs, unprivileged - a change replaces the container, and preview says so), and the CPU pinning
 to the GPUs' NUMA node as a raw lxc.cgroup2.cpuset.cpus line, which only the host's config file
-can hold. devN is root@pam-only in Proxmox; config.py refuses API tokens for that reason.
+can hold. devN is root@pam-only in Proxmox; config/deployment.py refuses API tokens for that reason.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import hashlib
 import json
 
 from components import pve, remote
+from grammar.pve import split_props
 from components.sglang import service_props
 
 
@@ -24,7 +25,7 @@ class ContainerProvider(pve.PveGuestProvider):
 
     def check_devices(self, props):
         target = remote.Target.from_inputs(props['connection'])
-        paths = [pve.split_props(v)[0] or pve.split_props(v)[1].get('path')
+        paths = [split_props(v)[0] or split_props(v)[1].get('path')
                  for k, v in sorted(props['config'].items()) if k.startswith('dev')]
         res = remote.run(target, 'check_devices.sh', paths, check=False)
         if res.exit_code != 0:

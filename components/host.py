@@ -26,7 +26,9 @@ import time
 import pulumi
 from pulumi.dynamic import Resource
 
-from components import cmdline, remote
+from components import remote
+from grammar import cmdline
+from grammar.gpu import BLACKWELL_IDS
 from components.sglang import service_props
 from components.state import ObservedProvider, OperatorError, warn
 
@@ -216,7 +218,7 @@ def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
 
 class KernelCmdlineProvider(ObservedProvider):
     """The configured command line (what the next boot uses) carries every `ensure_args` parameter
-    with its value and no dangerous parameter (components/cmdline.py, in any spelling the kernel
+    with its value and no dangerous parameter (grammar/cmdline.py, in any spelling the kernel
     accepts). Observed: which ensured parameters are in effect, which dangerous ones are present."""
     ID = 'kernel-cmdline'
     DESIRED = ('ensure_args', 'dangerous_args')
@@ -482,7 +484,6 @@ class ProxmoxHost(pulumi.ComponentResource):
         d = deployment
         child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
         inventory = [g.model_dump() for g in d.host.gpus]
-        from config import BLACKWELL_IDS
         blackwell = sorted(BLACKWELL_IDS)
         ensure = d.iommu.kernel_args()
         policy = d.kernel_policy()

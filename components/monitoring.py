@@ -25,6 +25,7 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from components import remote
+from components.sglang import expected_speculation
 from components.state import ObservedProvider, OperatorError, numbers
 
 TEXTFILE_DIR = '/var/lib/prometheus/node-exporter'   # Debian's prometheus-node-exporter default
@@ -87,7 +88,6 @@ class _Text(object):
 
 def declared(d) -> dict:
     """What the textfile needs from the config (plain data: it crosses into an apply())."""
-    from components.sglang import expected_speculation
     s = d.sglang
     spec = s.speculative
     return {

@@ -5,12 +5,11 @@ import hashlib
 import pulumi
 
 from components.monitoring import file_sd
-from components.sglang import expected_speculation
+from components.sglang import expected_speculation, smoke_summary
 
 
 def host_outputs(d, host, container, vm, service) -> dict:
     """A host's outputs: a one-host stack's top-level outputs, and each entry of a fleet's `hosts`."""
-    from components.sglang import smoke_summary
     base = service.endpoint
     out = {
         'openai_base_url': base + '/v1',

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from components import host as host_mod
 from components import pve, remote
+from components.sglang import service_props
 from components.state import OperatorError
+from grammar.gpu import BLACKWELL_IDS
 
 
 class PreflightError(OperatorError):
@@ -31,7 +33,6 @@ def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> lis
 
 
 def check_host(d, connection: dict) -> remote.HostFacts:
-    from config import BLACKWELL_IDS
     target = remote.Target.from_inputs(connection)
     facts = host_mod.read_facts(target)
     host_mod.check_inventory(facts, [g.model_dump() for g in d.host.gpus], sorted(BLACKWELL_IDS))
@@ -92,7 +93,6 @@ def check_proxmox(d, api: dict) -> None:
 def check_unit_name(d, connection: dict) -> None:
     """gpuhost:sglang.unit names a unit of this program's, or a free name: never one the container has
     of its own (ssh.service, a vendor unit...), which writing ours would override and destroy would delete."""
-    from components.sglang import service_props
     props = service_props(d)
     out = remote.run(remote.Target.from_inputs(connection), 'ct_unit_owner.sh',
                      [d.container.vmid, d.sglang.unit, props['unit_path']]).stdout.strip()

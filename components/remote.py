@@ -24,6 +24,7 @@ import time
 from typing import Optional, Sequence
 
 from components.state import OperatorError
+from grammar import cmdline
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
 
@@ -323,7 +324,6 @@ class HostFacts:
     modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
 
     def running_args(self):
-        from components import cmdline
         return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
 
 

@@ -1,7 +1,7 @@
 """Files the program puts on hosts, rendered from templates/ with jinja2 (StrictUndefined): a
 missing value is an error naming the template and line, never an empty string in a unit file.
 
-Values reach systemd unit files only through components/systemd.py (systemd's own quoting for each
+Values reach systemd unit files only through grammar/systemd.py (systemd's own quoting for each
 directive); a value systemd would read differently raises ValueError instead of being written."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import shlex
 
 import jinja2
 
-from components import systemd
+from grammar import systemd
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'templates')
 

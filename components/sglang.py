@@ -17,7 +17,9 @@ import urllib.request
 import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
-from components import remote, systemd
+from components import remote
+from grammar import systemd
+from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
 from components.state import ObservedProvider, OperatorError, info, warn
 
@@ -76,13 +78,11 @@ def env_path(unit: str) -> str:
 
 
 def env_content(api_key: str) -> str:
-    from config import API_KEY_VAR
     return '%s=%s\n' % (API_KEY_VAR, api_key)
 
 
 def key_from_env(text):
     """The API key an environment file holds (what the service really uses), or None."""
-    from config import API_KEY_VAR
     for line in (text or '').splitlines():
         if line.startswith(API_KEY_VAR + '='):
             return line.split('=', 1)[1]

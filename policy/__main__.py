@@ -3,8 +3,8 @@
     pulumi preview --policy-pack policy [--policy-pack-config policy/config.<stack>.json]
 
 Runs in the project's virtualenv (PulumiPolicy.yaml: virtualenv ../.venv) with the project root on
-sys.path, so the rules use the program's own kernel command-line semantics (components/cmdline.py),
-SGLang's flag parser (components/sglang_argparse.py) and systemd's unit grammar (components/systemd_unit.py).
+sys.path, so the rules use the program's own kernel command-line semantics (grammar/cmdline.py),
+SGLang's flag parser (grammar/sglang_argparse.py) and systemd's unit grammar (grammar/systemd_unit.py).
 The rules themselves are in gpuhost_rules.py (pure functions, unit-tested).
 
 A stack's policy config may lower a rule to advisory (its findings then print as warnings) and may

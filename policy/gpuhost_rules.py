@@ -1,7 +1,7 @@
 """The safety rules of the gpuhost policy pack, as pure functions over resource inputs.
 
 Each rule looks at what a resource is about to write to the host - the dynamic resources' input
-properties - never at the stack config, so it holds for a program that bypasses config.py. Resources
+properties - never at the stack config, so it holds for a program that bypasses config/. Resources
 are recognised by their inputs (any `pulumi-python:dynamic/...` type):
 
   ensure_args                 KernelCmdline: parameters the kernel command line must carry
@@ -10,9 +10,9 @@ are recognised by their inputs (any `pulumi-python:dynamic/...` type):
   kind lxc|qemu + config      ProxmoxGuest: the container (devN) or the VM (hostpciN, amd-sev)
   unit + version              SglangUnit: the systemd unit's text (the truth: what is written)
 
-Kernel command-line semantics come from components/cmdline.py (the kernel's own rules), the SGLang
-flags from components/sglang_argparse.py (SGLang's own parser for the unit's version, so `--tp 4`,
-`--host=::` and prefixes read as SGLang reads them), the unit text from components/systemd_unit.py (systemd
+Kernel command-line semantics come from grammar/cmdline.py (the kernel's own rules), the SGLang
+flags from grammar/sglang_argparse.py (SGLang's own parser for the unit's version, so `--tp 4`,
+`--host=::` and prefixes read as SGLang reads them), the unit text from grammar/systemd_unit.py (systemd
 252's parser, checked against systemd-analyze). The project root must be on sys.path.
 
 Rules that span resources (GPU on both sides, TP vs the container, hostpci vs the vfio binding) use
@@ -31,8 +31,10 @@ import os
 import re
 import threading
 
-from components import cmdline, sglang_argparse, systemd_unit
-from components.pve import split_props  # Proxmox's own property-string reading, shared with the program
+from grammar import cmdline, sglang_argparse, systemd_unit
+from grammar.gpu import BLACKWELL_IDS
+from grammar.sglang_flags import suggest_triple
+from grammar.pve import split_props  # Proxmox's own property-string reading, shared with the program
 
 # --------------------------------------------------------------------------- rule names
 
@@ -73,17 +75,6 @@ ROOT_ONLY_KEYS = re.compile(r'^(dev\d+|hostpci\d+|amd-sev|affinity)$')
 FSP = 'bricks RTX PRO 6000 Blackwell GPUs until a power cycle (FSP error 0x177) and disables SEV-SNP'
 TRANSLATED_FIX = ('keep the IOMMU translated: gpuhost:iommu.domain: DMA-FQ (the default: iommu.passthrough=0 '
                   'iommu.strict=0)')
-
-
-def _blackwell_ids():
-    try:
-        from config import BLACKWELL_IDS
-        return frozenset(BLACKWELL_IDS)
-    except Exception:  # noqa: BLE001 - the pack must run even if config.py cannot be imported
-        return frozenset({'10de:2bb1', '10de:2bb4', '10de:2bb5'})
-
-
-BLACKWELL_IDS = _blackwell_ids()
 
 
 class Unknown(Exception):
@@ -608,7 +599,6 @@ def speculation_triple(res: Res, reg: Registry, cfg: dict) -> list:
     steps, topk, draft = (flags.ns.get(d) for d in TRIPLE)
     if len(given) != 3:
         missing = ['--' + d.replace('_', '-') for d in TRIPLE if d not in given]
-        from config import suggest_triple
         return ['%s: the unit sets %s but not %s; SGLang then picks the rest itself and the speculation differs '
                 'from what was declared. Fix: set all three or none - from these numbers: %s' % (
                     res.name, ', '.join('%s %s' % (flags.token(d), flags.ns.get(d)) for d in given),

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import config  # noqa: E402
-from components import cmdline  # noqa: E402
+from grammar import cmdline  # noqa: E402
 from components.host import modprobe_content  # noqa: E402
 from components.sglang import unit_text  # noqa: E402
 

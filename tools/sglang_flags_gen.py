@@ -1,4 +1,4 @@
-"""Generate components/sglang_flags_data/<version>.json from SGLang's own argument parser.
+"""Generate grammar/sglang_flags_data/<version>.json from SGLang's own argument parser.
 
 For every SGLang release in VERSIONS this downloads the wheel from PyPI (cached under
 ~/.cache/gpuhost/sglang-wheels), extracts its Python sources, imports `sglang.srt.server_args` in an
@@ -11,7 +11,7 @@ sglang.launch_server` does, stops it at `parse_args`, and dumps every action of 
     .venv/bin/python tools/sglang_flags_gen.py                 # every version in VERSIONS
     .venv/bin/python tools/sglang_flags_gen.py 0.5.22 0.5.23   # some of them
     .venv/bin/python tools/sglang_flags_gen.py --check         # regenerate in memory, diff against the files
-    .venv/bin/python tools/sglang_flags_gen.py --verify 0.5.23 # SGLang's parser vs components/sglang_argparse
+    .venv/bin/python tools/sglang_flags_gen.py --verify 0.5.23 # SGLang's parser vs grammar/sglang_argparse
                                                                # and vs the lab's simulated SGLang
     .venv/bin/python tools/sglang_flags_gen.py --verify --declared  # the versions the stacks declare (CI)
     .venv/bin/python tools/sglang_flags_gen.py --lab-table 0.5.23 --out sglang/lab_server_args.json
@@ -22,7 +22,7 @@ registry name, "BooleanOptionalAction", or "other:<Class>" for SGLang's own acti
 `behaviour` is recorded by calling them once: the error they stop SGLang with, or what they set).
 `--verify` parses a few thousand generated command lines (every option of SGLang's parser and of the
 committed table exact, as --opt=value, abbreviated, mistyped, with a bad or missing value, with each
-of its choices) with SGLang's real parser and with the parser components/sglang_argparse rebuilds
+of its choices) with SGLang's real parser and with the parser grammar/sglang_argparse rebuilds
 from the committed table, and lists every disagreement; it checks the lab's simulated SGLang
 (lab/fakesglang/sglang/lab_args.py with its lab table) the same way, down to the error line.
 
@@ -52,7 +52,7 @@ import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-OUT = os.path.join(ROOT, 'components', 'sglang_flags_data')
+OUT = os.path.join(ROOT, 'grammar', 'sglang_flags_data')
 GPUHOST_CACHE = os.environ.get('GPUHOST_CACHE') or os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost')
 CACHE = os.path.join(GPUHOST_CACHE, 'sglang-wheels')
 LAB_TABLES = os.path.join(GPUHOST_CACHE, 'sglang-lab-tables')
@@ -213,7 +213,7 @@ def write_atomic(path, text):
 
 def lab_table_text(version):
     """The lab's simulated SGLang's argument table for SGLang `version` (lab_server_args.json's text):
-    the parser of the release's wheel dumped as for components/sglang_flags_data, but made here from
+    the parser of the release's wheel dumped as for grammar/sglang_flags_data, but made here from
     the wheel, never read from there. Cached by (version, wheel sha256, code_hash()): after the first
     time it costs a hash of the cached wheel."""
     wheel = pip_download('sglang==' + version, CACHE)
@@ -300,15 +300,15 @@ def same_error(want, got):
 
 
 def verify(version):
-    """Parse generated command lines with SGLang's real parser, with components/sglang_argparse rebuilt
+    """Parse generated command lines with SGLang's real parser, with grammar/sglang_argparse rebuilt
     from the committed table and with the lab's simulated SGLang (its table from lab_table_text());
     returns (number of command lines, {parser: [(argv, disagreement), ...]}).
     The command lines come from SGLang's actions and from the committed table's: a flag or a choice
     the table has and SGLang lacks is tried too."""
     sys.path.insert(0, ROOT)
-    from components import sglang_argparse
+    from grammar import sglang_argparse
     answers = real_answers(version, probes(sglang_argparse.table(version)['actions']))
-    return len(answers), {'components/sglang_argparse': verify_program(sglang_argparse, version, answers),
+    return len(answers), {'grammar/sglang_argparse': verify_program(sglang_argparse, version, answers),
                           'lab/fakesglang': verify_lab(version, answers)}
 
 
@@ -379,7 +379,7 @@ def main(argv=None):
     ap.add_argument('--check', action='store_true', help='regenerate and compare with the committed files; '
                                                          'exit 1 on any difference')
     ap.add_argument('--verify', action='store_true', help='parse generated command lines with SGLang\'s real '
-                    'parser, with components/sglang_argparse and with the lab\'s simulated SGLang; exit 1 on any '
+                    'parser, with grammar/sglang_argparse and with the lab\'s simulated SGLang; exit 1 on any '
                     'disagreement')
     ap.add_argument('--declared', action='store_true', help='the versions config\'s default and the stacks '
                     '(Pulumi.<stack>.yaml) declare, instead of listing them')

@@ -1,6 +1,6 @@
 """The policy pack (policy/) through the real CLI: `pulumi preview --policy-pack policy` of a program
 that builds gpuhost's components from a doctored deployment or with doctored inputs
-(tests/policy_program/), so config.py is bypassed and only the pack stands in the way. Preview
+(tests/policy_program/), so config/ is bypassed and only the pack stands in the way. Preview
 contacts no host: no lab, a file backend in a temporary directory.
 
 Each violating preview carries several violations with distinct messages (one preview per kind of

@@ -28,7 +28,7 @@ def test_up_with_the_pack_deploys_the_lab_and_stops_a_violating_change_before_it
         unit = f.read()
     assert '--port 30000' in unit
 
-    # A valid config change (config.py accepts it), without the lab's opt-in: the unit's step must not run.
+    # A valid config change (config/ accepts it), without the lab's opt-in: the unit's step must not run.
     cfg['gpuhost:sglang']['port'] = 30001
     lab.write_stack(STACK, cfg)
     res, out = up(lab, check=False)

@@ -2,7 +2,7 @@
 
 The case comes from $GPUHOST_POLICY_CASE (JSON):
   model:  {"iommu.extra_kernel_args": [...], "sglang.tp": 2, ...}  dotted paths into the Deployment
-          parsed from the repo's Pulumi.lab.yaml, set with model_copy (no validation: config.py is bypassed)
+          parsed from the repo's Pulumi.lab.yaml, set with model_copy (no validation: config/ is bypassed)
   api:    {"user": "...", "token_id": "..."}                       merged into the guests' `api` input
   props:  {"<resource name>": {"key": value}}                       merged into a dynamic resource's inputs
           just before it registers (dicts merge, None deletes a key, {"__sub__": [[old, new], ...]} edits

@@ -4,7 +4,7 @@ child gets. No engine, no host: these run in milliseconds."""
 import pulumi
 import pytest
 
-from tests.unit.test_config import parse
+from tests.unit.config.test_config import parse
 
 CREATED = []
 

@@ -97,15 +97,16 @@ def test_a_wrong_committed_table_fails_verify_and_the_lab_does_not_use_it(tmp_pa
     shutil.copytree(os.path.join(REPO, 'tools'), tree / 'tools', ignore=shutil.ignore_patterns('__pycache__', 'pulumi*'))
     shutil.copytree(os.path.join(REPO, 'lab', 'fakesglang'), tree / 'lab' / 'fakesglang',
                     ignore=shutil.ignore_patterns('__pycache__'))
-    (tree / 'components' / 'sglang_flags_data').mkdir(parents=True)
-    shutil.copyfile(os.path.join(REPO, 'components', 'sglang_argparse.py'), tree / 'components' / 'sglang_argparse.py')
-    with open(os.path.join(REPO, 'components', 'sglang_flags_data', '0.5.23.json')) as f:
+    (tree / 'grammar' / 'sglang_flags_data').mkdir(parents=True)
+    for name in ('__init__.py', 'sglang_argparse.py'):
+        shutil.copyfile(os.path.join(REPO, 'grammar', name), tree / 'grammar' / name)
+    with open(os.path.join(REPO, 'grammar', 'sglang_flags_data', '0.5.23.json')) as f:
         table = json.load(f)
     table['actions'] = [a for a in table['actions'] if a['option_strings'] != ['--enable-metrics']]
     mamba, = [a for a in table['actions'] if a['dest'] == 'mamba_radix_cache_strategy']
     mamba['choices'].remove('extra_buffer_lazy')
     table['actions'].append(dict(mamba, dest='mamba_scheduler_strategy', option_strings=['--mamba-scheduler-strategy']))
-    (tree / 'components' / 'sglang_flags_data' / '0.5.23.json').write_text(gen.render(table))
+    (tree / 'grammar' / 'sglang_flags_data' / '0.5.23.json').write_text(gen.render(table))
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
 
     # CI's check (.ci/run) in that checkout: the program's parser disagrees with SGLang's, the lab's does not.
@@ -114,7 +115,7 @@ def test_a_wrong_committed_table_fails_verify_and_the_lab_does_not_use_it(tmp_pa
     assert r.returncode == 1, r.stdout + r.stderr
     summary = [line.split() for line in r.stdout.splitlines() if line.startswith('0.5.23')]
     counts = {words[1]: int(words[-2]) for words in summary}
-    assert counts['components/sglang_argparse'] > 0 and counts['lab/fakesglang'] == 0, r.stdout
+    assert counts['grammar/sglang_argparse'] > 0 and counts['lab/fakesglang'] == 0, r.stdout
     found = r.stdout.splitlines()
     # Without --enable-metrics the program's parser reads it as an abbreviation of the next flag.
     assert '    --model-path /m --enable-metrics: enable_metrics_for_all_schedulers: SGLang False, rebuilt True' in found

@@ -15,7 +15,7 @@ import yaml
 from components import monitoring, remote
 from components.host import reboot_reasons
 from tests.lablib import REPO
-from tests.unit.test_config import parse
+from tests.unit.config.test_config import parse
 from tests.unit.test_facts import EXPECT, facts
 from tools import monitoring as tool
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.unit.test_config import parse
+from tests.unit.config.test_config import parse
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, 'policy'))

@@ -7,7 +7,7 @@ import pytest
 
 from components import render
 from components.sglang import unit_text
-from tests.unit.test_config import parse
+from tests.unit.config.test_config import parse
 
 GOLDEN = os.path.join(os.path.dirname(__file__), 'golden')
 

@@ -1,6 +1,6 @@
-"""Unit files read the way systemd 252 reads them: the inverse of components/systemd.py, which writes
+"""Unit files read the way systemd 252 reads them: the inverse of grammar/systemd.py, which writes
 them. The policy pack uses it to see the SGLang unit as systemd will run it (the ExecStart= argv,
-Environment=), whatever the text holds; tests/unit/test_systemd_unit.py compares it with systemd's own
+Environment=), whatever the text holds; tests/unit/grammar/test_systemd_unit.py compares it with systemd's own
 parser (`systemd-analyze verify`) on hostile strings.
 
 Followed from systemd 252's sources (conf-parser.c, load-fragment.c, extract-word.c, escape.c,

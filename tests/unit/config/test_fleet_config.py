@@ -6,7 +6,7 @@ import copy
 import pytest
 
 import config
-from tests.unit.test_config import lab_data
+from tests.unit.config.test_config import lab_data
 
 
 def fleet(*entries, rollout=None, **shared_changes):

@@ -1,7 +1,7 @@
 """SGLang's launch flags, checked with each version's own argument parser.
 
-The parser tables (components/sglang_flags_data/<version>.json) are generated from SGLang's real
-argparse definitions by tools/sglang_flags_gen.py; components/sglang_argparse.py rebuilds the parser
+The parser tables (grammar/sglang_flags_data/<version>.json) are generated from SGLang's real
+argparse definitions by tools/sglang_flags_gen.py; grammar/sglang_argparse.py rebuilds the parser
 from them. So every unknown, mistyped, ambiguous or removed flag is refused at preview exactly as
 `python -m sglang.launch_server` would refuse it at start-up - and a prefix SGLang's argparse would
 accept (`--tp 8`) is recognised as the flag it abbreviates.
@@ -13,11 +13,31 @@ through `extra_args`, in any spelling: argparse lets the last occurrence win, so
 
 from __future__ import annotations
 
-from components import sglang_argparse as sa
+from grammar import sglang_argparse as sa
+
+
+# The environment variable that carries SGLang's --api-key value into the unit's command line: set in a
+# root-only environment file, referenced from ExecStart= (the unit's own text never holds the key).
+API_KEY_VAR = 'SGLANG_API_KEY'
 
 
 class FlagError(ValueError):
     pass
+
+
+# ---------------------------------------------------------------------- sglang
+
+def suggest_triple(steps, topk, draft) -> str:
+    """A consistent (num_steps, eagle_topk, num_draft_tokens) built from what the operator gave: with
+    topk 1 SGLang forces draft = steps + 1 (MTP on this model: 1, 1, 2)."""
+    if topk in (None, 1):
+        if steps is None:
+            steps = max(1, draft - 1) if draft else 1
+        topk, draft = 1, steps + 1
+    else:
+        steps = steps or 1
+        draft = draft or steps * topk + 1
+    return '{num_steps: %d, eagle_topk: %d, num_draft_tokens: %d}' % (steps, topk, draft)
 
 
 # Destinations (argparse dest names) this program decides; `extra_args` may not set them. Besides

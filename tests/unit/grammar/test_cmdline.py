@@ -1,9 +1,10 @@
-"""The kernel command line read the way the kernel reads it (components/cmdline.py), and the edits
+"""The kernel command line read the way the kernel reads it (grammar/cmdline.py), and the edits
 made to a host's configured line (systemd-boot's one line, GRUB's two variables)."""
 
 import pytest
 
-from components import cmdline, remote
+from components import remote
+from grammar import cmdline
 from components.host import HostStateError, grub_with, plan_cmdline
 
 ENSURE = ['iommu.passthrough=0', 'iommu.strict=0']

@@ -1,4 +1,4 @@
-"""components/sglang_argparse: SGLang's own parser rebuilt from the tables generated from each
+"""grammar/sglang_argparse: SGLang's own parser rebuilt from the tables generated from each
 release's argparse (tools/sglang_flags_gen.py). The lab's simulated SGLang does not use it
 (tests/unit/test_fake_sglang_args.py)."""
 
@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from components import sglang_argparse as sa
+from grammar import sglang_argparse as sa
 from tools import sglang_flags_gen as gen
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BASE = ['--model-path', '/models/qwen']
 
 
@@ -54,7 +54,7 @@ def test_table_loads_and_parser_builds(version):
 @pytest.mark.parametrize('version', gen.VERSIONS)
 def test_committed_file_is_in_the_generators_canonical_form(version):
     # Rerunning the generator on the same wheel rewrites the same bytes: sorted keys, one action a line.
-    path = os.path.join(REPO, 'components', 'sglang_flags_data', version + '.json')
+    path = os.path.join(REPO, 'grammar', 'sglang_flags_data', version + '.json')
     with open(path) as f:
         text = f.read()
     assert gen.render(json.loads(text)) == text

@@ -3,7 +3,7 @@ argparse by tools/sglang_flags_gen.py), and the flags the program manages refuse
 
 import pytest
 
-from components import sglang_flags
+from grammar import sglang_flags
 
 MANAGED = ['--model-path', '/m', '--tp-size', '4', '--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '1',
            '--speculative-eagle-topk', '1', '--speculative-num-draft-tokens', '2']

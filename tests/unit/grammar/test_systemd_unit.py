@@ -6,7 +6,7 @@ comment), then loads all the units with `systemd-analyze verify` (systemd 252's 
 log level it dumps every parsed unit) and asserts that systemd sees exactly the intended unit: one
 ExecStart= with exactly the intended argv, exactly the intended Environment= entries and Description,
 and nothing else - no ExecStartPre=, no other directive (the whole dump is compared with a benign
-unit's). The program's own parser (components/systemd_unit.py, the policy pack's) must read every unit
+unit's). The program's own parser (grammar/systemd_unit.py, the policy pack's) must read every unit
 the same way systemd does. All units go through one systemd-analyze run (about a second).
 """
 
@@ -19,7 +19,8 @@ import tempfile
 
 import pytest
 
-from components import render, systemd, systemd_unit
+from components import render
+from grammar import systemd, systemd_unit
 
 # --- systemd-analyze ---------------------------------------------------------------------------
 

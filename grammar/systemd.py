@@ -2,7 +2,7 @@
 
 Every function returns text that systemd parses back to exactly the value it was given, or raises
 ValueError; none of them silently produces something different. What systemd 252 does with a unit
-line, checked against `systemd-analyze verify` (tests/unit/test_systemd_unit.py):
+line, checked against `systemd-analyze verify` (tests/unit/grammar/test_systemd_unit.py):
 
 - Lines end at "\\n", "\\r" or NUL; a line ending in an odd number of backslashes continues on the
   next one; a line whose first non-blank is '#' or ';' is a comment; a value loses its leading and
