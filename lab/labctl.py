@@ -410,8 +410,11 @@ class Lab(object):
         """devN entries: the host's device nodes appear in the container at their paths (LXC's bind). And the
         host's /proc/driver, read-only, as an LXC container sees it (procfs is the host's): the nvidia module's
         version, which the container's NVIDIA libraries must match (lab/hostsim.py's simulated user space and
-        SGLang read it there)."""
-        out = [(self.host.path('proc', 'driver'), '/proc/driver', 'ro')]
+        SGLang read it there). systemd-nspawn (252) mounts what goes under /proc after entering the container's
+        root, where a host path does not resolve: the directory is bound to /run/lab-proc-driver first (a
+        tmpfs, nothing on the container's disk) and from there to /proc/driver."""
+        out = [(self.host.path('proc', 'driver'), '/run/lab-proc-driver', 'ro'),
+               ('/run/lab-proc-driver', '/proc/driver', 'ro')]
         for k, v in sorted(ct.config.items()):
             if re.match(r'^dev\d+$', k):
                 dev = str(v).split(',')[0].strip()
