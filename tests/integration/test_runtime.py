@@ -151,7 +151,9 @@ def test_a_new_version_that_fails_its_check_is_rolled_back(lab, base):
 def test_a_version_bump_builds_beside_restarts_once_and_keeps_the_old_one(lab, base):
     state = service_state(lab)
     configure(lab, base, NEW, [('sm120-fp4.patch', GOOD_PATCH)])
-    preview = lab.pulumi('preview', '--diff', stack=STACK).stdout
+    res = lab.pulumi('preview', '--diff', stack=STACK)
+    # With --diff the CLI writes the diagnostics (this message among them) to stderr.
+    preview = res.stdout + res.stderr
     assert 'the Python environment changes: sglang %s -> %s' % (OLD, NEW) in preview, preview[-3000:]
     assert 'patches: +sm120-fp4.patch' in preview
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
