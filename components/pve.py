@@ -299,10 +299,12 @@ class PveGuestProvider(ObservedProvider):
             if key.rstrip('0123456789') == 'hostpci':
                 first, sub = split_props(value)
                 devices = (first or sub.get('host') or '').split(';')
-                if sub.get('mapping'):
-                    devices += [p for path in (mapped or {}).get(sub['mapping'], []) for p in path.split(';')]
-                if any(d in guard or '0000:' + d in guard for d in devices if d):
-                    out.append((key, value))
+                via = [p for path in (mapped or {}).get(sub['mapping'], []) for p in path.split(';')] \
+                    if sub.get('mapping') else []
+                if any(d in guard or '0000:' + d in guard for d in devices + via if d):
+                    # Through a mapping, the address is in the mapping's entry, not in the VM's config: say so.
+                    out.append((key, value + (' (its mapping\'s entry for %s: %s)' % (props['node'], ';'.join(via))
+                                              if via else '')))
         return out
 
     def mapped_paths(self, prox, actual, props) -> dict:
@@ -429,9 +431,10 @@ class PveGuestProvider(ObservedProvider):
     def read(self, id_, props):
         def danger(foreign):
             warn('%s: DANGER - %s in %s point%s at the container\'s GPU, set outside Pulumi; started, the VM would '
-                 'take it from the container. `pulumi up` puts back the declared hostpci.' % (
+                 'take it from the container. `pulumi up` puts back the declared hostpci%s.' % (
                      self.label(props), ', '.join('%s: %s' % kv for kv in foreign), self.conf_path(props),
-                     's' if len(foreign) == 1 else ''))
+                     's' if len(foreign) == 1 else '',
+                     ' and mapping entries' if any('mapping=' in v for _, v in foreign) else ''))
         with client(props['api']) as prox:
             try:
                 outs = dict(props, **self.observe(prox, props, on_foreign=danger))
