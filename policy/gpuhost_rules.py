@@ -35,7 +35,7 @@ import threading
 from grammar import cmdline, sglang_argparse, systemd_unit
 from grammar.gpu import BLACKWELL_IDS
 from grammar.sglang_flags import suggest_triple
-from grammar.pve import split_props  # Proxmox's own property-string reading, shared with the program
+from grammar.pve import CONFIGID_RE, split_props  # Proxmox's property strings and ids, shared with the program
 
 # --------------------------------------------------------------------------- rule names
 
@@ -68,8 +68,8 @@ DESCRIPTIONS = {
     PRIVATE_BIND: 'SGLang listens on a private address (RFC 1918, loopback, link-local, IPv6 ULA) unless the '
                   'stack\'s policy config opts in with allow_public_bind: true.',
     BY_MAPPING: 'In a stack that gives the VM its GPUs through PCI resource mappings, no VM GPU by raw address '
-                '(Proxmox starts a raw address with whatever device sits there), and every mapping= a VM names is '
-                'one the run declares.',
+                '(Proxmox starts a raw address with whatever device sits there); every mapping= a VM names is one '
+                'the run declares, and every mapping id is a Proxmox mapping id.',
 }
 
 DYNAMIC_PREFIX = 'pulumi-python:dynamic/'
@@ -798,7 +798,15 @@ def sglang_private_bind(res: Res, reg: Registry, cfg: dict) -> list:
 
 # --------------------------------------------------------------------------- rule 9
 
+ID_FIX = ('a mapping id is a letter, then letters, digits, "-" or "_" (Proxmox\'s pve-configid); anything else - a '
+          'comma above all - would add properties to the hostpci entry that names it. Fix: gpuhost:vm.gpu_mapping_prefix '
+          'of letters, digits, "-" and "_"')
+
+
 def vm_gpus_by_mapping(res: Res, reg: Registry, cfg: dict) -> list:
+    if res.kind == 'pcimap':
+        return ['%s: mapping id %s is not a Proxmox mapping id: %s' % (res.name, show(mid), ID_FIX)
+                for mid in pcimap_paths(res) if not CONFIGID_RE.match(mid)]
     if res.kind != 'qemu':
         return []
     mapped = qemu_mappings(res)

@@ -476,3 +476,11 @@ def test_root_pam_is_not_needed_for_mapped_gpus_but_still_for_sev_and_affinity()
     assert len(out) == 1 and 'sets affinity, amd-sev (' in out[0] and 'hostpci' not in out[0].split(' (')[0], out
     out = run(rules.ROOT_PAM, qemu_res(api=token))
     assert len(out) == 1 and 'sets affinity, amd-sev, hostpci0, hostpci1, hostpci2, hostpci3 (' in out[0], out
+
+
+def test_a_mapping_id_that_is_not_proxmoxs_is_stopped():
+    r = pcimap_res()
+    r.props['mappings'] = {'gpu,x-vga=1,n0': dict(r.props['mappings']['gpuhost-300-gpu0'])}
+    out = run(rules.BY_MAPPING, r)
+    assert len(out) == 1 and out[0].startswith("vm-pci-mappings: mapping id 'gpu,x-vga=1,n0' is not a Proxmox mapping "
+                                               'id') and 'a comma above all' in out[0], out
