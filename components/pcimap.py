@@ -246,9 +246,13 @@ class PciMappingProvider(ObservedProvider):
 
             def stop(mid, spec, finding):
                 stops.append(stop_message(mid, spec, finding, props['vmid']))
-            observed = self.observe(props, by_id, facts, on_finding=stop,
-                                    on_edit=lambda mid, spec, edited, f: notes.append(
-                                        'repaired ' + self.edit_note(props, mid, spec, edited, f)))
+
+            def edit(mid, spec, edited, f):
+                # An entry at the address the last run saw is this program's own: the config moved the GPU.
+                before = ((olds or {}).get('mappings') or {}).get(mid) or {}
+                if [e.get('path') for e in edited] != [before.get('path')]:
+                    notes.append('repaired ' + self.edit_note(props, mid, spec, edited, f))
+            observed = self.observe(props, by_id, facts, on_finding=stop, on_edit=edit)
             if stops:
                 raise MappingError('%s:\n  - %s' % (self.label(props), '\n  - '.join(stops)))
             for mid in sorted(props['mappings']):
@@ -260,18 +264,24 @@ class PciMappingProvider(ObservedProvider):
                     if olds and mid in (olds.get('mappings') or {}):
                         notes.append('recreated mapping %s for %s (deleted outside Pulumi)' % (mid, spec['path']))
                 elif node_entries(cfg, props['node']) != [want]:
-                    writes.append(('PUT', mid, other_entries(cfg, props['node']) + [map_entry(want)],
-                                   cfg.get('digest')))
-            for method, mid, maps, digest in writes:
+                    writes.append(('PUT', mid, other_entries(cfg, props['node']) + [map_entry(want)], cfg))
+            for method, mid, maps, seen in writes:
                 what = '%s the PCI resource mapping %s for VM %s' % (
                     'creating' if method == 'POST' else 'updating', mid, props['vmid'])
                 if method == 'POST':
                     api_call(what, prox.cluster.mapping.pci.post, id=mid, map=maps)
-                else:
-                    params = {'map': maps}
-                    if digest:
-                        params['digest'] = digest
-                    api_call(what, prox.cluster.mapping.pci(mid).put, **params)
+                    continue
+                # The digest is pci.cfg's, the whole file's: each write changes it, so it is read again right
+                # before this one, and the mapping must still be what the decision was made from.
+                now = api_call('reading the PCI resource mapping %s' % mid, prox.cluster.mapping.pci(mid).get,
+                               read=True)
+                if (now or {}).get('map') != seen.get('map'):
+                    raise MappingError('%s: the mapping %s changed while this run was deciding what to write (%s); '
+                                       'nothing was written to it - re-run' % (self.label(props), mid, now.get('map')))
+                params = {'map': maps}
+                if now.get('digest'):
+                    params['digest'] = now['digest']
+                api_call(what, prox.cluster.mapping.pci(mid).put, **params)
             for mid in sorted(set((olds or {}).get('mappings') or {}) - set(props['mappings'])):
                 if mid in by_id:
                     api_call('deleting the PCI resource mapping %s (no longer declared)' % mid,

@@ -799,8 +799,8 @@ def sglang_private_bind(res: Res, reg: Registry, cfg: dict) -> list:
 # --------------------------------------------------------------------------- rule 9
 
 ID_FIX = ('a mapping id is a letter, then letters, digits, "-" or "_" (Proxmox\'s pve-configid); anything else - a '
-          'comma above all - would add properties to the hostpci entry that names it. Fix: gpuhost:vm.gpu_mapping_prefix '
-          'of letters, digits, "-" and "_"')
+          'comma above all - would add properties to the hostpci entry that names it. Fix: '
+          'gpuhost:vm.gpu_mapping_prefix of letters, digits, "-" and "_"')
 
 
 def vm_gpus_by_mapping(res: Res, reg: Registry, cfg: dict) -> list:

@@ -22,6 +22,7 @@ ENTRY = {'node': 'pve-lab', 'path': '0000:81:00.0', 'id': '10de:2bb5', 'subsyste
          'iommugroup': '40'}
 GUARD = {'gpus': ['0000:01:00.0', '0000:11:00.0', '0000:61:00.0', '0000:71:00.0'], 'numa': 0}
 MID = 'gpuhost-300-gpu0'
+CT_GPU_PATH = '0000:11:00.0'
 
 
 def at(address):
@@ -131,3 +132,115 @@ def test_entries_of_other_nodes_are_kept_and_several_for_ours_are_a_difference()
                                     ('0gpu', False), ('gpu.0', False), ('gpu 0', False), ('gpu,0', False)])
 def test_mapping_ids_are_proxmoxs_configid(mid, ok):
     assert bool(CONFIGID_RE.match(mid)) == ok
+
+
+# ------------------------------------------------------------------ the provider's apply, with a fake Proxmox
+
+class FakePci(object):
+    """proxmoxer's prox.cluster.mapping.pci as far as the provider uses it; records every write."""
+
+    def __init__(self, ids=None):
+        self.ids = {k: {'map': list(v)} for k, v in (ids or {}).items()}
+        self.writes = []
+        self.digest = 'd0'
+
+    def get(self):
+        return [dict(v, id=k, digest=self.digest) for k, v in sorted(self.ids.items())]
+
+    def post(self, id, map):
+        self.writes.append(('POST', id, list(map)))
+        self.ids[id] = {'map': list(map)}
+        self.digest += '+'
+
+    def __call__(self, mid):
+        pci = self
+
+        class One(object):
+            def get(self):
+                return dict(pci.ids[mid], digest=pci.digest)
+
+            def put(self, map, digest=None):
+                assert digest == pci.digest, 'stale digest %s (now %s)' % (digest, pci.digest)
+                pci.writes.append(('PUT', mid, list(map)))
+                pci.ids[mid] = {'map': list(map)}
+                pci.digest += '+'
+
+            def delete(self):
+                pci.writes.append(('DELETE', mid))
+                pci.ids.pop(mid, None)
+        return One()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    import contextlib
+    import types
+    from components import pcimap
+    state = types.SimpleNamespace(pci=FakePci(), facts=FACTS)
+    prox = types.SimpleNamespace(cluster=types.SimpleNamespace(mapping=types.SimpleNamespace()))
+
+    @contextlib.contextmanager
+    def client(api):
+        prox.cluster.mapping.pci = state.pci
+        yield prox
+    monkeypatch.setattr(pcimap, 'client', client)
+    monkeypatch.setattr(pcimap, 'read_facts', lambda target, pci=(): state.facts)
+    monkeypatch.setattr(pcimap.remote.Target, 'from_inputs', classmethod(lambda cls, conn: None))
+    return state
+
+
+def props(paths=('0000:81:00.0',)):
+    ids = ['gpuhost-300-gpu%d' % i for i in range(len(paths))]
+    return {'api': {}, 'connection': {}, 'node': 'pve-lab', 'vmid': 300,
+            'mappings': {mid: {'path': p, 'id': '10de:2bb5'} for mid, p in zip(ids, paths)},
+            'checks': {mid: '' for mid in ids}, 'hostpci': {mid: 'hostpci%d' % i for i, mid in enumerate(ids)},
+            'guard': GUARD, 'vm_numa': 1, 'entries': None}
+
+
+def test_apply_creates_then_changes_nothing(fake):
+    from components.pcimap import PciMappingProvider
+    out = PciMappingProvider().apply(props())
+    assert fake.pci.writes == [('POST', MID, [map_entry(ENTRY)])]
+    assert out['mappings'] == {MID: {'path': '0000:81:00.0', 'id': '10de:2bb5'}} and out['checks'] == {MID: ''}
+    assert out['entries'] == {MID: ENTRY}
+    PciMappingProvider().apply(props(), out)
+    assert len(fake.pci.writes) == 1
+
+
+def test_apply_puts_back_an_edited_entry_keeps_other_nodes_and_reads_the_digest_again(fake, capsys):
+    from components.pcimap import PciMappingProvider
+    other = 'node=pve-b,path=0000:01:00.0,id=10de:2bb5'
+    fake.pci = FakePci({MID: [other, map_entry(dict(ENTRY, path=CT_GPU_PATH, iommugroup='21'))],
+                        'gpuhost-300-gpu1': []})
+    fake.facts = remote.parse_facts(PCI_FACTS + 'pci\t0000:91:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t41\n')
+    olds = {'mappings': {MID: {'path': '0000:81:00.0', 'id': '10de:2bb5'}}}
+    PciMappingProvider().apply(props(('0000:81:00.0', '0000:91:00.0')), olds)
+    assert [w[:2] for w in fake.pci.writes] == [('PUT', MID), ('PUT', 'gpuhost-300-gpu1')]
+    assert fake.pci.writes[0][2] == [other, map_entry(ENTRY)]
+    err = capsys.readouterr().err
+    assert 'repaired mapping gpuhost-300-gpu0: its entry for node pve-lab points at DANGER - 0000:11:00.0' in err
+    assert ', a container GPU), set outside Pulumi; declared: 0000:81:00.0' in err
+
+
+def test_apply_after_the_config_moved_a_gpu_rewrites_without_calling_it_out_of_band(fake, capsys):
+    from components.pcimap import PciMappingProvider
+    fake.pci = FakePci({MID: [map_entry(dict(ENTRY, path='0000:82:00.0'))]})
+    fake.facts = remote.parse_facts(PCI_FACTS.replace('0000:82:00.0\t10de:2bb5\t-\t0x030200\t1\t-\t-',
+                                                      '0000:82:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t44'))
+    PciMappingProvider().apply(props(('0000:81:00.0',)), {'mappings': {MID: {'path': '0000:82:00.0'}}})
+    assert fake.pci.writes == [('PUT', MID, [map_entry(ENTRY)])]
+    assert 'repaired' not in capsys.readouterr().err
+
+
+def test_apply_stops_before_any_write_when_a_device_no_longer_matches(fake):
+    from components.pcimap import MappingError, PciMappingProvider
+    fake.pci = FakePci({MID: [map_entry(ENTRY)]})
+    fake.facts = remote.parse_facts(PCI_FACTS.replace('0000:81:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t40',
+                                                      '0000:81:00.0\t10de:2bb5\t10de:204e\t0x030200\t0\tvfio-pci\t23')
+                                    + 'pci\t0000:91:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t41\n')
+    with pytest.raises(MappingError) as e:
+        PciMappingProvider().apply(props(('0000:81:00.0', '0000:91:00.0')))
+    assert str(e.value).startswith('the PCI resource mappings of VM 300:\n  - DANGER - the PCI mapping '
+                                   'gpuhost-300-gpu0')
+    assert 'gpuhost-300-gpu1' not in str(e.value)
+    assert fake.pci.writes == []   # not even the second mapping, which was fine to make
