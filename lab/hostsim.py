@@ -284,8 +284,9 @@ class Host(object):
         write_in_place(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         gtype = domain_type(cmdline)
-        for gpu in self.spec['gpus']:
-            write(os.path.join(self.group_dir(gpu['group']), 'type'), gtype + '\n')
+        spec = self.spec
+        for dev in spec['gpus'] + spec.get('devices', []):
+            write(os.path.join(self.group_dir(dev['group']), 'type'), gtype + '\n')
         self.probe_gpus()
         params = {}
         d = self.path('boot/initrd-modprobe.d')

@@ -176,8 +176,8 @@ def test_pci_mappings_are_stored_validated_and_checked_at_vm_start(lab, api):
         maps('labgpu0').delete()
         assert start_exit(api, MAPPED_VM) == "PCI device mapping not found for 'labgpu0'"
         # A raw address is checked for a device only.
-        vm.config.post(hostpci0='0000:c1:00.0,pcie=1')
-        assert start_exit(api, MAPPED_VM) == "no PCI device found for '0000:c1:00.0'"
+        vm.config.post(hostpci0='0000:d1:00.0,pcie=1')
+        assert start_exit(api, MAPPED_VM) == "no PCI device found for '0000:d1:00.0'"
     finally:
         maps('labgpu0').delete()
         if any(v['vmid'] == MAPPED_VM for v in api.nodes(NODE).qemu.get()):

@@ -116,30 +116,39 @@ def test_an_entry_pointed_at_a_container_gpu_is_danger_and_is_put_back(stack):
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
 
 
+# A renumbered bus (the host back from a power cycle): the VM's first GPU in another slot with one of the
+# container's GPUs at its old address, and its second GPU moved with the NIC at its old address.
+RENUMBERED = {'0000:81:00.0': '0000:82:00.0', '0000:71:00.0': '0000:81:00.0',
+              '0000:91:00.0': '0000:92:00.0', '0000:c1:00.0': '0000:91:00.0'}
+
+
 def test_a_renumbered_bus_is_shown_and_stops_up_before_the_vm_starts(stack):
     lab = stack
-    # The host comes back from a power cycle with the VM's first GPU in another slot and one of the container's
-    # GPUs at its old address; the VM is down (the power cycle).
-    lab.node().qemu(300).status.stop.post()
+    lab.node().qemu(300).status.stop.post()   # (the power cycle)
     lab.wait_for(lambda: vm_state(lab)[0] == 'stopped', what='VM 300 stopped')
-    lab.host.renumber({'0000:81:00.0': '0000:82:00.0', '0000:71:00.0': '0000:81:00.0'})
+    lab.host.renumber(RENUMBERED)
     try:
         plan = preview_refresh(lab)
         assert 'checks' in drifted(plan).get('vm-pci-mappings', set()), drifted(plan)
-        seen = ('DANGER - the PCI mapping %s (hostpci0) records 0000:81:00.0 as 10de:2bb5 (subsystem 10de:204e, '
-                'IOMMU group 40), but the host now has there a GPU 10de:2bb5 (subsystem 10de:204e, IOMMU group 23, '
-                'NUMA node 0' % IDS[0])
-        assert seen in diagnostics(plan), diagnostics(plan)
+        container_gpu = (
+            'DANGER - the PCI mapping %s (hostpci0) records 0000:81:00.0 as 10de:2bb5 (subsystem 10de:204e, IOMMU '
+            'group 40), but the host now has there a GPU 10de:2bb5 (subsystem 10de:204e, IOMMU group 23, NUMA node 0'
+            % IDS[0])
+        nic = ('DANGER - the PCI mapping %s (hostpci1) records 0000:91:00.0 as 10de:2bb5 (subsystem 10de:204e, IOMMU '
+               'group 41), but the host now has a non-GPU device (PCI class 0x020000) 8086:1592' % IDS[1])
+        assert container_gpu in diagnostics(plan) and nic in diagnostics(plan), diagnostics(plan)
         before, digest, vm = mappings(lab), lab.host_digest(), vm_state(lab)
         res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK, check=False)
         out = res.stdout + res.stderr
         assert res.returncode != 0
-        assert seen in out and 'Stopping before any change: VM 300 is not started' in out, out[-4000:]
+        assert container_gpu in out and nic in out, out[-4000:]
+        assert 'Stopping before any change: VM 300 is not started' in out
         assert ("Proxmox refuses to start the VM with it too: PCI device mapping invalid (hardware probably changed): "
                 "'iommugroup' does not match for '%s' (23 != 40)" % IDS[0]) in out
+        assert "'id' does not match for '%s' (8086:1592 != 10de:2bb5)" % IDS[1] in out
         assert 'The host does not match the config either' in out
         # Nothing changed: the VM is still down with its config, the mappings and the host as they were.
-        assert vm_state(lab) == vm == ('stopped', vm[1])
+        assert vm_state(lab) == vm and vm[0] == 'stopped'
         assert mappings(lab) == before and lab.host_digest() == digest
         # Proxmox itself would not start it either.
         upid = lab.node().qemu(300).status.start.post()
@@ -147,8 +156,8 @@ def test_a_renumbered_bus_is_shown_and_stops_up_before_the_vm_starts(stack):
             "PCI device mapping invalid (hardware probably changed): 'iommugroup' does not match for '%s' "
             "(23 != 40)" % IDS[0])
     finally:
-        # The card back in its slot: the next run converges, and starts the VM.
-        lab.host.renumber({'0000:81:00.0': '0000:71:00.0', '0000:82:00.0': '0000:81:00.0'})
+        # The cards back in their slots: the next run converges, and starts the VM.
+        lab.host.renumber({new: old for old, new in RENUMBERED.items()})
     lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
     assert vm_state(lab)[0] == 'running'
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)

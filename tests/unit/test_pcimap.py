@@ -12,7 +12,7 @@ from grammar.pve import CONFIGID_RE, map_entry, parse_map_entry
 PCI_FACTS = '\n'.join([
     'pci\t0000:81:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t40',
     'pci\t0000:11:00.0\t10de:2bb5\t10de:204e\t0x030200\t0\tnvidia\t21',
-    'pci\t0000:c1:00.0\t8086:1592\t8086:0002\t0x020000\t1\tice\t60',
+    'pci\t0000:c1:00.0\t8086:1592\t8086:0002\t0x020000\t1\tice\t90',
     'pci\t0000:82:00.0\t10de:2bb5\t-\t0x030200\t1\t-\t-',
     'pci\t0000:99:00.0\t-',
 ]) + '\n'
