@@ -595,15 +595,16 @@ def gpu_one_side(res: Res, reg: Registry, cfg: dict) -> list:
     elif kind == 'lxc':
         gpus = lxc_gpus(res)
         with reg.lock:
-            vms = [(v['name'], v['hostpci']) for u, v in reg.on_host(reg.qemu, res).items() if u != res.urn]
-            vms += [(v['name'], [('mapping ' + mid, a) for mid, addrs in v['mappings'].items() for a in addrs])
-                    for v in reg.on_host(reg.pcimap, res).values()]
+            vms = [('VM %s as %s' % (v['name'], key), b) for u, v in reg.on_host(reg.qemu, res).items() if u != res.urn
+                   for key, b in v['hostpci']]
+            vms += [('the VM through mapping %s (%s)' % (mid, v['name']), b)
+                    for v in reg.on_host(reg.pcimap, res).values()
+                    for mid, addrs in v['mappings'].items() for b in addrs]
         for a in gpus:
-            for name, hostpci in vms:
-                for key, b in hostpci:
-                    if same_gpu(a, b):
-                        out.append('%s: container GPU %s is also passed to VM %s as %s. Fix: %s' % (
-                            res.name, fmt_bdf(a), name, key, ONE_SIDE_FIX))
+            for how, b in vms:
+                if same_gpu(a, b):
+                    out.append('%s: container GPU %s is also passed to %s. Fix: %s' % (
+                        res.name, fmt_bdf(a), how, ONE_SIDE_FIX))
         for key, value in sorted(guest_config(res).items()):
             if re.match(r'^dev\d+$', key):
                 path = dev_path(need(value, 'config', key))

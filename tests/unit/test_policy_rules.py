@@ -429,8 +429,8 @@ def test_a_mapping_whose_entry_points_at_a_container_gpu_is_stopped():
     assert len(run(rules.GPU_ONE_SIDE, pcimap_res({'gpuhost-300-gpu1': '0000:11:00.0'}))) == 1
     # And the container coming after it sees the mapped address.
     out = run(rules.GPU_ONE_SIDE, pcimap_res({'gpuhost-300-gpu1': '0000:11:00.0'}, guard=[]), lxc_res())
-    assert len(out) == 1 and 'container GPU 0000:11:00.0 is also passed to VM vm-pci-mappings as mapping ' \
-        'gpuhost-300-gpu1' in out[0], out
+    assert len(out) == 1 and 'container GPU 0000:11:00.0 is also passed to the VM through mapping ' \
+        'gpuhost-300-gpu1 (vm-pci-mappings)' in out[0], out
 
 
 def test_a_mapping_needs_its_address_bound_to_vfio_by_address():
