@@ -6,10 +6,14 @@ is shown by `preview --refresh` and stops `up` before the VM starts, changing no
 The tests run in order on one stack (each starts where the previous one ended)."""
 
 import json
+import os
 
 import pytest
 
+from tests.lablib import REPO
+
 STACK = 'pcimap'
+POLICY = os.path.join(REPO, 'policy')
 VM_GPUS = ['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']
 IDS = ['gpuhost-300-gpu%d' % i for i in range(4)]
 CT_GPU = '0000:11:00.0'
@@ -63,7 +67,10 @@ def test_up_from_empty_makes_one_mapping_per_gpu_and_the_vm_uses_them(stack):
     assert step['op'] == 'create'
     assert step['newState']['inputs']['mappings'] == {mid: {'path': b, 'id': '10de:2bb5'}
                                                       for mid, b in zip(IDS, VM_GPUS)}
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    # As `make up` runs it: with the policy pack (the mappings pass its rules, analysed after the vfio binding).
+    res = lab.pulumi('up', '--yes', '--skip-preview', '--policy-pack', POLICY, '--policy-pack-config',
+                     os.path.join(POLICY, 'config.lab.json'), stack=STACK)
+    assert '[mandatory]' not in res.stdout + res.stderr
     # Each GPU's mapping records, from the device at its address, what Proxmox checks at VM start.
     assert mappings(lab)[0] == {mid: [entry(lab, b)] for mid, b in zip(IDS, VM_GPUS)}
     vm = lab.node().qemu(300).config.get()
@@ -160,4 +167,23 @@ def test_a_renumbered_bus_is_shown_and_stops_up_before_the_vm_starts(stack):
         lab.host.renumber({new: old for old, new in RENUMBERED.items()})
     lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
     assert vm_state(lab)[0] == 'running'
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def test_gpu_binding_address_passes_raw_addresses_and_removes_the_mappings(stack):
+    lab = stack
+    cfg = lab.stack_config()
+    cfg['gpuhost:vm']['gpu_binding'] = 'address'
+    lab.write_stack(STACK, cfg)
+    plan = lab.preview_json(STACK)
+    ops = {s['urn'].split('::')[-1]: s['op'] for s in plan['steps'] if s['op'] != 'same'}
+    assert ops.get('vm-pci-mappings') == 'delete' and ops.get('vm-qemu') == 'update', ops
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert mappings(lab) == ({}, None)
+    # The running VM keeps its devices until its next start: the raw addresses wait in its pending config.
+    pending = {i['key']: i.get('pending', i.get('value')) for i in lab.node().qemu(300).pending.get()}
+    assert [pending['hostpci%d' % i] for i in range(4)] == ['%s,pcie=1' % b for b in VM_GPUS]
+    out = lab.outputs(STACK)['vm']
+    assert out['gpu_binding'] == 'address' and out['gpu_mappings'] == {}
+    assert sorted(out['pending_restart']) == ['hostpci0', 'hostpci1', 'hostpci2', 'hostpci3']
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
