@@ -39,6 +39,23 @@ def test_pci_records_describe_whatever_sits_at_an_address():
     assert FACTS.pci['0000:99:00.0'] is None and '0000:98:00.0' not in FACTS.pci
 
 
+def test_host_facts_describes_the_devices_at_the_addresses_it_is_given():
+    """Golden: the unmodified host_facts.sh over the lab's SSH, given a file, a GPU's address, the NIC's and an
+    empty one (a fresh lab: every GPU on nvidia)."""
+    import os
+    with open(os.path.join(os.path.dirname(__file__), 'golden', 'host_facts.lab-pci.txt')) as f:
+        facts = remote.parse_facts(f.read())
+    gpu, nic = facts.pci['0000:81:00.0'], facts.pci['0000:c1:00.0']
+    assert (gpu.id, gpu.subsystem_id, gpu.pci_class, gpu.numa, gpu.driver, gpu.group, gpu.is_gpu) == (
+        '10de:2bb5', '10de:204e', '0x030200', 1, 'nvidia', 40, True)
+    assert (nic.id, nic.subsystem_id, nic.pci_class, nic.driver, nic.group, nic.is_gpu) == (
+        '8086:1592', '8086:0002', '0x020000', 'ice', 90, False)
+    assert facts.pci['0000:d1:00.0'] is None and set(facts.pci) == {'0000:81:00.0', '0000:c1:00.0', '0000:d1:00.0'}
+    # The other records are as before: the eight GPUs (the NIC is not one), the file's hash.
+    assert len(facts.gpus) == 8 and '0000:c1:00.0' not in facts.gpus
+    assert len(facts.files['/etc/kernel/cmdline']) == 64
+
+
 def test_the_entry_made_from_a_device_is_the_one_proxmox_then_accepts():
     want = desired_entry('pve-lab', SPEC, at('0000:81:00.0'))
     assert want == ENTRY
