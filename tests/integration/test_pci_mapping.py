@@ -99,7 +99,8 @@ def test_a_mapping_deleted_through_the_api_is_recreated(stack):
     lab.api().cluster.mapping.pci(IDS[2]).delete()
     plan = preview_refresh(lab)
     assert drifted(plan) == {'vm-pci-mappings': {'mappings'}}, drifted(plan)
-    step = next(s for s in plan['steps'] if s['urn'].endswith('::vm-pci-mappings'))
+    # (the plan's update step: its oldState is what the refresh saw; the refresh step's is the state before)
+    step = next(s for s in plan['steps'] if s['urn'].endswith('::vm-pci-mappings') and s['op'] == 'update')
     assert step['oldState']['inputs']['mappings'][IDS[2]] is None
     res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
     assert 'recreated mapping %s for 0000:e1:00.0 (deleted outside Pulumi)' % IDS[2] in res.stdout, res.stdout[-3000:]
