@@ -261,7 +261,7 @@ class PciMappingProvider(ObservedProvider):
                 cfg = by_id.get(mid)
                 if cfg is None:
                     writes.append(('POST', mid, [map_entry(want)], None))
-                    if olds and mid in (olds.get('mappings') or {}):
+                    if mid in declared_before(olds):
                         notes.append('recreated mapping %s for %s (deleted outside Pulumi)' % (mid, spec['path']))
                 elif node_entries(cfg, props['node']) != [want]:
                     writes.append(('PUT', mid, other_entries(cfg, props['node']) + [map_entry(want)], cfg))
@@ -282,7 +282,7 @@ class PciMappingProvider(ObservedProvider):
                 if now.get('digest'):
                     params['digest'] = now['digest']
                 api_call(what, prox.cluster.mapping.pci(mid).put, **params)
-            for mid in sorted(set((olds or {}).get('mappings') or {}) - set(props['mappings'])):
+            for mid in sorted(declared_before(olds) - set(props['mappings'])):
                 if mid in by_id:
                     api_call('deleting the PCI resource mapping %s (no longer declared)' % mid,
                              prox.cluster.mapping.pci(mid).delete)
@@ -320,6 +320,14 @@ class PciMappingProvider(ObservedProvider):
             for mid in sorted(props.get('mappings') or {}):
                 if mid in by_id:
                     api_call('deleting the PCI resource mapping %s' % mid, prox.cluster.mapping.pci(mid).delete)
+
+
+def declared_before(olds) -> set:
+    """The mapping ids the last run declared. Not from olds' `mappings` alone: the engine hands a dynamic
+    provider its old state without the keys whose value is None, and a mapping a refresh found deleted is
+    exactly that; `hostpci` and `checks` (strings) keep every declared id."""
+    olds = olds or {}
+    return set(olds.get('mappings') or {}) | set(olds.get('hostpci') or {}) | set(olds.get('checks') or {})
 
 
 def remote_address(path) -> bool:

@@ -261,3 +261,23 @@ def test_apply_stops_before_any_write_when_a_device_no_longer_matches(fake):
                                    'gpuhost-300-gpu0')
     assert 'gpuhost-300-gpu1' not in str(e.value)
     assert fake.pci.writes == []   # not even the second mapping, which was fine to make
+
+
+def test_apply_names_a_mapping_deleted_out_of_band_as_recreated(fake, capsys):
+    """The old state as the engine hands it after a refresh that found the mapping gone: the None value
+    of its id is not there at all (pulumi.runtime.rpc drops None properties)."""
+    from components.pcimap import PciMappingProvider
+    olds = {k: v for k, v in props().items() if k != 'entries'}
+    olds['mappings'] = {}
+    PciMappingProvider().apply(props(), olds)
+    assert fake.pci.writes == [('POST', MID, [map_entry(ENTRY)])]
+    assert 'recreated mapping %s for 0000:81:00.0 (deleted outside Pulumi)' % MID in capsys.readouterr().err
+
+
+def test_apply_deletes_a_mapping_no_longer_declared(fake):
+    from components.pcimap import PciMappingProvider
+    fake.pci = FakePci({MID: [map_entry(ENTRY)], 'gpuhost-300-gpu1': [map_entry(dict(ENTRY, path='0000:91:00.0'))]})
+    fake.facts = remote.parse_facts(PCI_FACTS + 'pci\t0000:91:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t41\n')
+    olds = props(('0000:81:00.0', '0000:91:00.0'))
+    PciMappingProvider().apply(props(), olds)
+    assert fake.pci.writes == [('DELETE', 'gpuhost-300-gpu1')]
