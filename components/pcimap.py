@@ -183,11 +183,13 @@ def desired_entry(node: str, spec: dict, dev: remote.PciDevice) -> dict:
 class PciMappingProvider(ObservedProvider):
     """inputs: api, connection, node, vmid, mappings {id: {'path', 'id'}} (declared), checks {id: ''} (no
     finding), hostpci {id: 'hostpciN'}, guard {'gpus', 'numa'} (the container's), vm_numa.
-    outputs: the same as observed, plus entries {id: the node's entry as Proxmox has it, or None}."""
+    outputs: the same as observed, plus entries {id: the node's entry as Proxmox has it, or None} and written
+    {id: the address this program last wrote or checked the entry for} (kept by a refresh, which records what
+    it sees in `mappings`: how the next run tells the config's own move from an edit made outside)."""
 
     DESIRED = ('mappings', 'checks')
     CONNECTION = ('api', 'connection')
-    OUTPUTS = ('entries',)
+    OUTPUTS = ('entries', 'written')
 
     @staticmethod
     def label(props) -> str:
@@ -248,9 +250,8 @@ class PciMappingProvider(ObservedProvider):
                 stops.append(stop_message(mid, spec, finding, props['vmid']))
 
             def edit(mid, spec, edited, f):
-                # An entry at the address the last run saw is this program's own: the config moved the GPU.
-                before = ((olds or {}).get('mappings') or {}).get(mid) or {}
-                if [e.get('path') for e in edited] != [before.get('path')]:
+                # An entry at the address the last run wrote is this program's own: the config moved the GPU.
+                if [e.get('path') for e in edited] != [last_written(olds, mid)]:
                     notes.append('repaired ' + self.edit_note(props, mid, spec, edited, f))
             observed = self.observe(props, by_id, facts, on_finding=stop, on_edit=edit)
             if stops:
@@ -291,7 +292,8 @@ class PciMappingProvider(ObservedProvider):
             if writes:
                 by_id = self.listing(prox, props)
                 observed = self.observe(props, by_id, facts)
-        return dict(props, **observed)
+        written = {mid: spec['path'] for mid, spec in props['mappings'].items()}
+        return dict(props, written=written, **observed)
 
     def create(self, props):
         return CreateResult('pci-mappings-%s' % props['vmid'], self.apply(props))
@@ -322,12 +324,22 @@ class PciMappingProvider(ObservedProvider):
                     api_call('deleting the PCI resource mapping %s' % mid, prox.cluster.mapping.pci(mid).delete)
 
 
+def last_written(olds, mid) -> Optional[str]:
+    """The address the last run wrote (or found right) mapping mid's entry for. A state from before `written`
+    existed has only `mappings`, which a refresh overwrites with what it saw."""
+    olds = olds or {}
+    if mid in (olds.get('written') or {}):
+        return olds['written'][mid]
+    return (((olds.get('mappings') or {}).get(mid)) or {}).get('path')
+
+
 def declared_before(olds) -> set:
     """The mapping ids the last run declared. Not from olds' `mappings` alone: the engine hands a dynamic
     provider its old state without the keys whose value is None, and a mapping a refresh found deleted is
     exactly that; `hostpci` and `checks` (strings) keep every declared id."""
     olds = olds or {}
-    return set(olds.get('mappings') or {}) | set(olds.get('hostpci') or {}) | set(olds.get('checks') or {})
+    return (set(olds.get('mappings') or {}) | set(olds.get('hostpci') or {}) | set(olds.get('checks') or {})
+            | set(olds.get('written') or {}))
 
 
 def remote_address(path) -> bool:

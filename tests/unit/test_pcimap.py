@@ -219,7 +219,7 @@ def test_apply_creates_then_changes_nothing(fake):
     out = PciMappingProvider().apply(props())
     assert fake.pci.writes == [('POST', MID, [map_entry(ENTRY)])]
     assert out['mappings'] == {MID: {'path': '0000:81:00.0', 'id': '10de:2bb5'}} and out['checks'] == {MID: ''}
-    assert out['entries'] == {MID: ENTRY}
+    assert out['entries'] == {MID: ENTRY} and out['written'] == {MID: '0000:81:00.0'}
     PciMappingProvider().apply(props(), out)
     assert len(fake.pci.writes) == 1
 
@@ -281,3 +281,15 @@ def test_apply_deletes_a_mapping_no_longer_declared(fake):
     olds = props(('0000:81:00.0', '0000:91:00.0'))
     PciMappingProvider().apply(props(), olds)
     assert fake.pci.writes == [('DELETE', 'gpuhost-300-gpu1')]
+
+
+def test_apply_after_a_refresh_recorded_an_edit_still_calls_it_out_of_band(fake, capsys):
+    """`up --refresh`: the old state's `mappings` is what the refresh saw (the edited entry); `written` is what
+    the last run wrote, so the edit is still named as one."""
+    from components.pcimap import PciMappingProvider
+    fake.pci = FakePci({MID: [map_entry(dict(ENTRY, path=CT_GPU_PATH, iommugroup='21'))]})
+    olds = dict(props(), mappings={MID: {'path': CT_GPU_PATH, 'id': '10de:2bb5'}}, written={MID: '0000:81:00.0'})
+    PciMappingProvider().apply(props(), olds)
+    assert fake.pci.writes[0][:2] == ('PUT', MID)
+    assert 'repaired mapping %s: its entry for node pve-lab points at DANGER - %s' % (MID, CT_GPU_PATH) in \
+        capsys.readouterr().err
