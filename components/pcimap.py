@@ -16,7 +16,9 @@ Facts -> desired -> smallest change:
   * DANGER when the address now holds a non-GPU device or a container GPU (one of the container's
     addresses, or a GPU on the container's NUMA node, where the VM's never sit).
 
-Proxmox's mapping is the record: there is no second copy in the Pulumi state to disagree with it. Deleting
+Proxmox's mapping is the record: the Pulumi state keeps no second copy of what it records, only the address
+each entry was last written for (`written`, which a refresh leaves alone), so that a later run tells the
+config's own move of a GPU (an entry still at that address) from an entry edited out of band. Deleting
 a mapping (`pvesh delete /cluster/mapping/pci/<id>`) is how an operator has it recorded again from the
 device now at the address; `up` also recreates a mapping deleted out of band, after the same checks.
 """
