@@ -80,8 +80,8 @@ for h in fleet.hosts:
     host = ProxmoxHost(name('host'), d, connection, gate=gate, rollout=rollout, fleet_host=fleet_host)
     container = GpuContainer(name('container'), d, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]),
                              gate=gate, fleet_host=fleet_host, rollout=rollout)
-    vm = (SevSnpVm(name('vm'), d, api, opts=pulumi.ResourceOptions(depends_on=[host]), fleet_host=fleet_host)
-          if d.vm else None)
+    vm = (SevSnpVm(name('vm'), d, api, opts=pulumi.ResourceOptions(depends_on=[host]), fleet_host=fleet_host,
+                   connection=connection) if d.vm else None)
     service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2])
     # node_exporter textfile with declared vs running state, after the host status and the unit are known.

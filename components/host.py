@@ -110,6 +110,14 @@ def plan_cmdline(facts: remote.HostFacts, ensure: list, policy: dict) -> dict:
 def check_inventory(facts: remote.HostFacts, inventory: list, blackwell_ids: list) -> None:
     """Stop before any change if the host is not the one the config describes, or if a Blackwell
     GPU already sits in an identity domain (its FSP will not boot again without a power cycle)."""
+    check_identity(facts, blackwell_ids)
+    problems = inventory_problems(facts, inventory)
+    if problems:
+        raise HostStateError('the host does not match the config:\n  - ' + '\n  - '.join(problems))
+
+
+def inventory_problems(facts: remote.HostFacts, inventory: list) -> list:
+    """Each GPU of the inventory that is not at its address with its ID and NUMA node, as a sentence."""
     problems = []
     for gpu in inventory:
         got = facts.gpus.get(gpu['address'])
@@ -123,14 +131,16 @@ def check_inventory(facts: remote.HostFacts, inventory: list, blackwell_ids: lis
         if got.numa != gpu['numa']:
             problems.append('gpuhost:host.gpus: %s sits on NUMA node %d on the host, config says %d' % (
                 gpu['address'], got.numa, gpu['numa']))
+    return problems
+
+
+def check_identity(facts: remote.HostFacts, blackwell_ids: list) -> None:
     identity = sorted(g.address for g in facts.gpus.values() if g.group_type == 'identity' and g.id in blackwell_ids)
     if identity:
         raise HostStateError(
             'host has Blackwell GPUs in identity IOMMU domains: %s. Stopping before any change: identity domains '
             'brick these GPUs (FSP error 0x177) until a power cycle. Remove iommu=pt / iommu.passthrough=1 from the '
             'command line, power-cycle the host (a warm reboot does not clear it), then re-run.' % ', '.join(identity))
-    if problems:
-        raise HostStateError('the host does not match the config:\n  - ' + '\n  - '.join(problems))
 
 
 def reboot_reasons(facts: remote.HostFacts, expect: dict) -> list:
@@ -210,8 +220,10 @@ def modprobe_stop(conflicts: list) -> str:
                 '; '.join(conflicts), 'those lines' if len(conflicts) > 1 else 'that line'))
 
 
-def read_facts(target: remote.Target, files=()) -> remote.HostFacts:
-    return remote.parse_facts(remote.run(target, 'host_facts.sh', list(files)).stdout)
+def read_facts(target: remote.Target, files=(), pci=()) -> remote.HostFacts:
+    """The host's facts; `files`: paths whose hash to read, `pci`: addresses whose device to describe
+    (facts.pci), whatever sits there - one SSH command either way."""
+    return remote.parse_facts(remote.run(target, 'host_facts.sh', list(files) + list(pci)).stdout)
 
 
 # ------------------------------------------------------------------- providers

@@ -47,8 +47,10 @@ def host_outputs(d, host, container, vm, service) -> dict:
                       'gpus': list(d.container.gpus)},
     }
     if vm is not None:
+        # gpu_mappings: each PCI resource mapping's entry for the node as Proxmox has it (address, IDs and IOMMU
+        # group recorded), what the VM's hostpci `mapping=` names; {} with gpu_binding: address.
         out['vm'] = {'vmid': d.vm.vmid, 'status': vm.status, 'pending_restart': vm.pending, 'gpus': list(d.vm.gpus),
-                     'hostpci': vm.hostpci}
+                     'hostpci': vm.hostpci, 'gpu_binding': d.vm.gpu_binding, 'gpu_mappings': vm.gpu_mappings}
     return out
 
 

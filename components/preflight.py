@@ -3,6 +3,8 @@ any resource step runs - so before anything is deleted, replaced or written:
 
   * the host is the one the config describes: every GPU of the inventory at its address, with its
     vendor:device ID and NUMA node (also when no host-level setting changed);
+  * the VM's PCI resource mappings still match the devices at their addresses (components/pcimap.py:
+    what Proxmox checks at VM start; a container GPU or a non-GPU device at a VM address is DANGER);
   * no Blackwell GPU sits in an identity IOMMU domain, and no container GPU is bound to vfio-pci
     (both mean the host is in a state where changing anything may brick or misassign a GPU);
   * no modprobe configuration outside the program's own file binds GPUs by ID, blacklists or replaces
@@ -19,7 +21,7 @@ Each failure is one ConfigError-like message naming the config key, what was fou
 from __future__ import annotations
 
 from components import host as host_mod
-from components import pve, remote, runtime
+from components import pcimap, pve, remote, runtime
 from components.sglang import service_props
 from components.state import OperatorError
 from grammar.gpu import BLACKWELL_IDS
@@ -34,10 +36,21 @@ def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> lis
             (facts.gpus[b].driver == 'vfio-pci' or facts.overrides.get(b) == 'vfio-pci')]
 
 
-def check_host(d, connection: dict) -> remote.HostFacts:
+def check_host(d, connection: dict, api: dict = None) -> remote.HostFacts:
     target = remote.Target.from_inputs(connection)
-    facts = host_mod.read_facts(target)
-    host_mod.check_inventory(facts, [g.model_dump() for g in d.host.gpus], sorted(BLACKWELL_IDS))
+    by_mapping = bool(d.vm and d.vm.mapping_ids())
+    # The devices at the VM's GPU addresses, whatever they are, for its resource mappings: same SSH command.
+    facts = host_mod.read_facts(target, pci=list(d.vm.gpus) if by_mapping else [])
+    host_mod.check_identity(facts, sorted(BLACKWELL_IDS))
+    problems = host_mod.inventory_problems(facts, [g.model_dump() for g in d.host.gpus])
+    # A renumbered bus shows in the inventory too (an address missing, a NUMA node that differs); what it means
+    # for the VM - Proxmox's mapping check, a container GPU or a non-GPU device at a VM address - comes first.
+    stops = pcimap.preflight_problems(d, api, facts) if by_mapping and api is not None else []
+    if stops:
+        raise PreflightError('\n'.join(stops) + (
+            '\nThe host does not match the config either:\n  - ' + '\n  - '.join(problems) if problems else ''))
+    if problems:
+        raise PreflightError('the host does not match the config:\n  - ' + '\n  - '.join(problems))
     on_vfio = container_gpus_on_vfio(facts, list(d.container.gpus))
     if on_vfio:
         raise PreflightError(host_mod.vfio_recovery(on_vfio, d.container.vmid))
@@ -107,6 +120,6 @@ def check_unit_name(d, connection: dict) -> None:
 
 
 def run(d, connection: dict, api: dict) -> None:
-    check_host(d, connection)
+    check_host(d, connection, api)
     check_proxmox(d, api)
     check_unit_name(d, connection)

@@ -26,7 +26,7 @@ from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
 from components.state import ObservedProvider, OperatorError, warn
-from grammar.pve import parse_raw, same_value, scalar, split_props, with_raw
+from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
 
 
 class PveError(OperatorError):
@@ -289,17 +289,37 @@ class PveGuestProvider(ObservedProvider):
     def conf_path(self, props):
         return '/etc/pve/%s/%s.conf' % ('lxc' if props['kind'] == 'lxc' else 'qemu-server', props['vmid'])
 
-    def foreign_gpus(self, actual, props) -> list:
-        """(key, value) of hostpci entries that point at a GPU this VM must never get (the container's):
-        a VM started with them takes a container GPU away from it."""
+    def foreign_gpus(self, actual, props, mapped=None) -> list:
+        """(key, value) of hostpci entries that point at a GPU this VM must never get (the container's),
+        by address or through a resource mapping whose entry for the node has that address (mapped: {id:
+        [paths]}): a VM started with them takes a container GPU away from it."""
         guard = set(props.get('guard_gpus') or [])
         out = []
         for key, value in sorted(actual.items()):
             if key.rstrip('0123456789') == 'hostpci':
                 first, sub = split_props(value)
                 devices = (first or sub.get('host') or '').split(';')
-                if any(d in guard or '0000:' + d in guard for d in devices if d):
-                    out.append((key, value))
+                via = [p for path in (mapped or {}).get(sub['mapping'], []) for p in path.split(';')] \
+                    if sub.get('mapping') else []
+                if any(d in guard or '0000:' + d in guard for d in devices + via if d):
+                    # Through a mapping, the address is in the mapping's entry, not in the VM's config: say so.
+                    out.append((key, value + (' (its mapping\'s entry for %s: %s)' % (props['node'], ';'.join(via))
+                                              if via else '')))
+        return out
+
+    def mapped_paths(self, prox, actual, props) -> dict:
+        """{mapping id: [its paths on this node]} for the hostpci entries that name a mapping ({} if none)."""
+        if props['kind'] != 'qemu' or not any(split_props(v)[1].get('mapping') for k, v in actual.items()
+                                              if k.rstrip('0123456789') == 'hostpci'):
+            return {}
+        items = api_call('listing the PCI resource mappings', prox.cluster.mapping.pci.get, read=True)
+        out = {}
+        for m in items or []:
+            maps = m.get('map') or []
+            for text in [maps] if isinstance(maps, str) else maps:
+                entry = parse_map_entry(text)
+                if entry.get('node') == props['node'] and entry.get('path'):
+                    out.setdefault(m.get('id'), []).append(entry['path'])
         return out
 
     def observe(self, prox, props, on_foreign=None):
@@ -307,7 +327,7 @@ class PveGuestProvider(ObservedProvider):
         label = self.label(props)
         items = api_call('reading %s' % label, g.pending.get, read=True)
         actual, pending = merge_pending(items)
-        foreign = self.foreign_gpus(actual, props)
+        foreign = self.foreign_gpus(actual, props, self.mapped_paths(prox, actual, props)) if on_foreign else []
         if foreign and on_foreign:
             on_foreign(foreign)
         current = api_call('reading %s' % label, g.status.current.get, read=True)
@@ -383,7 +403,7 @@ class PveGuestProvider(ObservedProvider):
             cfg = api_call('reading %s' % self.label(news), g.config.get, read=True)
             actual, _ = merge_pending(api_call('reading %s' % self.label(news), g.pending.get, read=True))
             to_set, to_delete = changes(news['config'], actual, (olds.get('config') or {}).keys())
-            foreign = self.foreign_gpus(actual, news)
+            foreign = self.foreign_gpus(actual, news, self.mapped_paths(prox, actual, news))
             if foreign:
                 warn('%s: repaired %s in %s - pointed at the container\'s GPU, set outside Pulumi; now %s' % (
                     self.label(news), ', '.join('%s: %s' % kv for kv in foreign), self.conf_path(news),
@@ -411,9 +431,10 @@ class PveGuestProvider(ObservedProvider):
     def read(self, id_, props):
         def danger(foreign):
             warn('%s: DANGER - %s in %s point%s at the container\'s GPU, set outside Pulumi; started, the VM would '
-                 'take it from the container. `pulumi up` puts back the declared hostpci.' % (
+                 'take it from the container. `pulumi up` puts back the declared hostpci%s.' % (
                      self.label(props), ', '.join('%s: %s' % kv for kv in foreign), self.conf_path(props),
-                     's' if len(foreign) == 1 else ''))
+                     's' if len(foreign) == 1 else '',
+                     ' and mapping entries' if any('mapping=' in v for _, v in foreign) else ''))
         with client(props['api']) as prox:
             try:
                 outs = dict(props, **self.observe(prox, props, on_foreign=danger))

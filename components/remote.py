@@ -314,6 +314,24 @@ class Gpu:
 
 
 @dataclasses.dataclass
+class PciDevice:
+    """Whatever device sits at a PCI address (a GPU or not), as sysfs describes it; what Proxmox checks a
+    resource mapping against at VM start (PVE::SysFSTools::pci_device_info)."""
+    address: str
+    id: str                       # vendor:device, lowercase hex without 0x
+    subsystem_id: Optional[str]   # subsystem vendor:device, None when sysfs has none
+    pci_class: str                # 0x030200 (3D controller), 0x020000 (Ethernet), ...
+    numa: int
+    driver: Optional[str]
+    group: Optional[int]
+
+    @property
+    def is_gpu(self) -> bool:
+        """A display-class device (PCI base class 03): what host_facts.sh lists as a GPU."""
+        return self.pci_class.lower().startswith('0x03')
+
+
+@dataclasses.dataclass
 class HostFacts:
     boot: str = 'grub'
     configured: str = ''          # the effective configured line (GRUB: LINUX + DEFAULT incl. grub.d)
@@ -327,6 +345,7 @@ class HostFacts:
     pending: dict = dataclasses.field(default_factory=dict)   # path -> follow-up step never finished
     modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
     nvidia_module: Optional[str] = None                        # /sys/module/nvidia/version (None: not loaded)
+    pci: dict = dataclasses.field(default_factory=dict)       # address asked for -> PciDevice or None (empty)
 
     def running_args(self):
         return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
@@ -371,6 +390,11 @@ def parse_facts(text: str) -> HostFacts:
             facts.modprobe.append((fields[0], '\t'.join(fields[1:])))
         elif kind == 'pending':
             facts.pending[fields[0]] = fields[1] if len(fields) > 1 else '?'
+        elif kind == 'pci':
+            facts.pci[fields[0]] = None if len(fields) < 7 else PciDevice(
+                fields[0], fields[1].lower(), None if fields[2] == '-' else fields[2].lower(), fields[3],
+                int(fields[4]) if fields[4].lstrip('-').isdigit() else -1, None if fields[5] == '-' else fields[5],
+                int(fields[6]) if fields[6].isdigit() else None)
     return facts
 
 

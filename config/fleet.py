@@ -162,3 +162,7 @@ def check_fleet(hosts: list) -> None:
             # one cluster with their own addresses are checked by Proxmox at create ("already exists").
             once('vmid', '%d@%s' % (guest.vmid, api), h,
                  'guests of one Proxmox cluster need cluster-wide unique vmids - set another container.vmid / vm.vmid')
+        for mid in (d.vm.mapping_ids() if d.vm else []):
+            once('PCI mapping id', '%s@%s' % (mid, api), h,
+                 'resource mappings are cluster-wide, so each VM of one cluster needs its own - set another '
+                 'vm.gpu_mapping_prefix')

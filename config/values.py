@@ -250,6 +250,12 @@ PciId = Annotated[str, grammar(PCI_ID_RE.pattern, 'a vendor:device ID as lspci -
 VmId = Annotated[int, Field(ge=100, le=999999999)]
 
 
+# A PCI resource mapping id is Proxmox's pve-configid (a letter, then letters, digits, "-", "_"); the
+# program appends the hostpci index, so the prefix may be one letter and must leave room for the digits.
+MappingPrefix = Annotated[str, grammar(r'^[A-Za-z][A-Za-z0-9_\-]*$', 'a Proxmox mapping id prefix (a letter, '
+                                       'then letters, digits, "-" or "_")', 'gpuhost-300-gpu', 60)]
+
+
 def parse_host_key(value: str) -> str:
     """'type base64 [comment]' -> 'type base64', checked as paramiko will use it when pinning."""
     import base64

@@ -1,9 +1,13 @@
 """Proxmox's value grammars: property strings (`virtio,bridge=vmbr0,firewall=1`, `/dev/nvidia0,mode=0666`,
-`0000:81:00.0,pcie=1`) read and compared the way Proxmox writes them back, and the raw `lxc.*` lines of a
-guest's config file. Stdlib only; used by the program (components/pve.py), the config and the policy pack.
+`0000:81:00.0,pcie=1`, `mapping=gpuhost-300-gpu0,pcie=1`) read and compared the way Proxmox writes them
+back, the node entries of a PCI resource mapping (`node=pve,path=0000:81:00.0,id=10de:2bb5,...`), and the
+raw `lxc.*` lines of a guest's config file. Stdlib only; used by the program (components/pve.py,
+components/pcimap.py), the config and the policy pack.
 """
 
 from __future__ import annotations
+
+import re
 
 
 def split_props(value) -> tuple:
@@ -61,12 +65,52 @@ def same_value(key: str, desired, actual) -> bool:
         a_props = {k: v for k, v in a_props.items() if k != d_first}
     if d_first is not None and (a_first or '').lower() != d_first.lower():
         return False
+    if d_first is None and a_first is not None:
+        # `mapping=...` desired, a raw address found (or added beside it): another device, not a detail.
+        return False
     defaults = PROXMOX_DEFAULTS.get(base, {})
     if any(k not in d_props and k not in PROXMOX_ADDED.get(base, ()) and scalar(v) != defaults.get(k)
            for k, v in a_props.items()):
         return False
     return all(scalar(a_props.get(k)) == scalar(v) for k, v in d_props.items())
 
+
+
+# ------------------------------------------------------------ PCI resource mappings
+
+# pve-configid (PVE::JSONSchema's $CONFIGID_RE, case-insensitive): the format of a mapping's id, and of the
+# `mapping=` a hostpciN entry names.
+CONFIGID_RE = re.compile(r'^[a-z][a-z0-9_-]+$', re.I)
+# The keys of one node's entry of /cluster/mapping/pci (PVE::Mapping::PCI's $map_fmt), in the order this
+# program writes them.
+MAP_KEYS = ('node', 'path', 'id', 'subsystem-id', 'iommugroup', 'description')
+# What identifies the hardware beside the vendor:device ID (which the config declares): read from the device
+# when an entry is written, checked by Proxmox at VM start (PVE::Mapping::PCI::assert_valid) like the ID.
+RECORDED = ('subsystem-id', 'iommugroup')
+
+
+def parse_map_entry(text) -> dict:
+    """'node=pve,path=0000:81:00.0,id=10de:2bb5,iommugroup=40' -> {'node': 'pve', 'path': ..., ...}; values as
+    text (iommugroup too, so a comparison does not depend on how a client typed it)."""
+    _, props = split_props(text)
+    return {k: v for k, v in props.items() if v != ''}
+
+
+def map_entry(entry: dict) -> str:
+    """One node's entry as a property string, known keys in MAP_KEYS order (None values left out)."""
+    keys = [k for k in MAP_KEYS if entry.get(k) is not None] + sorted(k for k in entry if k not in MAP_KEYS
+                                                                       and entry[k] is not None)
+    return ','.join('%s=%s' % (k, entry[k]) for k in keys)
+
+
+def hostpci_mapping(mapping_id: str) -> str:
+    """A VM's hostpciN value for a GPU passed through a resource mapping (PCI express: q35)."""
+    return 'mapping=%s,pcie=1' % mapping_id
+
+
+def hostpci_address(bdf: str) -> str:
+    """A VM's hostpciN value for a GPU passed by its raw PCI address."""
+    return '%s,pcie=1' % bdf
 
 
 # ------------------------------------------------------------ raw lxc.* lines

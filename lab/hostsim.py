@@ -4,7 +4,8 @@ Everything the program touches on a real host has a file here, laid out under LA
 the real paths are, and bind-mounted over them inside the SSH server's private mount namespace
 (see ns-sshd.sh), so the program's scripts run unmodified:
 
-  /sys/bus/pci/devices/<bdf>/{vendor,device,numa_node,driver,driver_override,iommu_group}
+  /sys/bus/pci/devices/<bdf>/{vendor,device,subsystem_vendor,subsystem_device,class,irq,numa_node,driver,
+                               driver_override,iommu_group}
   /sys/kernel/iommu_groups/<n>/{type,devices/<bdf>}
   /proc/cmdline, /proc/driver/nvidia/params               (the *running* state)
   /etc/kernel/cmdline or /etc/default/grub, /etc/modprobe.d, /etc/driverctl.d, /etc/pve
@@ -33,6 +34,10 @@ NVIDIA_VERSION = '580.95.05'
 CUDA_VERSION = '13.0.2'
 # Where the operator's installers lie on the host (root's home: LAB/host/root, safe to write from outside).
 ARTIFACTS = 'root/gpuhost-artifacts'
+# The subsystem vendor:device a GPU of the spec reports unless it says otherwise (`subsystem`): the lab's
+# own value (NVIDIA's vendor, a made-up board id); a real card reports its board's, which Proxmox records in
+# a PCI resource mapping like the vendor:device ID.
+DEFAULT_SUBSYSTEM = '10de:204e'
 
 
 class Host(object):
@@ -41,8 +46,13 @@ class Host(object):
     def __init__(self, lab):
         self.lab = os.path.abspath(lab)
         self.root = os.path.join(self.lab, 'host')
+
+    @property
+    def spec(self):
+        """The spec as the host has it now (read each time: a renumbered bus rewrites it, and the lab daemon,
+        the fake tools and the tests each hold a Host of their own)."""
         with open(os.path.join(self.lab, 'spec.json')) as f:
-            self.spec = json.load(f)
+            return json.load(f)
 
     # ------------------------------------------------------------------ paths
 
@@ -67,20 +77,13 @@ class Host(object):
             os.makedirs(self.path(sub), exist_ok=True)
         write(self.path('sys/bus/pci/drivers_probe'), '')
         for gpu in spec['gpus']:
-            bdf = gpu['bdf']
-            vendor, device = gpu['id'].split(':')
-            os.makedirs(self.pci(bdf), exist_ok=True)
-            write(self.pci(bdf, 'vendor'), '0x%s\n' % vendor)
-            write(self.pci(bdf, 'device'), '0x%s\n' % device)
-            write(self.pci(bdf, 'class'), '0x030200\n')
-            write(self.pci(bdf, 'numa_node'), '%d\n' % gpu['numa'])
-            write(self.pci(bdf, 'driver_override'), '(null)\n')
-            os.makedirs(os.path.join(self.group_dir(gpu['group']), 'devices'), exist_ok=True)
-            write(os.path.join(self.group_dir(gpu['group']), 'type'), '%s\n' % gpu.get('group_type', 'DMA-FQ'))
-            relink(os.path.join(self.group_dir(gpu['group']), 'devices', bdf),
-                   '../../../../bus/pci/devices/' + bdf)
-            relink(self.pci(bdf, 'iommu_group'), '../../../../kernel/iommu_groups/%d' % gpu['group'])
-            self.bind(bdf, gpu.get('driver', DEFAULT_DRIVER))
+            self.add_device(gpu, '0x030200')
+            self.bind(gpu['bdf'], gpu.get('driver', DEFAULT_DRIVER))
+        for dev in spec.get('devices', []):
+            # Other PCI devices (a NIC, say): bound to their own driver, never touched by the program.
+            self.add_device(dev, dev['class'])
+            os.makedirs(self.path('sys/bus/pci/drivers', dev['driver']), exist_ok=True)
+            relink(self.pci(dev['bdf'], 'driver'), '../../drivers/' + dev['driver'])
         if spec['boot'] == 'systemd-boot':
             write(self.path('etc/kernel/cmdline'), spec['cmdline'] + '\n')
             write(self.path('etc/kernel/proxmox-boot-uuids'), '7A3B-1C2D\n')
@@ -127,6 +130,23 @@ class Host(object):
         path = self.path(ARTIFACTS, name)
         write(path, text)
         return '/' + ARTIFACTS + '/' + name, hashlib.sha256(text.encode()).hexdigest()
+
+    def add_device(self, dev, pci_class):
+        """A device's sysfs directory and IOMMU group (spec entry: bdf, id, numa, group, subsystem)."""
+        bdf = dev['bdf']
+        vendor, device = dev['id'].split(':')
+        sub_vendor, sub_device = dev.get('subsystem', DEFAULT_SUBSYSTEM).split(':')
+        os.makedirs(self.pci(bdf), exist_ok=True)
+        for name, value in (('vendor', '0x' + vendor), ('device', '0x' + device),
+                            ('subsystem_vendor', '0x' + sub_vendor), ('subsystem_device', '0x' + sub_device),
+                            ('class', pci_class),
+                            ('numa_node', str(dev['numa'])), ('irq', str(dev.get('irq', 100 + dev['group']))),
+                            ('driver_override', '(null)')):
+            write(self.pci(bdf, name), value + '\n')
+        os.makedirs(os.path.join(self.group_dir(dev['group']), 'devices'), exist_ok=True)
+        write(os.path.join(self.group_dir(dev['group']), 'type'), '%s\n' % dev.get('group_type', 'DMA-FQ'))
+        relink(os.path.join(self.group_dir(dev['group']), 'devices', bdf), '../../../../bus/pci/devices/' + bdf)
+        relink(self.pci(bdf, 'iommu_group'), '../../../../kernel/iommu_groups/%d' % dev['group'])
 
     def boot_line(self, cmdline):
         return 'BOOT_IMAGE=/boot/vmlinuz-%s %s' % (self.spec['kernel'], cmdline.strip())
@@ -204,6 +224,52 @@ class Host(object):
         params.update(overrides)
         write(self.path('proc/driver/nvidia/params'), ''.join('%s: %s\n' % kv for kv in sorted(params.items())))
 
+    def probe_gpus(self):
+        """The drivers a boot binds: driverctl's overrides (by address: whatever sits at the address gets it),
+        else nvidia. A fresh boot probes in bus order, so minors are handed out again from 0."""
+        overrides = self.overrides()
+        shutil.rmtree(self.path('proc/driver/nvidia/gpus'), ignore_errors=True)
+        for bdf in self.gpu_bdfs():
+            self.bind(bdf, None)
+        for bdf in sorted(self.gpu_bdfs()):
+            self.bind(bdf, overrides.get(bdf, DEFAULT_DRIVER))
+            write(self.pci(bdf, 'driver_override'), (overrides[bdf] if bdf in overrides else '(null)') + '\n')
+
+    def renumber(self, moves):
+        """The host came back from a power cycle with devices at other addresses - a BIOS update renumbered
+        the buses, a card moved: moves {old address: new address}, all at once (a swap is two moves). A
+        device keeps its IDs, NUMA node and IOMMU group; the spec follows it (a later reboot lays out the new
+        addresses). Drivers are bound as a boot binds them, driverctl's overrides by address included. The
+        running command line, module options and guests are left as they are."""
+        spec = self.spec
+        entries = {e['bdf']: e for e in spec['gpus'] + spec.get('devices', [])}
+        missing = sorted(set(moves) - set(entries))
+        taken = sorted(set(moves.values()) & (set(entries) - set(moves)))
+        if missing or taken:
+            raise ValueError('renumber: no device at %s; already taken: %s' % (missing, taken))
+        gpus = set(self.gpu_bdfs())
+        for old in moves:
+            if old in gpus:
+                self.bind(old, None)
+        staged = {}
+        for old, new in moves.items():
+            entry = entries[old]
+            tmp = self.pci('.moving-' + new)
+            os.rename(self.pci(old), tmp)
+            os.unlink(os.path.join(self.group_dir(entry['group']), 'devices', old))
+            driver = os.path.join(self.path('sys/bus/pci/drivers'), str(entry.get('driver')), old)
+            if os.path.lexists(driver) and old not in gpus:
+                os.unlink(driver)
+            staged[new] = (tmp, entry)
+        for new, (tmp, entry) in staged.items():
+            os.rename(tmp, self.pci(new))
+            relink(os.path.join(self.group_dir(entry['group']), 'devices', new), '../../../../bus/pci/devices/' + new)
+            if entry not in spec['gpus'] and entry.get('driver'):
+                relink(self.path('sys/bus/pci/drivers', entry['driver'], new), '../../devices/' + new)
+            entry['bdf'] = new
+        write(os.path.join(self.lab, 'spec.json'), json.dumps(spec, indent=2) + '\n')
+        self.probe_gpus()
+
     def installed_cmdline(self):
         return read(self.path('boot/cmdline')).strip()
 
@@ -245,16 +311,10 @@ class Host(object):
         write_in_place(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         gtype = domain_type(cmdline)
-        for gpu in self.spec['gpus']:
-            write(os.path.join(self.group_dir(gpu['group']), 'type'), gtype + '\n')
-        overrides = self.overrides()
-        # A fresh boot probes in bus order, so minors are handed out again from 0.
-        shutil.rmtree(self.path('proc/driver/nvidia/gpus'), ignore_errors=True)
-        for bdf in self.gpu_bdfs():
-            self.bind(bdf, None)
-        for bdf in sorted(self.gpu_bdfs()):
-            self.bind(bdf, overrides.get(bdf, DEFAULT_DRIVER))
-            write(self.pci(bdf, 'driver_override'), (overrides[bdf] if bdf in overrides else '(null)') + '\n')
+        spec = self.spec
+        for dev in spec['gpus'] + spec.get('devices', []):
+            write(os.path.join(self.group_dir(dev['group']), 'type'), gtype + '\n')
+        self.probe_gpus()
         params = {}
         d = self.path('boot/initrd-modprobe.d')
         for name in sorted(os.listdir(d)):

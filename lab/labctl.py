@@ -17,6 +17,8 @@ Parts, all bound to loopback addresses from the spec:
     reports), and starts or stops the container's enabled units when fakepve starts or stops it.
   * Every SSH command runs through lab/sshcmd.sh (sshd's ForceCommand): counted, logged, and
     dropped on demand (LAB/control/ssh-drop.json, carried out by lab/sshcmd.py).
+  * PCI resource mappings (/cluster/mapping/pci), which fakepve does not model: stored, written to the
+    host's /etc/pve/mapping/pci.cfg, and checked at VM start with qemu-server's words (lab/pvemap.py).
   * Control files for tests (LAB/control, see tests/lablib.py): pve-fail.json (fakepve's fail()),
     pve-set.json (fakepve's scenarios: quorum, offline node, locks, tickets, network, task
     durations; acknowledged in pve-set.ack.json), pve-requests.log (every API request and its status,
@@ -49,6 +51,7 @@ import ctbase  # noqa: E402
 import hostsim  # noqa: E402
 import pyindex  # noqa: E402
 import sglang_wheel  # noqa: E402
+import pvemap  # noqa: E402
 
 DEFAULT_LAB = os.path.join(REPO, '.lab')
 DEFAULT_SPEC = os.path.join(HERE, 'spec', 'default.json')
@@ -292,6 +295,12 @@ class Lab(object):
         # fakepve then fails a container create naming any other template, as Proxmox does.
         pve.storages['local'].setdefault('volumes', {})[self.info['template'].split(':', 1)[1]] = {
             'content': 'vztmpl', 'format': 'tzst', 'size': 129 * 1024 ** 2, 'ctime': 0}
+        # PCI resource mappings: fakepve checks the requests against PVE's schema but stores nothing and
+        # starts a VM whatever its hostpci holds. The lab keeps the mappings and refuses a start the way
+        # qemu-server does (lab/pvemap.py). fakepve registers every `_routes_*` table of its instance.
+        self.pcimap = pvemap.Store(self.host, self.info['node'])
+        pve._routes_pcimap = self.pcimap.routes
+        self.pcimap.wrap_start(pve)
         self.pve = pve
         # fakepve keeps no record of the requests its network scenario drops: the lab logs every
         # request, dropped or answered, from a middleware outside fakepve's own (request_log()).

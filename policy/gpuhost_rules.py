@@ -8,6 +8,7 @@ are recognised by their inputs (any `pulumi-python:dynamic/...` type):
   path + content              HostFile / MetricsFile: a whole file on the host
   devices + container_devices VfioBinding: GPUs bound to vfio-pci (by address) / the container's
   kind lxc|qemu + config      ProxmoxGuest: the container (devN) or the VM (hostpciN, amd-sev)
+  mappings + checks + node    PciMappings: the VM's GPUs as Proxmox PCI resource mappings (id -> address)
   unit + version              SglangUnit: the systemd unit's text (the truth: what is written)
 
 Kernel command-line semantics come from grammar/cmdline.py (the kernel's own rules), the SGLang
@@ -15,11 +16,11 @@ flags from grammar/sglang_argparse.py (SGLang's own parser for the unit's versio
 `--host=::` and prefixes read as SGLang reads them), the unit text from grammar/systemd_unit.py (systemd
 252's parser, checked against systemd-analyze). The project root must be on sys.path.
 
-Rules that span resources (GPU on both sides, TP vs the container, hostpci vs the vfio binding) use
-what this process saw earlier in the same run (`Registry`). A dependency makes the engine analyze
-the resource depended on first, so "X was declared before Y" is "Y depends on X": the VM must come
-after the vfio binding, the unit after its container; container and VM are compared whichever
-comes second.
+Rules that span resources (GPU on both sides, TP vs the container, hostpci vs the vfio binding, a
+hostpci `mapping=` vs the mapping) use what this process saw earlier in the same run (`Registry`). A
+dependency makes the engine analyze the resource depended on first, so "X was declared before Y" is "Y
+depends on X": the VM must come after the vfio binding and its mappings, the mappings after the vfio
+binding, the unit after its container; container and VM are compared whichever comes second.
 
 Secrets: `api` and `connection` arrive as plain values; no message ever includes any part of them.
 """
@@ -34,7 +35,7 @@ import threading
 from grammar import cmdline, sglang_argparse, systemd_unit
 from grammar.gpu import BLACKWELL_IDS
 from grammar.sglang_flags import suggest_triple
-from grammar.pve import split_props  # Proxmox's own property-string reading, shared with the program
+from grammar.pve import CONFIGID_RE, split_props  # Proxmox's property strings and ids, shared with the program
 
 # --------------------------------------------------------------------------- rule names
 
@@ -46,14 +47,16 @@ SPECULATION = 'speculation-triple'
 TP_GPUS = 'tp-equals-container-gpus'
 ROOT_PAM = 'root-pam-password'
 PRIVATE_BIND = 'sglang-private-bind'
-RULES = (NO_IDENTITY, VFIO_BY_ADDRESS, GPU_ONE_SIDE, P2P_OFF, SPECULATION, TP_GPUS, ROOT_PAM, PRIVATE_BIND)
+BY_MAPPING = 'vm-gpus-by-mapping'
+RULES = (NO_IDENTITY, VFIO_BY_ADDRESS, GPU_ONE_SIDE, P2P_OFF, SPECULATION, TP_GPUS, ROOT_PAM, PRIVATE_BIND, BY_MAPPING)
 
 DESCRIPTIONS = {
     NO_IDENTITY: 'No identity (passthrough) IOMMU in any spelling on a host with Blackwell GPUs: it bricks them '
                  'until a power cycle (FSP error 0x177) and disables SEV-SNP.',
     VFIO_BY_ADDRESS: 'The VM\'s GPUs are bound to vfio-pci by PCI address (never vfio-pci.ids / pci-stub.ids: all '
                      'eight GPUs share one ID), before the VM, and are not the container\'s.',
-    GPU_ONE_SIDE: 'No GPU in both the container (devN, its GPU list) and the VM (hostpciN).',
+    GPU_ONE_SIDE: 'No GPU in both the container (devN, its GPU list) and the VM (hostpciN, or a PCI resource '
+                  'mapping\'s entry).',
     P2P_OFF: 'NVreg_DmaRemapPeerMmio=1 in the nvidia options file, and NCCL_P2P_DISABLE=1 in the SGLang unit '
              '(no GPU P2P under a translating IOMMU).',
     SPECULATION: 'The speculation flags in the unit are complete and consistent: --speculative-num-steps, '
@@ -64,6 +67,9 @@ DESCRIPTIONS = {
               'never an API token (Proxmox refuses these keys to anyone else).',
     PRIVATE_BIND: 'SGLang listens on a private address (RFC 1918, loopback, link-local, IPv6 ULA) unless the '
                   'stack\'s policy config opts in with allow_public_bind: true.',
+    BY_MAPPING: 'In a stack that gives the VM its GPUs through PCI resource mappings, no VM GPU by raw address '
+                '(Proxmox starts a raw address with whatever device sits there); every mapping= a VM names is one '
+                'the run declares, and every mapping id is a Proxmox mapping id.',
 }
 
 DYNAMIC_PREFIX = 'pulumi-python:dynamic/'
@@ -71,6 +77,8 @@ BOOT_FILES = ('/etc/kernel/cmdline', '/etc/default/grub')
 GRUB_DIR = '/etc/default/grub.d/'
 MODPROBE_DIR = '/etc/modprobe.d/'
 ROOT_ONLY_KEYS = re.compile(r'^(dev\d+|hostpci\d+|amd-sev|affinity)$')
+# The keys above that the `root-pam-password` rule lets pass: a hostpciN through a resource mapping needs
+# Mapping.Use on /mapping/pci/<id> (and VM.Config.HWType), not root@pam.
 
 FSP = 'bricks RTX PRO 6000 Blackwell GPUs until a power cycle (FSP error 0x177) and disables SEV-SNP'
 TRANSLATED_FIX = ('keep the IOMMU translated: gpuhost:iommu.domain: DMA-FQ (the default: iommu.passthrough=0 '
@@ -128,6 +136,8 @@ class Res(object):
         p = self.props
         if 'ensure_args' in p:
             return 'cmdline'
+        if 'mappings' in p and 'checks' in p and 'node' in p:
+            return 'pcimap'
         if 'devices' in p and 'container_devices' in p:
             return 'vfio'
         if p.get('kind') in ('lxc', 'qemu') and 'config' in p:
@@ -171,6 +181,12 @@ def fmt_bdf(a) -> str:
     return '%s:%s:%s%s' % (a[0], a[1], a[2], '.' + a[3] if a[3] is not None else '')
 
 
+def map_path(text) -> tuple:
+    """(node, [address texts]) of one entry of a resource mapping's map: 'node=n,path=a;b,id=...'."""
+    _, props = split_props(text)
+    return props.get('node'), [p for p in (props.get('path') or '').split(';') if p]
+
+
 def hostpci_hosts(value) -> tuple:
     """([host address texts], mapping or None) of a hostpciN value."""
     first, props = split_props(value)
@@ -195,6 +211,7 @@ class Registry(object):
         self.vfio = {}   # urn -> {'name', 'devices': [bdf], 'container_devices': [bdf]}
         self.lxc = {}    # urn -> {'name', 'vmid', 'gpus': [bdf], 'nvidia_nodes': [path]}
         self.qemu = {}   # urn -> {'name', 'vmid', 'hostpci': [(key, bdf)]}
+        self.pcimap = {}  # urn -> {'name', 'node', 'mappings': {id: [bdf]}}
 
     def record(self, res: Res):
         kind = res.kind
@@ -210,6 +227,10 @@ class Registry(object):
             elif kind == 'qemu':
                 self.qemu[res.urn] = {'name': res.name, 'vmid': as_int(res.get('vmid')),
                                       'hostpci': [(k, a) for k, a, _ in qemu_hostpci(res) if a], 'scope': scope}
+            elif kind == 'pcimap':
+                self.pcimap[res.urn] = {'name': res.name, 'node': res.get('node'), 'scope': scope,
+                                        'mappings': {mid: [a for a, _ in paths if a]
+                                                     for mid, paths in pcimap_paths(res).items()}}
 
     def on_host(self, table: dict, res: 'Res') -> dict:
         """The entries of `table` declared for the same host as res (a fleet stack holds several hosts,
@@ -254,8 +275,30 @@ def nvidia_nodes(res: Res) -> list:
     return out
 
 
+def qemu_mappings(res: Res) -> list:
+    """[(key, mapping id)] of the hostpciN entries that pass a device through a resource mapping."""
+    out = []
+    for key, value in sorted(guest_config(res).items()):
+        if re.match(r'^hostpci\d+$', key):
+            hosts, mapping = hostpci_hosts(need(value, 'config', key))
+            if mapping is not None and not hosts:
+                out.append((key, mapping))
+    return out
+
+
+def pcimap_paths(res: Res) -> dict:
+    """{mapping id: [(bdf or None, address text)]} of a PciMappings resource's declared entries."""
+    out = {}
+    for mid, spec in sorted(_dict(need(res.get('mappings'), 'mappings')).items()):
+        spec = need(spec, 'mappings', mid)
+        path = need(_dict(spec).get('path'), 'mappings', mid, 'path')
+        out[mid] = [(bdf(p), p) for p in (path.split(';') if isinstance(path, str) else [show(path)])]
+    return out
+
+
 def qemu_hostpci(res: Res) -> list:
-    """[(key, bdf or None, problem or None)] for each host device of each hostpciN entry."""
+    """[(key, bdf or None, problem or None)] for each host device of each hostpciN entry by address (entries
+    through a resource mapping: qemu_mappings)."""
     out = []
     for key, value in sorted(guest_config(res).items()):
         if not re.match(r'^hostpci\d+$', key):
@@ -263,7 +306,6 @@ def qemu_hostpci(res: Res) -> list:
         value = need(value, 'config', key)
         hosts, mapping = hostpci_hosts(value)
         if mapping is not None and not hosts:
-            out.append((key, None, 'mapping=%s names a PCI resource mapping, not an address' % mapping))
             continue
         if not hosts:
             out.append((key, None, 'has no host PCI address'))
@@ -476,6 +518,23 @@ def vfio_by_address(res: Res, reg: Registry, cfg: dict) -> list:
                 out.append('%s: devices[%d] %s is one of the container\'s GPUs (container_devices): binding it to '
                            'vfio-pci takes it from the container. Fix: give it to one side only - remove it from '
                            'gpuhost:vm.gpus or from gpuhost:container.gpus' % (res.name, i, d))
+    elif kind == 'pcimap':
+        with reg.lock:
+            bound = [a for v in reg.on_host(reg.vfio, res).values() for a in v['devices']]
+            binders = [v['name'] for v in reg.on_host(reg.vfio, res).values()]
+        for mid, paths in pcimap_paths(res).items():
+            for a, text in paths:
+                if a is None:
+                    out.append('%s: mapping %s has the path %s, which is not a PCI address; the VM\'s GPUs are mapped '
+                               'and bound by address. Fix: one address from gpuhost:vm.gpus per mapping' % (
+                                   res.name, mid, show(text)))
+                elif not any(same_gpu(b, a) for b in bound):
+                    out.append('%s: mapping %s points at %s, which %s binds to vfio-pci by address before the VM - '
+                               'Proxmox would then bind it at VM start by vendor:device ID (new_id), which can grab a '
+                               'container GPU with the same ID. Fix: list %s in gpuhost:vm.gpus (the host\'s vfio '
+                               'step binds it) and let the mappings depend on the host' % (
+                                   res.name, mid, fmt_bdf(a), 'no VfioBinding declared' if not binders else
+                                   'no VfioBinding (%s)' % ', '.join(binders), fmt_bdf(a)))
     elif kind == 'qemu':
         with reg.lock:
             bound = [a for v in reg.on_host(reg.vfio, res).values() for a in v['devices']]
@@ -517,16 +576,35 @@ def gpu_one_side(res: Res, reg: Registry, cfg: dict) -> list:
             if hits:
                 out.append('%s: %s passes %s to the VM, but it is a container GPU (%s). Fix: %s' % (
                     res.name, key, fmt_bdf(a), '; '.join(hits), ONE_SIDE_FIX))
+    elif kind == 'pcimap':
+        guard = [bdf(g) for g in _list(_dict(res.get('guard')).get('gpus')) if isinstance(g, str) and bdf(g)]
+        with reg.lock:
+            lxcs = [(v['name'], v['gpus']) for v in reg.on_host(reg.lxc, res).values()]
+            cdevs = [(v['name'], v['container_devices']) for v in reg.on_host(reg.vfio, res).values()]
+        sources = [('its guard (the container\'s GPUs)', guard)] + [('container %s' % n, g) for n, g in lxcs] + \
+                  [('the container_devices of %s' % n, g) for n, g in cdevs]
+        node = res.get('node')
+        for mid, paths in pcimap_paths(res).items():
+            for a, _ in paths:
+                hits = [what for what, gpus in sources if a and any(same_gpu(g, a) for g in gpus)]
+                if hits:
+                    out.append('%s: mapping %s points its entry for node %s at %s, a container GPU (%s): a VM started '
+                               'with it takes the GPU from the container. Fix: %s' % (
+                                   res.name, mid, node if isinstance(node, str) else '?', fmt_bdf(a),
+                                   '; '.join(hits), ONE_SIDE_FIX))
     elif kind == 'lxc':
         gpus = lxc_gpus(res)
         with reg.lock:
-            vms = [(v['name'], v['hostpci']) for u, v in reg.on_host(reg.qemu, res).items() if u != res.urn]
+            vms = [('VM %s as %s' % (v['name'], key), b) for u, v in reg.on_host(reg.qemu, res).items() if u != res.urn
+                   for key, b in v['hostpci']]
+            vms += [('the VM through mapping %s (%s)' % (mid, v['name']), b)
+                    for v in reg.on_host(reg.pcimap, res).values()
+                    for mid, addrs in v['mappings'].items() for b in addrs]
         for a in gpus:
-            for name, hostpci in vms:
-                for key, b in hostpci:
-                    if same_gpu(a, b):
-                        out.append('%s: container GPU %s is also passed to VM %s as %s. Fix: %s' % (
-                            res.name, fmt_bdf(a), name, key, ONE_SIDE_FIX))
+            for how, b in vms:
+                if same_gpu(a, b):
+                    out.append('%s: container GPU %s is also passed to %s. Fix: %s' % (
+                        res.name, fmt_bdf(a), how, ONE_SIDE_FIX))
         for key, value in sorted(guest_config(res).items()):
             if re.match(r'^dev\d+$', key):
                 path = dev_path(need(value, 'config', key))
@@ -644,7 +722,8 @@ def _tp_mismatch(name, tp, token, ct):
 def root_pam_password(res: Res, reg: Registry, cfg: dict) -> list:
     if res.kind not in ('lxc', 'qemu'):
         return []
-    keys = sorted(k for k in guest_config(res) if ROOT_ONLY_KEYS.match(k))
+    mapped = {k for k, _ in qemu_mappings(res)} if res.kind == 'qemu' else set()
+    keys = sorted(k for k in guest_config(res) if ROOT_ONLY_KEYS.match(k) and k not in mapped)
     if not keys:
         return []
     api = need(res.get('api'), 'api')
@@ -718,6 +797,48 @@ def sglang_private_bind(res: Res, reg: Registry, cfg: dict) -> list:
                 addr or '<the container address>', PRIVATE_BIND)]
 
 
+# --------------------------------------------------------------------------- rule 9
+
+ID_FIX = ('a mapping id is a letter, then letters, digits, "-" or "_" (Proxmox\'s pve-configid); anything else - a '
+          'comma above all - would add properties to the hostpci entry that names it. Fix: '
+          'gpuhost:vm.gpu_mapping_prefix of letters, digits, "-" and "_"')
+
+
+def vm_gpus_by_mapping(res: Res, reg: Registry, cfg: dict) -> list:
+    if res.kind == 'pcimap':
+        return ['%s: mapping id %s is not a Proxmox mapping id: %s' % (res.name, show(mid), ID_FIX)
+                for mid in pcimap_paths(res) if not CONFIGID_RE.match(mid)]
+    if res.kind != 'qemu':
+        return []
+    mapped = qemu_mappings(res)
+    with reg.lock:
+        declared = {mid: (v['name'], addrs) for v in reg.on_host(reg.pcimap, res).values()
+                    for mid, addrs in v['mappings'].items()}
+    why = []
+    if res.get('gpu_binding') == 'mapping':
+        why.append('its gpu_binding is mapping')
+    if declared:
+        why.append('PciMappings %s declared for its host' % ', '.join(sorted({n for n, _ in declared.values()})))
+    if mapped:
+        why.append('%s pass%s through mappings' % (', '.join(k for k, _ in mapped), 'es' if len(mapped) == 1 else ''))
+    out = []
+    for key, mid in mapped:
+        if mid not in declared:
+            out.append('%s: %s names mapping %s, which no PciMappings resource of this run declares for this host, so '
+                       'what it passes cannot be checked (container GPU, vfio binding). Fix: let the program make the '
+                       'mappings (gpuhost:vm.gpu_binding: mapping) and the VM depend on them' % (res.name, key, mid))
+    if not why:
+        return out
+    for key, a, _ in qemu_hostpci(res):
+        if a:
+            out.append('%s: %s passes %s by raw PCI address in a stack that gives the VM its GPUs through PCI resource '
+                       'mappings (%s): Proxmox starts a raw address with whatever device sits there after a renumbered '
+                       'bus - on this host possibly a container GPU - while a mapping makes it refuse. Fix: %s: '
+                       'mapping=<id>,pcie=1 with that GPU\'s mapping (gpuhost:vm.gpu_binding: mapping makes them), '
+                       'or gpu_binding: address for the whole VM' % (res.name, key, fmt_bdf(a), '; '.join(why), key))
+    return out
+
+
 CHECKS = {
     NO_IDENTITY: no_identity_iommu,
     VFIO_BY_ADDRESS: vfio_by_address,
@@ -727,6 +848,7 @@ CHECKS = {
     TP_GPUS: tp_equals_container_gpus,
     ROOT_PAM: root_pam_password,
     PRIVATE_BIND: sglang_private_bind,
+    BY_MAPPING: vm_gpus_by_mapping,
 }
 
 CONFIG_SCHEMAS = {

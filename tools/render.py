@@ -76,6 +76,16 @@ def files(d: config.Deployment, runtime_files=None) -> dict:
             out['host/etc/driverctl.d/pci-%s' % bdf] = 'vfio-pci\n'
         out['host/etc/pve/qemu-server/%d.conf.api' % d.vm.vmid] = ''.join(
             '%s: %s\n' % kv for kv in sorted(vm_config(d).items()))
+        if d.vm.mapping_ids():
+            from components.vm import mapping_props
+            from grammar.pve import map_entry
+            maps = mapping_props(d)['mappings']
+            out['host/etc/pve/mapping/pci.cfg.api'] = (
+                '# PCI resource mappings (POST /cluster/mapping/pci), one per VM GPU, in pci.cfg\'s layout.\n'
+                '# Each entry also records subsystem-id and iommugroup, read from the device at the address when\n'
+                '# it is written.\n'
+                + ''.join('%s\n\tmap %s\n\n' % (mid, map_entry(dict(node=d.host.node, **maps[mid])))
+                          for mid in sorted(maps)))
     ct = d.container
     out['host/etc/pve/lxc/%d.conf.raw-lines' % ct.vmid] = ''.join('%s: %s\n' % kv for kv in raw_lxc_lines(d).items())
     out['host/etc/pve/lxc/%d.conf.devices' % ct.vmid] = ''.join(

@@ -70,7 +70,24 @@ for f in /etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/local/lib/modprobe.d
   { grep -nE '^[[:space:]]*(options|blacklist|install)[[:space:]]+(nvidia|vfio|pci[-_]stub)' "$f" || true; } |
     while IFS= read -r line; do echo "modprobe${tab}${f}${tab}$(printf '%s' "$line" | oneline)"; done
 done
+# Arguments: absolute paths of files (their hash, and whether a follow-up step is pending) and PCI
+# addresses (whatever device sits there, GPU or not: what a PCI resource mapping is checked against).
+pci_re='^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$'
 for f in "$@"; do
+  if [[ $f =~ $pci_re ]]; then
+    dev=/sys/bus/pci/devices/$f
+    if [ ! -e "$dev/vendor" ]; then echo "pci${tab}${f}${tab}-"; continue; fi
+    vendor=$(cat "$dev/vendor"); device=$(cat "$dev/device")
+    sub=-
+    if [ -f "$dev/subsystem_vendor" ] && [ -f "$dev/subsystem_device" ]; then
+      sv=$(cat "$dev/subsystem_vendor"); sd=$(cat "$dev/subsystem_device"); sub=${sv#0x}:${sd#0x}
+    fi
+    driver=-; [ -L "$dev/driver" ] && driver=$(basename "$(readlink "$dev/driver")")
+    group=-; [ -L "$dev/iommu_group" ] && group=$(basename "$(readlink "$dev/iommu_group")")
+    class=$(cat "$dev/class" 2>/dev/null || echo -); numa=$(cat "$dev/numa_node" 2>/dev/null || echo -1)
+    echo "pci${tab}${f}${tab}${vendor#0x}:${device#0x}${tab}${sub}${tab}${class}${tab}${numa}${tab}${driver}${tab}${group}"
+    continue
+  fi
   if [ -f "$f" ]; then echo "file${tab}${f}${tab}$(sha256sum "$f" | cut -d' ' -f1)"; else echo "file${tab}${f}${tab}-"; fi
   # put_file.sh's marker: written, but its follow-up step (boot refresh, initramfs) never finished.
   marker="$(dirname "$f")/.gpuhost-pending.$(basename "$f")"

@@ -122,3 +122,63 @@ def test_fail_and_bad_operations(lab, api):
         lab.pve_set(bogus=1)
     with pytest.raises(ValueError, match='no guest 999'):
         lab.pve_set(lock=(999, 'backup'))
+
+
+# -- PCI resource mappings: stored by the lab around fakepve, checked at VM start as qemu-server does
+# (lab/pvemap.py), in Proxmox's words.
+
+ENTRY = 'node=pve-lab,path=0000:81:00.0,id=10de:2bb5,subsystem-id=10de:204e,iommugroup=40'
+MAPPED_VM = 390
+
+
+def start_exit(api, vmid):
+    return task_exit(api, api.nodes(NODE).qemu(vmid).status.start.post())
+
+
+def test_pci_mappings_are_stored_validated_and_checked_at_vm_start(lab, api):
+    maps = api.cluster.mapping.pci
+    maps.post(id='labgpu0', map=[ENTRY])
+    try:
+        assert maps('labgpu0').get()['map'] == [ENTRY]
+        assert [m['id'] for m in maps.get()] == ['labgpu0']
+        assert error(lambda: maps.post(id='labgpu0', map=[ENTRY])) == (
+            500, "create hardware mapping failed: pci ID 'labgpu0' already defined")
+        # PVE's schema, through fakepve: the id's format and the entry's property string.
+        assert error(lambda: maps.post(id='0gpu', map=[ENTRY]))[0] == 400
+        assert error(lambda: maps.post(id='labgpu9', map=['node=pve-lab,path=81:00.0;x,id=10de:2bb5']))[0] == 400
+        assert 'labgpu0\n\tmap %s\n' % ENTRY in open(lab.host.path('etc/pve/mapping/pci.cfg')).read()
+
+        api.nodes(NODE).qemu.post(vmid=MAPPED_VM, machine='q35', hostpci0='mapping=labgpu0,pcie=1')
+        vm = api.nodes(NODE).qemu(MAPPED_VM)
+        assert start_exit(api, MAPPED_VM) == 'OK'
+        vm.status.stop.post()
+        # An entry that no longer matches the device: Proxmox's check, in its order (id, iommugroup, ...).
+        maps('labgpu0').put(map=[ENTRY.replace('iommugroup=40', 'iommugroup=41')])
+        assert start_exit(api, MAPPED_VM) == ("PCI device mapping invalid (hardware probably changed): 'iommugroup' "
+                                              "does not match for 'labgpu0' (40 != 41)")
+        checks = maps.get(**{'check-node': NODE})[0]['checks']
+        assert checks == [{'severity': 'error', 'message': "Invalid configuration: 'iommugroup' does not match for "
+                                                           "'labgpu0' (40 != 41)\n"}]
+        maps('labgpu0').put(map=[ENTRY.replace(',subsystem-id=10de:204e', '')])
+        assert start_exit(api, MAPPED_VM) == ("PCI device mapping invalid (hardware probably changed): missing "
+                                              "expected property 'subsystem-id' for device '0000:81:00.0'")
+        # A renumbered bus: a container-side GPU where the mapped one was.
+        maps('labgpu0').put(map=[ENTRY], digest=maps('labgpu0').get()['digest'])
+        assert error(lambda: maps('labgpu0').put(map=[ENTRY], digest='0' * 40))[0] == 500
+        lab.host.renumber({'0000:81:00.0': '0000:82:00.0', '0000:71:00.0': '0000:81:00.0'})
+        try:
+            assert start_exit(api, MAPPED_VM) == ("PCI device mapping invalid (hardware probably changed): "
+                                                  "'iommugroup' does not match for 'labgpu0' (23 != 40)")
+            assert lab.host.spec['gpus'][3]['bdf'] == '0000:81:00.0' and lab.host.group('0000:82:00.0') == 40
+        finally:
+            lab.host.renumber({'0000:81:00.0': '0000:71:00.0', '0000:82:00.0': '0000:81:00.0'})
+        assert lab.host.group('0000:81:00.0') == 40 and lab.host.driver('0000:71:00.0') == 'nvidia'
+        maps('labgpu0').delete()
+        assert start_exit(api, MAPPED_VM) == "PCI device mapping not found for 'labgpu0'"
+        # A raw address is checked for a device only.
+        vm.config.post(hostpci0='0000:d1:00.0,pcie=1')
+        assert start_exit(api, MAPPED_VM) == "no PCI device found for '0000:d1:00.0'"
+    finally:
+        maps('labgpu0').delete()
+        if any(v['vmid'] == MAPPED_VM for v in api.nodes(NODE).qemu.get()):
+            api.nodes(NODE).qemu(MAPPED_VM).delete()

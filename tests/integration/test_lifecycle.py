@@ -39,7 +39,7 @@ def test_preview_contacts_no_host(lab, stack):
     plan = lab.preview_json(STACK)
     ops = changed(plan)
     assert ops['container-lxc'] == 'create' and ops['vm-qemu'] == 'create' and ops['sglang-unit'] == 'create'
-    assert ops['host-kernel-cmdline'] == 'create'
+    assert ops['host-kernel-cmdline'] == 'create' and ops['vm-pci-mappings'] == 'create'
     assert lab.ssh_sessions() == sessions, 'preview ran commands on the host'
     assert lab.host_digest() == digest
     assert lab.node().lxc.get() == [] and lab.node().qemu.get() == []
@@ -72,10 +72,15 @@ def test_up_from_empty_reaches_the_declared_state(lab, stack):
     conf = open(host.path('etc/pve/lxc/200.conf')).read()
     assert 'lxc.cgroup2.cpuset.cpus: 0-31,64-95' in conf
     assert lab.node().lxc(200).status.current.get()['status'] == 'running'
-    # The VM: q35 + OVMF + SNP, the NUMA1 GPUs as hostpci with pcie=1, placed on NUMA1.
+    # The VM: q35 + OVMF + SNP, the NUMA1 GPUs as hostpci with pcie=1 through one PCI resource mapping each
+    # (recording the device's IDs and IOMMU group), placed on NUMA1.
     vm = lab.node().qemu(300).config.get()
     assert vm['machine'] == 'q35' and vm['bios'] == 'ovmf' and vm['amd-sev'].startswith('type=snp')
-    assert [vm['hostpci%d' % i] for i in range(4)] == ['%s,pcie=1' % b for b in VM_GPUS]
+    assert [vm['hostpci%d' % i] for i in range(4)] == ['mapping=gpuhost-300-gpu%d,pcie=1' % i for i in range(4)]
+    maps = {m['id']: m['map'] for m in lab.api().cluster.mapping.pci.get()}
+    assert maps == {'gpuhost-300-gpu%d' % i: ['node=pve-lab,path=%s,id=10de:2bb5,subsystem-id=10de:204e,'
+                                              'iommugroup=%d' % (b, host.group(b))] for i, b in enumerate(VM_GPUS)}
+    assert lab.node().qemu(300).status.current.get()['status'] == 'running'
     assert vm['affinity'] == '32-63,96-127' and 'hostnodes=1' in vm['numa0']
     # The service: unit rendered for the version, healthy, started once.
     unit = open(os.path.join(lab.ct_root(), 'etc/systemd/system/sglang-qwen.service')).read()
@@ -195,7 +200,7 @@ def test_out_of_band_drift_is_seen_by_refresh_and_repaired_by_up(lab, stack):
     assert '# edited by hand' not in open(unit).read()
     assert lab.node().lxc(200).config.get()['cores'] == 32
     pending = {i['key']: i for i in lab.node().qemu(300).pending.get()}
-    assert pending['hostpci3'].get('pending', pending['hostpci3'].get('value')) == '0000:f1:00.0,pcie=1'
+    assert pending['hostpci3'].get('pending', pending['hostpci3'].get('value')) == 'mapping=gpuhost-300-gpu3,pcie=1'
     assert lab.host.driver('0000:91:00.0') == 'vfio-pci'
     assert lab.host.overrides()['0000:91:00.0'] == 'vfio-pci'
     assert lab.unit_starts() == starts + 1

@@ -19,7 +19,7 @@ from tests.lablib import PROJECT_FILES, REPO
 POLICY = os.path.join(REPO, 'policy')
 PROGRAM = os.path.join(REPO, 'tests', 'policy_program')
 RULES = ('no-identity-iommu', 'vfio-by-address', 'gpu-one-side', 'p2p-off', 'speculation-triple',
-         'tp-equals-container-gpus', 'root-pam-password', 'sglang-private-bind')
+         'tp-equals-container-gpus', 'root-pam-password', 'sglang-private-bind', 'vm-gpus-by-mapping')
 
 
 @pytest.fixture(scope='module')
@@ -114,7 +114,9 @@ DOCTORED_MODEL = {
     'model': {'iommu.extra_kernel_args': ['iommu.passthrough=on', 'vfio-pci.ids=10de:2bb5'],
               'vm.gpus': ['0000:01:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0'],
               'nvidia.dma_remap_peer_mmio': 0, 'sglang.environment': {'NCCL_P2P_DISABLE': '0'},
-              'sglang.speculative.num_draft_tokens': 3, 'sglang.tp': 2, 'sglang.host': '203.0.113.5'},
+              'sglang.speculative.num_draft_tokens': 3, 'sglang.tp': 2, 'sglang.host': '203.0.113.5',
+              # A mapping id with a comma: in `hostpciN: mapping=<id>,pcie=1` it would add x-vga=1.
+              'vm.gpu_mapping_prefix': 'gpu,x-vga=1,n'},
     'api': {'user': 'gpuhost@pve'}}
 
 
@@ -137,8 +139,12 @@ def test_a_deployment_that_bypasses_config_validation_is_stopped_by_every_rule(p
         'Fix: remove it; bind the VM\'s GPUs by PCI address')
     one('vfio-by-address', 'host-vfio', "devices[0] 0000:01:00.0 is one of the container's GPUs",
         'Fix: give it to one side only')
-    one('gpu-one-side', 'vm-qemu', 'hostpci0 passes 0000:01:00.0 to the VM, but it is a container GPU',
-        'Fix: a GPU goes to one side only')
+    one('gpu-one-side', 'vm-pci-mappings', "mapping gpu,x-vga=1,n0 points its entry for node pve-lab at 0000:01:00.0, "
+        'a container GPU', 'Fix: a GPU goes to one side only')
+    one('vm-gpus-by-mapping', 'vm-pci-mappings', "mapping id 'gpu,x-vga=1,n0' is not a Proxmox mapping id",
+        'Fix: gpuhost:vm.gpu_mapping_prefix')
+    one('vm-gpus-by-mapping', 'vm-qemu', 'hostpci0 names mapping gpu, which no PciMappings resource of this run '
+        'declares')
     one('p2p-off', 'host-nvidia-options', "/etc/modprobe.d/gpuhost-nvidia.conf sets NVreg_DmaRemapPeerMmio='0'",
         'Fix: write "options nvidia NVreg_DmaRemapPeerMmio=1"')
     one('p2p-off', 'sglang-unit', "the unit sets NCCL_P2P_DISABLE='0'", 'Fix: Environment="NCCL_P2P_DISABLE=1"')
@@ -147,7 +153,8 @@ def test_a_deployment_that_bypasses_config_validation_is_stopped_by_every_rule(p
     one('tp-equals-container-gpus', 'sglang-unit', '--tp-size 2, but container 200 (container-lxc) has 4 GPUs',
         'Fix: gpuhost:sglang.tp: 4')
     one('root-pam-password', 'container-lxc', 'the API user is not root@pam', 'Fix: gpuhost:host.api.user: root@pam')
-    one('root-pam-password', 'vm-qemu', 'sets affinity, amd-sev, hostpci0', 'the API user is not root@pam')
+    # Through mappings, hostpciN needs no root@pam (Mapping.Use); amd-sev and affinity still do.
+    one('root-pam-password', 'vm-qemu', 'sets affinity, amd-sev (', 'the API user is not root@pam')
     one('sglang-private-bind', 'sglang-unit', 'a public address (--host 203.0.113.5, port 30000)',
         'Fix: bind the container\'s private address')
     assert 'gpuhost@pve' not in out and 'policy-test-password' not in out
@@ -162,6 +169,7 @@ def test_inputs_written_past_the_components_are_stopped_in_any_spelling(program)
                     'api': {'host': 'x', 'port': 8006, 'user': 'root@pam', 'token_id': 'root@pam!ci',
                             'token_secret': 'tok-SECRET-value-123'}},
         'container-lxc': {'config': {'dev3': None, 'dev8': '/dev/vfio/12,mode=0666'}},
+        'vm-pci-mappings': {'mappings': {'gpuhost-300-gpu1': {'path': '0000:11:00.0'}}},
         'sglang-unit': {'unit': {'__sub__': [['--tp-size 4', '--tp 4'], ['--host 0.0.0.0', '--host=::'],
                                              [' --speculative-num-draft-tokens 2', ''],
                                              ['Type=simple', 'Type=simple\nUnsetEnvironment=NCCL_P2P_DISABLE']]}}}}
@@ -180,6 +188,10 @@ def test_inputs_written_past_the_components_are_stopped_in_any_spelling(program)
                                                'but not --speculative-num-draft-tokens',
         ('tp-equals-container-gpus', 'sglang-unit'): '--tp 4, but container 200 (container-lxc) has 3 GPUs',
         ('root-pam-password', 'vm-qemu'): 'it carries an API token (token_id, token_secret) and it has no password',
+        ('gpu-one-side', 'vm-pci-mappings'): 'mapping gpuhost-300-gpu1 points its entry for node pve-lab at '
+                                             '0000:11:00.0, a container GPU',
+        ('vm-gpus-by-mapping', 'vm-qemu'): 'hostpci4 passes 0000:c1:00.0 by raw PCI address in a stack that gives '
+                                           'the VM its GPUs through PCI resource mappings',
         ('sglang-private-bind', 'sglang-unit'): 'every address of the container (--host ::, port 30000)',
     }
     for (rule, name), part in expect.items():

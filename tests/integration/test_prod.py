@@ -2,6 +2,7 @@
 host during preview, and the production address is a DNS name that does not resolve from here."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -47,7 +48,15 @@ def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
                          cwd=proj, env=env, capture_output=True, text=True, timeout=300)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert '14 to create' in out
+    assert '15 to create' in out
+    # The VM's GPUs through one PCI resource mapping each: what preview says it will create (the IDs and IOMMU
+    # group are read from the host at apply), and the VM naming them.
+    for i, bdf in enumerate(['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']):
+        assert re.search(r'gpuhost-300-gpu%d\s*: \{\s*id\s*: "10de:2bb5"\s*path: "%s"' % (i, bdf), out), out[-6000:]
+        # (the CLI pads a key to its map's longest one)
+        assert re.search(r'hostpci%d\s*: "mapping=gpuhost-300-gpu%d,pcie=1"' % (i, i), out), out[-6000:]
+    assert re.search(r'\+ pulumi-python:dynamic/gpuhost:PciMappings: \(create\)\s*\[urn=\S*::vm-pci-mappings\]', out), \
+        out[-6000:]
     # Secrets stay secrets in the plan.
     assert 'placeholder-not-the-real-password' not in out
     assert 'BEGIN OPENSSH PRIVATE KEY' not in out

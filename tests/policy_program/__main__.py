@@ -84,5 +84,5 @@ api = pulumi.Output.secret(merge({'host': d.host.address, 'port': 8006, 'user': 
 host = ProxmoxHost('host', d, connection)
 container = GpuContainer('container', d, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
 if d.vm:
-    SevSnpVm('vm', d, api, opts=pulumi.ResourceOptions(depends_on=[host]))
+    SevSnpVm('vm', d, api, opts=pulumi.ResourceOptions(depends_on=[host]), connection=connection)
 SglangService('sglang', d, connection, container)

@@ -84,7 +84,7 @@ def test_no_vm_means_no_vm_gpus_to_bind_but_container_bindings_are_still_watched
 def test_guests_and_service():
     d = parse()
     ct = GpuContainer('container', d, API, CONN)
-    vm = SevSnpVm('vm', d, API)
+    vm = SevSnpVm('vm', d, API, connection=CONN)
     svc = SglangService('sglang', d, CONN, ct)
 
     def check(_):
@@ -94,7 +94,17 @@ def test_guests_and_service():
         assert lxc['config']['dev3'] == '/dev/nvidia3,mode=0666'
         assert lxc['raw_lxc'] == {'lxc.cgroup2.cpuset.cpus': '0-31,64-95'}
         assert qemu['config']['amd-sev'] == 'type=snp,allow-smt=1' and qemu['config']['bios'] == 'ovmf'
-        assert qemu['config']['hostpci0'] == '0000:81:00.0,pcie=1' and qemu['config']['affinity'] == '32-63,96-127'
+        assert qemu['config']['affinity'] == '32-63,96-127'
+        # The GPUs through resource mappings (the default), one per GPU, made before the VM.
+        assert [qemu['config']['hostpci%d' % i] for i in range(4)] == [
+            'mapping=gpuhost-300-gpu%d,pcie=1' % i for i in range(4)]
+        maps = r['vm-pci-mappings']
+        assert maps.typ == 'pulumi-python:dynamic/gpuhost:PciMappings'
+        assert maps.inputs['mappings'] == {'gpuhost-300-gpu%d' % i: {'path': b, 'id': '10de:2bb5'} for i, b in
+                                           enumerate(['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0'])}
+        assert maps.inputs['checks'] == {'gpuhost-300-gpu%d' % i: '' for i in range(4)}
+        assert maps.inputs['guard'] == {'gpus': list(d.container.gpus), 'numa': 0} and maps.inputs['vm_numa'] == 1
+        assert maps.inputs['node'] == 'pve-lab' and maps.inputs['connection'] == CONN
         assert unit['expect'] == {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1,
                                   'speculative_eagle_topk': 1, 'speculative_num_draft_tokens': 2}
         assert 'NCCL_P2P_DISABLE=1' in unit['unit']
@@ -126,3 +136,16 @@ def test_the_unit_runs_from_its_environment_and_the_index_password_is_a_secret()
         assert is_secret, 'the index password reaches the state unencrypted'
         return check(None)
     return pulumi.Output.from_input(secret()).apply(both)
+
+
+@pulumi.runtime.test
+def test_gpus_by_address_make_no_mappings():
+    d = parse(vm__gpu_binding='address')
+    vm = SevSnpVm('vm', d, API, connection=CONN)
+
+    def check(_):
+        r = by_name()
+        assert 'vm-pci-mappings' not in r
+        assert r['vm-qemu'].inputs['config']['hostpci0'] == '0000:81:00.0,pcie=1'
+        assert r['vm-qemu'].inputs['gpu_binding'] == 'address'
+    return vm.status.apply(check)

@@ -17,6 +17,8 @@ import gpuhost_rules as rules  # noqa: E402
 from components import host as host_mod, sglang, vm as vm_mod  # noqa: E402
 
 D = parse()
+# The same host with the VM's GPUs as raw hostpci addresses (gpuhost:vm.gpu_binding: address).
+D_ADDR = parse(vm__gpu_binding='address')
 CONN = {'host': 'h', 'port': 22, 'user': 'root', 'private_key': 'PRIVATE-KEY-TEXT', 'host_key': 'k', 'timeout': 5}
 API = {'host': 'h', 'port': 8006, 'user': 'root@pam', 'password': 'API-PASSWORD-TEXT', 'ca_cert': 'pem', 'timeout': 5}
 INVENTORY = [g.model_dump() for g in D.host.gpus]
@@ -55,12 +57,24 @@ def lxc_res(config=None, api=None, gpu_devices=None, vmid=200.0):
                if gpu_devices is None else gpu_devices)
 
 
-def qemu_res(config=None, api=None, guard=None):
-    cfg = dict(vm_mod.vm_config(D))
+def qemu_res(config=None, api=None, guard=None, d=D_ADDR):
+    """The VM as the components pass it; by raw address unless d says mapping (D)."""
+    cfg = dict(vm_mod.vm_config(d))
     cfg.update(config or {})
     return res('ProxmoxGuest', 'vm-qemu', api=API if api is None else api, kind='qemu', vmid=300.0,
                config={k: v for k, v in cfg.items() if v is not None},
-               guard_gpus=list(D.container.gpus) if guard is None else guard)
+               guard_gpus=list(D.container.gpus) if guard is None else guard, gpu_binding=d.vm.gpu_binding)
+
+
+def pcimap_res(paths=None, guard=None):
+    """The VM's PciMappings as the components pass them (D: the default, gpu_binding mapping); paths:
+    {mapping id: address} to put elsewhere."""
+    props = vm_mod.mapping_props(D)
+    for mid, path in (paths or {}).items():
+        props['mappings'][mid] = dict(props['mappings'][mid], path=path)
+    if guard is not None:
+        props['guard'] = dict(props['guard'], gpus=guard)
+    return res('PciMappings', 'vm-pci-mappings', api=API, connection=CONN, entries=None, **props)
 
 
 def unit_res(*subs, version='0.5.23'):
@@ -82,15 +96,17 @@ def run(rule, *resources, cfg=None):
     return out
 
 
-def everything():
-    return [cmdline_res(), file_res(), vfio_res(), lxc_res(), qemu_res(), unit_res()]
+def everything(binding='mapping'):
+    vm = [pcimap_res(), qemu_res(d=D)] if binding == 'mapping' else [qemu_res()]
+    return [cmdline_res(), file_res(), vfio_res(), lxc_res()] + vm + [unit_res()]
 
 
+@pytest.mark.parametrize('binding', ['mapping', 'address'])
 @pytest.mark.parametrize('rule', rules.RULES)
-def test_the_inputs_the_components_pass_for_the_lab_pass_every_rule(rule):
+def test_the_inputs_the_components_pass_for_the_lab_pass_every_rule(rule, binding):
     reg = rules.Registry()
     cfg = {'allow_public_bind': True} if rule == rules.PRIVATE_BIND else None  # the lab binds 0.0.0.0, opted in
-    for r in everything():
+    for r in everything(binding):
         assert rules.check(rule, r, reg, cfg) == [], (rule, r.name)
 
 
@@ -156,7 +172,7 @@ def test_vfio_binding_lists_full_addresses_never_ids_or_container_gpus():
     assert "one of the container's GPUs" in out[2]
 
 
-@pytest.mark.parametrize('value,why', [('10de:2bb5,pcie=1', 'vendor:device ID'), ('mapping=gpu0', 'resource mapping'),
+@pytest.mark.parametrize('value,why', [('10de:2bb5,pcie=1', 'vendor:device ID'),
                                        ('host=zz:00.0,pcie=1', 'not a PCI address'),
                                        ('0000:c1:00.0,pcie=1', 'no VfioBinding (host-vfio) binds')])
 def test_vm_gpus_are_passed_by_an_address_the_vfio_binding_binds(value, why):
@@ -399,3 +415,72 @@ def test_rules_across_resources_compare_only_resources_of_the_same_fleet_host():
                                                                               container=[]), 'gpu02'), vm) == []
     # The same on one host is stopped.
     assert run(rules.GPU_ONE_SIDE, in_fleet(lxc_res(), 'gpu02'), vm)
+
+
+# ------------------------------------------------------------------------- PCI resource mappings
+
+def test_a_mapping_whose_entry_points_at_a_container_gpu_is_stopped():
+    out = run(rules.GPU_ONE_SIDE, lxc_res(), vfio_res(), pcimap_res({'gpuhost-300-gpu1': '0000:11:00.0'}))
+    assert len(out) == 1, out
+    assert out[0].startswith('vm-pci-mappings: mapping gpuhost-300-gpu1 points its entry for node pve-lab at '
+                             '0000:11:00.0, a container GPU (')
+    assert 'container container-lxc' in out[0] and 'its guard' in out[0] and 'Fix: a GPU goes to one side' in out[0]
+    # Its own guard is enough, whatever came before it.
+    assert len(run(rules.GPU_ONE_SIDE, pcimap_res({'gpuhost-300-gpu1': '0000:11:00.0'}))) == 1
+    # And the container coming after it sees the mapped address.
+    out = run(rules.GPU_ONE_SIDE, pcimap_res({'gpuhost-300-gpu1': '0000:11:00.0'}, guard=[]), lxc_res())
+    assert len(out) == 1 and 'container GPU 0000:11:00.0 is also passed to the VM through mapping ' \
+        'gpuhost-300-gpu1 (vm-pci-mappings)' in out[0], out
+
+
+def test_a_mapping_needs_its_address_bound_to_vfio_by_address():
+    out = run(rules.VFIO_BY_ADDRESS, vfio_res(), pcimap_res({'gpuhost-300-gpu3': '0000:c1:00.0'}))
+    assert len(out) == 1 and 'mapping gpuhost-300-gpu3 points at 0000:c1:00.0, which no VfioBinding (host-vfio)' \
+        in out[0], out
+    out = run(rules.VFIO_BY_ADDRESS, pcimap_res())
+    assert len(out) == 4 and all('no VfioBinding declared' in o for o in out)
+    out = run(rules.VFIO_BY_ADDRESS, vfio_res(), pcimap_res({'gpuhost-300-gpu0': '10de:2bb5'}))
+    assert len(out) == 1 and "has the path '10de:2bb5', which is not a PCI address" in out[0], out
+
+
+def test_a_raw_address_in_a_mapping_stack_is_stopped():
+    # The VM's own gpu_binding says mapping, or mappings are declared for its host, or another hostpci uses one.
+    raw = {'hostpci1': '0000:91:00.0,pcie=1'}
+    out = run(rules.BY_MAPPING, pcimap_res(), qemu_res(raw, d=D))
+    assert len(out) == 1, out
+    assert out[0].startswith('vm-qemu: hostpci1 passes 0000:91:00.0 by raw PCI address in a stack that gives the VM '
+                             'its GPUs through PCI resource mappings (its gpu_binding is mapping; PciMappings '
+                             'vm-pci-mappings declared for its host; hostpci0, hostpci2, hostpci3 pass through')
+    assert 'Fix: hostpci1: mapping=<id>,pcie=1' in out[0]
+    r = qemu_res(raw, d=D)
+    r.props.pop('gpu_binding')
+    out = run(rules.BY_MAPPING, r)  # a program that does not say: its other hostpci do
+    assert len(out) == 4 and sum('by raw PCI address' in o for o in out) == 1, out  # (and 3 undeclared mappings)
+    # An address-mode VM with no mappings anywhere is what it declares.
+    assert run(rules.BY_MAPPING, vfio_res(), qemu_res()) == []
+
+
+def test_a_vm_naming_a_mapping_the_run_does_not_declare_is_stopped():
+    out = run(rules.BY_MAPPING, qemu_res({'hostpci4': 'mapping=someones-gpu,pcie=1'}, d=D))
+    assert len([o for o in out if 'someones-gpu' in o]) == 1, out
+    assert any('hostpci4 names mapping someones-gpu, which no PciMappings resource of this run declares' in o
+               for o in out)
+    # The declared ones pass; one of another fleet host does not count.
+    assert run(rules.BY_MAPPING, pcimap_res(), qemu_res(d=D)) == []
+    assert len(run(rules.BY_MAPPING, in_fleet(pcimap_res(), 'gpu01'), in_fleet(qemu_res(d=D), 'gpu02'))) == 4
+
+
+def test_root_pam_is_not_needed_for_mapped_gpus_but_still_for_sev_and_affinity():
+    token = dict(API, token_id='root@pam!ci', token_secret='TOKEN-SECRET-TEXT')
+    out = run(rules.ROOT_PAM, qemu_res(api=token, d=D))
+    assert len(out) == 1 and 'sets affinity, amd-sev (' in out[0] and 'hostpci' not in out[0].split(' (')[0], out
+    out = run(rules.ROOT_PAM, qemu_res(api=token))
+    assert len(out) == 1 and 'sets affinity, amd-sev, hostpci0, hostpci1, hostpci2, hostpci3 (' in out[0], out
+
+
+def test_a_mapping_id_that_is_not_proxmoxs_is_stopped():
+    r = pcimap_res()
+    r.props['mappings'] = {'gpu,x-vga=1,n0': dict(r.props['mappings']['gpuhost-300-gpu0'])}
+    out = run(rules.BY_MAPPING, r)
+    assert len(out) == 1 and out[0].startswith("vm-pci-mappings: mapping id 'gpu,x-vga=1,n0' is not a Proxmox mapping "
+                                               'id') and 'a comma above all' in out[0], out

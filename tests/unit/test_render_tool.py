@@ -32,7 +32,10 @@ def test_lab_render_writes_the_same_unit_the_program_deploys(tmp_path):
     tmp_path = out
     assert (tmp_path / 'host/etc/driverctl.d/pci-0000:81:00.0').read_text() == 'vfio-pci\n'
     assert 'lxc.cgroup2.cpuset.cpus: 0-31,64-95' in (tmp_path / 'host/etc/pve/lxc/200.conf.raw-lines').read_text()
-    assert 'hostpci3: 0000:f1:00.0,pcie=1' in (tmp_path / 'host/etc/pve/qemu-server/300.conf.api').read_text()
+    assert 'hostpci3: mapping=gpuhost-300-gpu3,pcie=1' in \
+        (tmp_path / 'host/etc/pve/qemu-server/300.conf.api').read_text()
+    assert 'gpuhost-300-gpu3\n\tmap node=pve-lab,path=0000:f1:00.0,id=10de:2bb5\n' in \
+        (tmp_path / 'host/etc/pve/mapping/pci.cfg.api').read_text()
 
 
 def test_prod_render_needs_no_secrets(tmp_path):

@@ -82,6 +82,15 @@ def test_launch_args_follow_the_version():
      'not valid base64'),
     ({'host__api': {'password': 'x'}}, 'TLS is always verified'),
     ({'vm__numa': 2}, 'sits on NUMA node 1 but the vm is placed on NUMA node 2'),
+    ({'vm__gpu_binding': 'mappings'},
+     "gpuhost:vm.gpu_binding: 'mappings' is not one of the allowed values: 'mapping' or 'address'"),
+    ({'vm__gpu_mapping_prefix': 'gpu,0'}, "gpuhost:vm.gpu_mapping_prefix: 'gpu,0' is not a Proxmox mapping id prefix"),
+    ({'vm__gpu_mapping_prefix': '0gpu'}, "'0gpu' is not a Proxmox mapping id prefix (a letter, then letters, "
+                                         "digits, \"-\" or \"_\"); write e.g. gpuhost-300-gpu"),
+    ({'vm__gpu_mapping_prefix': 'gpu\n'}, 'contains the control character'),
+    ({'vm__gpu_mapping_prefix': 'g' * 63}, 'is not a Proxmox mapping id prefix'),
+    ({'vm__gpu_binding': 'address', 'vm__gpu_mapping_prefix': 'gpu'},
+     "gpuhost:vm.gpu_mapping_prefix: 'gpu' is set, but gpuhost:vm.gpu_binding is address"),
 ])
 def test_refusals(changes, message):
     with pytest.raises(config.ConfigError) as e:
@@ -95,6 +104,27 @@ def test_no_api_token_even_without_vm_when_container_has_gpus():
     data['host']['api'].update(token_id='root@pam!x', token_secret='s')
     with pytest.raises(config.ConfigError, match=r'devN \(container GPUs\)'):
         config.parse(data)
+
+
+def test_vm_gpus_are_mapped_by_default_with_ids_proxmox_accepts():
+    d = parse()
+    assert d.vm.gpu_binding == 'mapping'
+    assert d.vm.mapping_ids() == ['gpuhost-300-gpu0', 'gpuhost-300-gpu1', 'gpuhost-300-gpu2', 'gpuhost-300-gpu3']
+    assert parse(vm__gpu_mapping_prefix='snp_').vm.mapping_ids()[3] == 'snp_3'
+    assert parse(vm__gpu_binding='address').vm.mapping_ids() == []
+
+
+def test_the_token_refusal_names_exactly_what_needs_root():
+    data = copy.deepcopy(lab_data())
+    data['host']['api'].update(token_id='root@pam!x', token_secret='s')
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(data)
+    # Through mappings, hostpciN needs Mapping.Use only; devN, amd-sev and affinity stay root@pam's.
+    assert 'set devN (container GPUs), amd-sev, affinity; an API token' in str(e.value)
+    data['vm']['gpu_binding'] = 'address'
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(data)
+    assert 'set devN (container GPUs), raw hostpciN, amd-sev, affinity; an API token' in str(e.value)
 
 
 def test_warnings():

@@ -71,6 +71,11 @@ def test_rollout_lanes():
     ([entry('gpu01', 1), entry('gpu02', 2, host={'api': {'address': '127.1.1.2'}})],
      r'host gpu02 .*vmid 200@127.1.1.2:8006 is also host gpu01\'s'),
     (['gpu01'], r'hosts\[0\]: .gpu01. is not a mapping'),
+    # Resource mappings are cluster-wide: one prefix for two VMs behind one API would hand one VM the other's GPUs.
+    ([entry('gpu01', 1, vm={'gpu_mapping_prefix': 'gpu'}),
+      entry('gpu02', 2, host={'api': {'address': '127.1.1.2'}}, container={'vmid': 201},
+            vm={'vmid': 301, 'gpu_mapping_prefix': 'gpu'})],
+     r'host gpu02 .*PCI mapping id gpu0@127.1.1.2:8006 is also host gpu01\'s; resource mappings are cluster-wide'),
 ])
 def test_refusals_name_the_host(entries, message):
     with pytest.raises(config.ConfigError, match=message):
