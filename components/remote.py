@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Optional, Sequence
 
+from components import host_state
 from components.state import OperatorError
-from grammar import cmdline
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
 
@@ -99,6 +99,9 @@ STEPS = {
     'ct_stop_unit.sh': ('stopping and removing {1} in container {0}', 300),
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'remove_file.sh': ('removing {0}', 60),
+    'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
+    'collector_enable.sh': ('enabling {1} and running {0} once', 120),
+    'collector_remove.sh': ('stopping {1} and removing the collector\'s files', 120),
 }
 
 
@@ -297,34 +300,9 @@ def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644
 
 # ------------------------------------------------------------------------- facts
 
-@dataclasses.dataclass
-class Gpu:
-    address: str
-    id: str
-    numa: int
-    driver: Optional[str]
-    override: Optional[str]
-    group: Optional[int]
-    group_type: Optional[str]
-    minor: Optional[int] = None
-
-
-@dataclasses.dataclass
-class HostFacts:
-    boot: str = 'grub'
-    configured: str = ''          # the effective configured line (GRUB: LINUX + DEFAULT incl. grub.d)
-    grub_linux: str = ''          # GRUB only: the two variables as /etc/default/grub alone sets them
-    grub_default: str = ''
-    running: str = ''
-    gpus: dict = dataclasses.field(default_factory=dict)
-    params: dict = dataclasses.field(default_factory=dict)
-    overrides: dict = dataclasses.field(default_factory=dict)
-    files: dict = dataclasses.field(default_factory=dict)
-    pending: dict = dataclasses.field(default_factory=dict)   # path -> follow-up step never finished
-    modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
-
-    def running_args(self):
-        return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
+# The facts' types live in components/host_state.py (shared with the collector on the host); parse_facts()
+# fills them from host_facts.sh's output.
+Gpu, HostFacts = host_state.Gpu, host_state.HostFacts
 
 
 def parse_facts(text: str) -> HostFacts:
