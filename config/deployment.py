@@ -16,6 +16,7 @@ from config.container import Container
 from config.errors import format_errors
 from config.host import Host
 from config.iommu import EXTRA_KERNEL_ARGS_MAX, Iommu
+from config.monitoring import Monitoring
 from config.nvidia import Nvidia
 from config.sglang import Sglang
 from config.values import ConfigError, Model, show
@@ -32,6 +33,7 @@ class Deployment(Model):
     container: Container
     vm: Optional[Vm] = None
     sglang: Sglang
+    monitoring: Monitoring = Monitoring()
 
     @model_validator(mode='after')
     def _cross(self):

@@ -109,4 +109,4 @@ def test_warnings():
 
 def test_schema_lists_every_section():
     schema = config.Deployment.model_json_schema()
-    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang'}
+    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang', 'monitoring'}
