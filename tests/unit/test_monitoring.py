@@ -222,13 +222,15 @@ def test_rules_pass_promtool_check(tmp_path, stack, changes):
     spec = d.sglang.speculative
     assert ('GpuhostSglangSpeculationInactive' in names) == bool(spec and spec.num_steps)
     assert {'GpuhostTargetDown', 'GpuhostRebootRequired', 'GpuhostContainerGpuOnVfio', 'GpuhostIdentityIommuGroup',
-            'GpuhostSglangSpeculationMismatch', 'GpuhostSglangThroughputCollapse'} <= set(names)
+            'GpuhostSglangSpeculationMismatch', 'GpuhostSglangThroughputCollapse', 'GpuhostGpuXidCritical',
+            'GpuhostGpuXidErrors', 'GpuhostIommuPageFaults', 'GpuhostNvidiaDriverLibraryMismatch',
+            'GpuhostCollectorStale'} <= set(names)
 
 
 def test_rules_threshold_follows_the_declared_steps():
     text = tool.rules('lab', parse(sglang__speculative={'algorithm': 'NEXTN', 'num_steps': 3, 'eagle_topk': 1,
                                                         'num_draft_tokens': 4}))
-    assert 'sglang:spec_accept_length{id="lxc/200", node="pve-lab"}) < 1.9 > 0' in text
+    assert 'node_id:sglang_spec_accept_length:rate5m < 1.9\n' in text
     assert 'sglang:spec_num_steps{id="lxc/200", node="pve-lab"}) != 3' in text
     # Before 0.5.13 SGLang has no sglang:spec_num_steps: the rule uses the accept length alone.
     assert 'sglang:spec_num_steps' not in tool.rules('lab', parse(sglang__version='0.5.9'))
@@ -246,6 +248,30 @@ def test_rules_annotations_read_as_the_fixtures_say(tmp_path):
     shutil.copy(os.path.join(FIXTURES, 'annotations.test.yml'), tmp_path)
     res = promtool('test', 'rules', 'annotations.test.yml', cwd=str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_recorded_accept_length_is_bench_serves_on_the_same_counters(tmp_path):
+    """The recording rule and bench-serve (tools/bench_serve.py accept_stats) read SGLang's counters one way:
+    the same counters, the same accept length."""
+    from tools.bench_serve import accept_stats
+    per_min = {'sglang:generation_tokens_total': 6600.0, 'sglang:num_requests_total': 60.0,
+               'sglang:spec_verify_calls_total': 4087.5}
+    minutes = 30
+    want = accept_stats({k: 0.0 for k in per_min}, {k: v * minutes for k, v in per_min.items()}, 2)['accept_length']
+    assert want == 1.6
+    labels = '{id="lxc/200", node="pve-lab", instance="c:30000", job="gpuhost", model_name="m", engine_type="unified"}'
+    doc = {'rule_files': ['rules.yml'], 'evaluation_interval': '1m', 'tests': [{
+        'interval': '1m',
+        'input_series': [{'series': name + labels, 'values': '0+%sx%d' % (v, minutes)} for name, v in per_min.items()],
+        'promql_expr_test': [{'expr': 'node_id:sglang_spec_accept_length:rate5m', 'eval_time': '20m', 'exp_samples': [
+            {'labels': 'node_id:sglang_spec_accept_length:rate5m{id="lxc/200", node="pve-lab"}', 'value': want}]}]}]}
+    (tmp_path / 'rules.yml').write_text(render_rules(tmp_path, annotations=False))
+    (tmp_path / 'accept.test.yml').write_text(yaml.safe_dump(doc))
+    res = promtool('test', 'rules', 'accept.test.yml', cwd=str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    # Before SGLang 0.5.13 there is no verify counter: no recording rule, the alert reads the gauge.
+    old = tool.rules('lab', parse(sglang__version='0.5.9'))
+    assert 'node_id:sglang_spec_accept_length:rate5m' not in old and 'sglang:spec_accept_length{' in old
 
 
 # ------------------------------------------------------------------------------------ dashboard
@@ -268,7 +294,8 @@ def test_dashboard_structure_and_every_query_parses(tmp_path):
         assert v['datasource'] == {'type': 'prometheus', 'uid': '${DS_PROMETHEUS}'}
     titles = ' '.join(p['title'] for p in dash['panels']).lower()
     for topic in ('throughput', 'first token', 'inter-token', 'request', 'kv cache', 'accept length', 'accept rate',
-                  'gpu assignment', 'reboot'):
+                  'gpu assignment', 'reboot', 'identity', 'vfio-pci', 'xid', 'iommu page faults', 'aer',
+                  'container user space', 'collector', 'kernel command line', 'nvidia module parameters'):
         assert topic in titles
     exprs = tool.dashboard_exprs(dash)
     assert any('histogram_quantile' in e and 'time_to_first_token_seconds_bucket' in e for e in exprs)
