@@ -294,20 +294,19 @@ def journal(after=None, run=subprocess.Popen):
     from `journalctl --dmesg` (kernel messages of the current boot) in JSON."""
     argv = list(JOURNALCTL) + (['--after-cursor=%s' % after] if after else [])
     proc = run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    # Both pipes read together (communicate): journalctl blocked on a full stderr pipe would never end stdout.
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise OSError(errno.EIO, 'journalctl exited with %d: %s' % (
+            proc.returncode, stderr.decode('utf-8', 'replace').strip()[-300:] or '(no message)'))
     out = []
-    try:
-        for raw in proc.stdout:
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get('__CURSOR'), str):
-                out.append((entry['__CURSOR'], entry.get('_BOOT_ID') or '', message_text(entry.get('MESSAGE'))))
-    finally:
-        err = proc.stderr.read().decode('utf-8', 'replace').strip()
-        code = proc.wait()
-    if code != 0:
-        raise OSError(errno.EIO, 'journalctl exited with %d: %s' % (code, err[-300:] or '(no message)'))
+    for raw in stdout.splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get('__CURSOR'), str):
+            out.append((entry['__CURSOR'], entry.get('_BOOT_ID') or '', message_text(entry.get('MESSAGE'))))
     return out
 
 

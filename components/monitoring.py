@@ -2,12 +2,15 @@
 and where Prometheus finds its targets.
 
   host-metrics   /var/lib/prometheus/node-exporter/gpuhost.prom, a node_exporter textfile-collector
-                 file: declared vs running state (reboot required and why, by kind; speculation
-                 requested vs resolved; each GPU's assignment, driver and IOMMU group type; the SGLang
-                 unit's state and version). Its content is a pure function of the declared state and of
-                 facts that change only when the host does (no timestamps, no running averages), so a
-                 second `up` writes nothing; computed from the other resources' outputs, so `preview`
-                 contacts no host. It describes the host as the last `pulumi up` found it.
+                 file: what only the program knows (speculation requested vs resolved, the SGLang unit's
+                 state and version). Its content is a pure function of the declared state and of facts
+                 that change only when the host does (no timestamps, no running averages), so a second
+                 `up` writes nothing; computed from the unit's outputs, so `preview` contacts no host. It
+                 describes the service as the last `pulumi up` found it.
+  collector      the collector on the host (components/collector.py): its script, config, service and
+                 timer, which write gpuhost-collector.prom every 30 s - the host's own state, live (GPUs,
+                 IOMMU domains, command line, module options, reboot reasons, Xid events, IOMMU page
+                 faults, AER errors). The two files never share a metric family.
   file_sd()      the `prometheus_file_sd` output: SGLang's /metrics and the host's node_exporter, with
                  labels that join with Proxmox's exporter (`id="lxc/200"`, `node`), no `job`.
 

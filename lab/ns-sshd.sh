@@ -21,6 +21,7 @@ mount -t overlay overlay -o "lowerdir=/dev,upperdir=$H/dev,workdir=$LAB/work/dev
 mount --bind "$H/sys/bus/pci" /sys/bus/pci
 mount --bind "$H/sys/kernel/iommu_groups" /sys/kernel/iommu_groups
 # The loaded modules' sysfs (the nvidia module's version): the host's own, not the machine's.
+mkdir -p "$H/sys/module"
 mount --bind "$H/sys/module" /sys/module
 mount --bind "$H/proc/cmdline" /proc/cmdline
 mount --bind "$H/proc/driver" /proc/driver

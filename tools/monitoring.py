@@ -184,7 +184,7 @@ def dashboard(stack: str, d) -> dict:
                                              'overrides': []}),
         _panel('timeseries', 'Speculative accept length', (8, 16, 8, 8), ([
             _target('(sum(rate(sglang:generation_tokens_total%s[$__rate_interval])) - sum(rate(sglang:num_requests_total'
-                    '%s[$__rate_interval]))) / (sum(rate(sglang:spec_verify_calls_total%s[$__rate_interval])) > 0)'
+                    '%s[$__rate_interval]))) / sum(rate(sglang:spec_verify_calls_total%s[$__rate_interval]))'
                     % (S, S, S), 'accept length (counters)')] if spec_counters(d) else []) + [
             _target('max(sglang:spec_accept_length%s)' % S, 'last decode interval (gauge)'),
             _target('1 + 0.3 * max(gpuhost_sglang_speculative_num_steps{node="$node", id="node/$node", '
