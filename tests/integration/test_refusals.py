@@ -65,6 +65,7 @@ def test_preview_needs_no_lab_at_all(lab, base):
     try:
         plan = lab.preview_json(STACK)
         ops = {s['urn'].split('::')[-1]: s['op'] for s in plan['steps'] if s['urn'].count('dynamic')}
-        assert set(ops.values()) == {'create'} and len(ops) == 9 and 'host-metrics' in ops, sorted(ops)
+        assert set(ops.values()) == {'create'} and len(ops) == 10 and 'host-metrics' in ops, sorted(ops)
+        assert 'collector' in ops, sorted(ops)
     finally:
         lab.up()
