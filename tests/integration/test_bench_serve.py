@@ -43,9 +43,9 @@ def bench(lab, tmp_path, *args, timeout=600):
     return res, out
 
 
-def deploy(lab, speed_model=None):
+def deploy(lab, speed_model=None, speed=SPEED):
     cfg = lab.stack_config()
-    env = {'LAB_SGLANG_SPEED': str(SPEED)}
+    env = {'LAB_SGLANG_SPEED': str(speed)}
     if speed_model:
         env['LAB_SGLANG_SPEED_MODEL'] = json.dumps(speed_model)
     cfg['gpuhost:sglang']['environment'] = env
@@ -118,11 +118,15 @@ def test_the_benchmark_measures_what_the_simulator_was_told(lab, tmp_path):
 
 # A steeper batch cost than the default: MTP wins clearly at concurrency 1 and loses clearly at 8.
 STEEP = {'batch_cost': 0.1}
+# At concurrency 8 without speculation the steep model streams ~520 tokens a second; 3x faster (1,550 a
+# second through AIPerf and the simulated server) the 2-core machine could not keep up while other test
+# modules run beside it (CI measured +10% for a model's -13.5%): this test runs the lab in real time.
+TUNER_SPEED = 1
 
 
 @pytest.mark.slow
 def test_the_tuner_picks_the_variant_the_model_makes_best_and_restores_the_stack(lab, tmp_path):
-    declared = deploy(lab, STEEP)
+    declared = deploy(lab, STEEP, speed=TUNER_SPEED)
     starts = lab.unit_starts()
     res, out = bench(lab, tmp_path, '--variants', 'off,nextn2', '--concurrency', '1,8', '--target-concurrency', '8')
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
