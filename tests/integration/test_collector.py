@@ -89,8 +89,9 @@ def test_identity_domain_fires_the_critical_alert_with_no_pulumi_run(lab, env):
         fired = time.time()
         print('identity: collector ran %.1f s after the flip, the alert fired %.1f s after that run' % (
             run['end'] - flipped, fired - run['end']))
-        # Within two scrape intervals of the collector writing it (plus the evaluation that follows the scrape).
-        assert fired - run['end'] <= 2 * SCRAPE_S + SCRAPE_S + 1.0, (run, fired)
+        # Within two intervals of the collector writing it: the next scrape, the evaluation after it (and 1 s for
+        # this loop's polling and the API on a loaded machine).
+        assert fired - run['end'] <= 2 * SCRAPE_S + 1.0, (run, fired)
         assert prom.firing('GpuhostIdentityIommuGroup')[0]['labels']['severity'] == 'critical'
         assert lab.ssh_commands() == ssh, 'nothing reached the host over SSH: no pulumi command ran'
     finally:
@@ -108,18 +109,17 @@ def test_xid79_counts_once_fires_and_is_not_counted_again_after_restarts(lab, en
          'GpuhostGpuXidCritical firing')
     print('xid 79: counted and firing %.1f s after the kernel logged it' % (time.time() - logged))
     # The collector restarted, twice: its timer restarted (systemctl restart, as a new unit file makes pulumi
-    # up do), and a run with its textfile gone (a run killed before it wrote it). Each run reads on from its
-    # saved position in the kernel log.
+    # up do: the next run reads on from its saved position in the kernel log), then a run with its state and its
+    # textfile gone (lost: it counts this boot again from its first message).
     assert lab.ssh('systemctl restart gpuhost-collector.timer').exit_code == 0
     restarted = time.time()
     timers.wait_run(restarted, INTERVAL_S + 10)
-    on_host(lab, 'rm %s' % TEXTFILE)
+    on_host(lab, 'rm %s %s' % (monitoring.COLLECTOR_STATE, TEXTFILE))
     gone = time.time()
-    timers.wait_run(gone, INTERVAL_S + 10)
-    timers.wait_run(time.time(), INTERVAL_S + 10)
+    assert timers.wait_run(gone, INTERVAL_S + 10)['code'] == 0
     assert 'xid="79"} 1\n' in on_host(lab, 'grep \'pci_bus_id="0000:11:00.0",xid="79"\' %s' % TEXTFILE)
-    wait(lambda: prom.value('max_over_time(gpuhost_gpu_xid_errors_total{pci_bus_id="0000:11:00.0", xid="79"}[1m])')
-         is not None, 10, 'scraped again')
+    # Scraped again (the textfile's absence made the series stale in Prometheus until then).
+    wait(lambda: xid79(prom) is not None, 10, 'the Xid counter scraped again')
     # Never 2 in between, in anything Prometheus scraped since the event.
     span = int(time.time() - logged) + 2
     assert prom.value('max_over_time(gpuhost_gpu_xid_errors_total{pci_bus_id="0000:11:00.0", xid="79"}[%ds])'
@@ -166,7 +166,7 @@ def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
         '/etc/gpuhost', '/var/lib/gpuhost']
     assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''
     assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost.prom']
-    # The timer is gone: no run after the destroy writes the file again.
-    with pytest.raises(AssertionError):
-        timers.wait_run(stopped, INTERVAL_S + 2)
-    assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost.prom']
+    # The timer is gone from the host's systemd: nothing starts the collector again (HostTimers, PID 1's stand-in,
+    # has no schedule to follow), and no run started after the destroy.
+    assert timers.schedule() is None
+    assert [r for r in timers.runs if r['start'] > stopped] == []
