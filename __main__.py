@@ -84,8 +84,10 @@ for h in fleet.hosts:
                    connection=connection) if d.vm else None)
     service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2])
-    # node_exporter textfile with declared vs running state, after the host status and the unit are known.
-    monitoring.host_metrics(name('host-metrics'), d, connection, host, container, service)
+    # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
+    # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
+    monitoring.host_metrics(name('host-metrics'), d, connection, container, service)
+    monitoring.host_collector(name('collector'), d, connection)
     built.append((host, container, vm, service))
 
 if fleet.is_fleet:

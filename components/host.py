@@ -27,6 +27,7 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from components import remote
+from components.host_state import assignment, reboot_reasons
 from grammar import cmdline
 from grammar.gpu import BLACKWELL_IDS
 from components.sglang import service_props
@@ -143,37 +144,12 @@ def check_identity(facts: remote.HostFacts, blackwell_ids: list) -> None:
             'command line, power-cycle the host (a warm reboot does not clear it), then re-run.' % ', '.join(identity))
 
 
-def reboot_reasons(facts: remote.HostFacts, expect: dict) -> list:
-    """Why the running host differs from its declared state (each a sentence for monitoring)."""
-    reasons = []
-    running = facts.running_args()
-    missing = [a for a in expect['ensure_args'] if not cmdline.has(running, a)]
-    if missing:
-        reasons.append('kernel command line: running lacks %s' % ' '.join(missing))
-    present = [w for w, _ in cmdline.dangers(running, expect['policy'])]
-    if present:
-        reasons.append('kernel command line: running still has %s' % ' '.join(present))
-    for key, value in sorted(expect['nvidia_params'].items()):
-        have = facts.params.get(key)
-        if have is None:
-            if facts.params:
-                reasons.append('nvidia %s: not in /proc/driver/nvidia/params, declared %s' % (key, value))
-        elif str(have) != str(value):
-            reasons.append('nvidia NVreg_%s: running %s, declared %s' % (key, have, value))
-    for bdf in expect['vfio_devices']:
-        gpu = facts.gpus.get(bdf)
-        if gpu and gpu.driver != 'vfio-pci':
-            reasons.append('%s: bound to %s, declared vfio-pci' % (bdf, gpu.driver or 'no driver'))
-    for bdf in expect['container_devices']:
-        gpu = facts.gpus.get(bdf)
-        if gpu and gpu.driver != 'nvidia':
-            reasons.append('%s: bound to %s, declared nvidia (container)' % (bdf, gpu.driver or 'no driver'))
-    domain = expect['domain']
-    for gpu in sorted(facts.gpus.values(), key=lambda g: g.address):
-        if gpu.group_type and gpu.group_type not in (domain, 'unmanaged', 'blocked') and gpu.driver != 'vfio-pci':
-            reasons.append('IOMMU group %s (%s): type %s, declared %s' % (gpu.group, gpu.address, gpu.group_type,
-                                                                          domain))
-    return reasons
+def host_expect(d) -> dict:
+    """The declared host state the running one is compared with (host_state.reboot_reasons): by
+    HostStatus at every run, and by the collector on the host every 30 s (its config file)."""
+    return {'ensure_args': d.iommu.kernel_args(), 'policy': d.kernel_policy(), 'domain': d.iommu.domain,
+            'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
+            'vfio_devices': list(d.vm.gpus) if d.vm else [], 'container_devices': list(d.container.gpus)}
 
 
 def modprobe_content(dma_remap_peer_mmio: int) -> str:
@@ -411,9 +387,7 @@ class HostStatusProvider(ObservedProvider):
         facts = read_facts(target)
         expect = props['expect']
         reasons = reboot_reasons(facts, expect)
-        sides = {b: 'container' for b in expect['container_devices']}
-        sides.update({b: 'vm' for b in expect['vfio_devices']})
-        gpus = {g.address: {'assigned_to': sides.get(g.address, 'host'), 'numa': g.numa, 'driver': g.driver,
+        gpus = {g.address: {'assigned_to': assignment(g.address, expect), 'numa': g.numa, 'driver': g.driver,
                             'id': g.id, 'iommu_group': g.group, 'iommu_group_type': g.group_type, 'minor': g.minor}
                 for g in sorted(facts.gpus.values(), key=lambda g: g.address)}
         types = sorted({g.group_type for g in facts.gpus.values() if g.group_type})
@@ -516,9 +490,7 @@ class ProxmoxHost(pulumi.ComponentResource):
             'inventory': inventory, 'blackwell_ids': blackwell, **({'fleet_host': fleet_host} if fleet_host else {})},
             child, outputs=VfioProvider.OUTPUTS)
         resources = [self.kernel, self.nvidia, self.vfio]
-        expect = {'ensure_args': ensure, 'policy': policy, 'domain': d.iommu.domain,
-                  'nvidia_params': {'DmaRemapPeerMmio': str(d.nvidia.dma_remap_peer_mmio)},
-                  'vfio_devices': vfio_devices, 'container_devices': list(d.container.gpus)}
+        expect = host_expect(d)
         # A token each host resource renews whenever it applies something: then the status is read again
         # at the end of the run, so the outputs describe what the host has after it.
         observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)

@@ -2,12 +2,15 @@
 and where Prometheus finds its targets.
 
   host-metrics   /var/lib/prometheus/node-exporter/gpuhost.prom, a node_exporter textfile-collector
-                 file: declared vs running state (reboot required and why, by kind; speculation
-                 requested vs resolved; each GPU's assignment, driver and IOMMU group type; the SGLang
-                 unit's state and version). Its content is a pure function of the declared state and of
-                 facts that change only when the host does (no timestamps, no running averages), so a
-                 second `up` writes nothing; computed from the other resources' outputs, so `preview`
-                 contacts no host. It describes the host as the last `pulumi up` found it.
+                 file: what only the program knows (speculation requested vs resolved, the SGLang unit's
+                 state and version). Its content is a pure function of the declared state and of facts
+                 that change only when the host does (no timestamps, no running averages), so a second
+                 `up` writes nothing; computed from the unit's outputs, so `preview` contacts no host. It
+                 describes the service as the last `pulumi up` found it.
+  collector      the collector on the host (components/collector.py): its script, config, service and
+                 timer, which write gpuhost-collector.prom every 30 s - the host's own state, live (GPUs,
+                 IOMMU domains, command line, module options, reboot reasons, Xid events, IOMMU page
+                 faults, AER errors). The two files never share a metric family.
   file_sd()      the `prometheus_file_sd` output: SGLang's /metrics and the host's node_exporter, with
                  labels that join with Proxmox's exporter (`id="lxc/200"`, `node`), no `job`.
 
@@ -19,12 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
+import re
 
 import pulumi
 from pulumi.dynamic import Resource
 
-from components import remote
+from components import exposition, host_state, remote
 from components.runtime import declared as runtime_declared
 from components.sglang import expected_speculation
 from components.state import ObservedProvider, OperatorError, numbers
@@ -33,58 +38,11 @@ TEXTFILE_DIR = '/var/lib/prometheus/node-exporter'   # Debian's prometheus-node-
 TEXTFILE = TEXTFILE_DIR + '/gpuhost.prom'
 NODE_EXPORTER_PORT = 9100
 
-# Reboot reasons by kind: the first matching test names it (components/host.py reboot_reasons()).
-REASON_KINDS = (
-    ('kernel_cmdline_missing', lambda r: r.startswith('kernel command line: running lacks')),
-    ('kernel_cmdline_unwanted', lambda r: r.startswith('kernel command line: running still has')),
-    ('nvidia_module_option', lambda r: r.startswith('nvidia ')),
-    ('vm_gpu_binding', lambda r: r.endswith('declared vfio-pci')),
-    ('container_gpu_binding', lambda r: r.endswith('declared nvidia (container)')),
-    ('iommu_group_type', lambda r: r.startswith('IOMMU group')),
-)
-OTHER = 'other'
-
-
-def reason_kind(reason: str) -> str:
-    return next((kind for kind, test in REASON_KINDS if test(reason)), OTHER)
-
-
-def nvidia_bus_id(bdf: str) -> str:
-    """0000:e1:00.0 -> 00000000:E1:00.0, the form nvidia-smi and DCGM print."""
-    domain, rest = bdf.split(':', 1)
-    return '%08X:%s' % (int(domain, 16), rest.upper())
-
-
-# ---------------------------------------------------------------------------------- the textfile
-
-def _escape(value) -> str:
-    return str(value).replace('\\', r'\\').replace('\n', r'\n').replace('"', r'\"')
-
-
-def _labels(labels: dict) -> str:
-    if not labels:
-        return ''
-    return '{%s}' % ','.join('%s="%s"' % (k, _escape(v)) for k, v in labels.items())
-
-
-def _num(value) -> str:
-    value = float(value)
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-class _Text(object):
-    def __init__(self):
-        self.lines = []
-
-    def family(self, name, help_, samples, kind='gauge'):
-        """samples: [(labels dict, value)]; a family without samples is left out."""
-        if not samples:
-            return
-        self.lines += ['# HELP %s %s' % (name, help_), '# TYPE %s %s' % (name, kind)]
-        self.lines += ['%s%s %s' % (name, _labels(labels), _num(value)) for labels, value in samples]
-
-    def text(self):
-        return '\n'.join(self.lines) + '\n'
+# Moved to components/host_state.py (the collector on the host uses them too); kept here by name.
+REASON_KINDS, OTHER, reason_kind, nvidia_bus_id = (host_state.REASON_KINDS, host_state.OTHER, host_state.reason_kind,
+                                                   host_state.nvidia_bus_id)
+_Text = exposition.Text
+_num = exposition.number
 
 
 def declared(d) -> dict:
@@ -93,7 +51,6 @@ def declared(d) -> dict:
     spec = s.speculative
     return {
         'version': s.version, 'unit': s.unit, 'model_name': s.served_model_name, 'tp_size': s.tp,
-        'iommu_domain': d.iommu.domain,
         'speculation': ({'algorithm': spec.algorithm, 'num_steps': spec.num_steps, 'eagle_topk': spec.eagle_topk,
                          'num_draft_tokens': spec.num_draft_tokens} if spec and spec.num_steps else None),
         'expect': expected_speculation(d),
@@ -105,35 +62,15 @@ def _spec_labels(algorithm, steps, topk, draft) -> dict:
             'num_draft_tokens': _num(draft or 0)}
 
 
-def textfile(decl: dict, gpus: dict, reasons: list, resolved, active, enabled, facts=None) -> str:
-    """The content of gpuhost.prom. gpus: HostStatus' `gpus` (address -> assigned_to, numa, driver, id,
-    iommu_group, iommu_group_type); reasons: its `reboot_reasons`; resolved: the SGLang unit's
-    `resolved` (/server_info, None when it could not be read); active/enabled: the unit's state; facts: its
-    `runtime_facts` (driver versions of the host module and the container's libraries, CUDA, the running
-    environment and its lock's hash)."""
-    gpus, resolved = numbers(gpus or {}), numbers(resolved)
-    reasons = list(reasons or [])
+def textfile(decl: dict, resolved, active, enabled, facts=None) -> str:
+    """The content of gpuhost.prom: what only the program knows - the SGLang service it declares, the unit's
+    state and the speculation SGLang resolved, and the runtime it installed, as the last run found them.
+    resolved: the SGLang unit's `resolved` (/server_info, None when it could not be read); active/enabled:
+    the unit's state; facts: its `runtime_facts` (driver versions of the host module and the container's
+    libraries, CUDA, the running environment and its lock's hash). The host's own state (GPUs, IOMMU,
+    reboot) is the collector's, live (gpuhost-collector.prom)."""
+    resolved = numbers(resolved)
     t = _Text()
-    t.family('gpuhost_reboot_required',
-             'Whether the host must reboot to run its declared state (1) or not (0), as the last pulumi up found it.',
-             [({}, 1 if reasons else 0)])
-    kinds = [reason_kind(r) for r in reasons]
-    t.family('gpuhost_reboot_reasons',
-             'Differences between the running and the declared host state that a reboot applies, by kind.',
-             [({'kind': kind}, kinds.count(kind)) for kind in [k for k, _ in REASON_KINDS] + [OTHER]])
-    t.family('gpuhost_iommu_declared_domain_info',
-             'The IOMMU default domain type the config declares (the running types: gpuhost_gpu_info).',
-             [({'domain': decl['iommu_domain']}, 1)])
-    t.family('gpuhost_gpu_info',
-             'A GPU of the host: where it is assigned (container, vm, host), the driver bound to it and its '
-             'IOMMU group\'s type as the last pulumi up found them.',
-             [({'gpu': nvidia_bus_id(addr), 'pci_bus_id': addr, 'pci_id': g.get('id') or '',
-                'numa_node': _num(g['numa']) if g.get('numa') is not None else '',
-                'assigned_to': g.get('assigned_to') or '', 'driver': g.get('driver') or 'none',
-                'iommu_group': _num(g['iommu_group']) if g.get('iommu_group') is not None else '',
-                'iommu_group_type': g.get('iommu_group_type') or 'none'}, 1)
-              for addr, g in sorted(gpus.items())])
-
     t.family('gpuhost_sglang_info', 'The SGLang service the config declares: version, unit, served model, '
              'tensor parallelism.',
              [({'version': decl['version'], 'unit': decl['unit'], 'model_name': decl['model_name'],
@@ -251,19 +188,17 @@ def _digest(values) -> str:
     return hashlib.sha256(json.dumps(numbers(values), sort_keys=True, default=str).encode()).hexdigest()
 
 
-def upstream(d, host, container, service) -> pulumi.Output:
-    """A digest that changes whenever HostStatus or the SGLang unit is created or updated for a
-    declared reason: HostStatus' own inputs (the declared host state and the tokens its host resources
-    renew on every apply) and the unit's declared inputs (its text, version, name, container, API key).
+def upstream(d, container, service) -> pulumi.Output:
+    """A digest that changes whenever the SGLang unit is created or updated for a declared reason: the
+    unit's declared inputs (its text, version, name, container, API key).
 
-    Why: a preview that updates either of them cannot know gpuhost.prom's content (their outputs are
+    Why: a preview that updates the unit cannot know gpuhost.prom's content (the unit's outputs are
     unknown) and lists host-metrics; with this digest among its inputs the `up` then updates it too -
     rewriting the file only if the content differs - so preview lists what up changes. All of it is
     known at preview (never an output that may be null, which a preview reads as unknown)."""
     s = d.sglang
     unit = [service.unit, s.version, s.unit, d.container.vmid, runtime_declared(d)]
-    token = pulumi.Output.all(host.status.expect, host.status.observed, container.identity).apply(
-        lambda a: _digest(list(a) + unit))
+    token = pulumi.Output.all(container.identity).apply(lambda a: _digest(list(a) + unit))
     key = getattr(s, 'api_key', None)
     if key is not None:
         # A new API key restarts the unit; only its digest enters, and the result stays a secret.
@@ -271,14 +206,203 @@ def upstream(d, host, container, service) -> pulumi.Output:
     return token
 
 
-def host_metrics(name, d, connection, host, container, service, opts=None) -> MetricsFile:
-    """The `host-metrics` resource: gpuhost.prom from HostStatus' and the SGLang unit's outputs, written
-    after both (`upstream`: see upstream())."""
+def host_metrics(name, d, connection, container, service, opts=None) -> MetricsFile:
+    """The `host-metrics` resource: gpuhost.prom from the SGLang unit's outputs, written after it
+    (`upstream`: see upstream())."""
     decl = declared(d)
-    status, unit = host.status, service.service
-    content = pulumi.Output.all(host.gpus, host.reboot_reasons, unit.resolved, unit.active, unit.enabled,
-                                unit.runtime_facts).apply(lambda a: textfile(decl, *a))
-    opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(depends_on=[status, unit]), opts)
+    unit = service.service
+    content = pulumi.Output.all(unit.resolved, unit.active, unit.enabled, unit.runtime_facts).apply(
+        lambda a: textfile(decl, *a))
+    opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(depends_on=[unit]), opts)
     return MetricsFile(MetricsFileProvider(), name, {
         'connection': connection, 'path': TEXTFILE, 'mode': '0644', 'content': content,
-        'upstream': upstream(d, host, container, service), 'sha256': None}, opts)
+        'upstream': upstream(d, container, service), 'sha256': None}, opts)
+
+
+# ------------------------------------------------------------------------- the collector on the host
+
+COLLECTOR_SCRIPT = '/usr/local/sbin/gpuhost-collector'
+COLLECTOR_CONFIG = '/etc/gpuhost/collector.json'
+UNIT_DIR = '/etc/systemd/system'
+COLLECTOR_SERVICE = 'gpuhost-collector.service'
+COLLECTOR_TIMER = 'gpuhost-collector.timer'
+COLLECTOR_TEXTFILE = TEXTFILE_DIR + '/gpuhost-collector.prom'
+COLLECTOR_STATE_DIR = '/var/lib/gpuhost'     # the service's StateDirectory=gpuhost
+COLLECTOR_STATE = COLLECTOR_STATE_DIR + '/collector-state.json'
+COLLECTOR_TIMEOUT_S = 120
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The modules the collector runs with, carried verbatim inside its script (the host has no copy of this
+# program): the kernel command-line grammar, the exposition format and the host-state decisions.
+EMBEDDED = (('grammar.cmdline', 'grammar/cmdline.py'), ('components.exposition', 'components/exposition.py'),
+            ('components.host_state', 'components/host_state.py'))
+COLLECTOR_MAIN = 'components/collector.py'
+_LOADER = '''#!/usr/bin/python3
+# gpuhost-collector - managed by gpuhost (Pulumi); edits are reverted on the next `pulumi up`.
+# The host's live GPU safety and health metrics for node_exporter's textfile collector, run by
+# gpuhost-collector.timer (see gpuhost-collector --help). Built from the program's own modules: %s are
+# carried below verbatim and registered under their names; the collector itself
+# (%s) follows them.
+import sys as _sys
+import types as _types
+
+
+def _module(name, source):
+    package, _, leaf = name.rpartition('.')
+    if package not in _sys.modules:
+        parent = _types.ModuleType(package)
+        parent.__path__ = []
+        _sys.modules[package] = parent
+    module = _types.ModuleType(name)
+    module.__file__ = '<gpuhost-collector: %%s>' %% name
+    _sys.modules[name] = module
+    exec(compile(source, module.__file__, 'exec'), module.__dict__)
+    setattr(_sys.modules[package], leaf, module)
+
+
+'''
+_PLAIN_PATH = re.compile(r'^/[A-Za-z0-9/_.-]+$')
+
+
+def _source(rel) -> str:
+    with open(os.path.join(_ROOT, rel)) as f:
+        return f.read()
+
+
+def collector_script() -> str:
+    """/usr/local/sbin/gpuhost-collector: a loader, the embedded modules as raw strings, then
+    components/collector.py as the script's own code. A pure function of those files: the same program
+    writes the same script (a second `up` changes nothing), a changed module shows in the diff."""
+    parts = [_LOADER % (', '.join(rel for _, rel in EMBEDDED), COLLECTOR_MAIN)]
+    for name, rel in EMBEDDED:
+        text = _source(rel)
+        # A raw triple-quoted string holds any text but its own delimiter and a trailing backslash.
+        if "'''" in text or text.endswith('\\'):
+            raise ValueError('%s cannot be carried in the collector script as a raw string (it holds \'\'\' or '
+                             'ends in a backslash); rewrite that line' % rel)
+        parts.append("_module(%r, r'''%s''')\n\n" % (name, text))
+    parts.append('# --- %s\n' % COLLECTOR_MAIN)
+    parts.append(_source(COLLECTOR_MAIN))
+    return ''.join(parts)
+
+
+def collector_config(d) -> str:
+    """/etc/gpuhost/collector.json: the declared state the collector compares the host with (the same
+    `expect` HostStatus uses), checked with the collector's own validation before it is written."""
+    from components import collector
+    from components.host import host_expect
+    from grammar.gpu import BLACKWELL_IDS
+    doc = {'version': collector.CONFIG_VERSION, 'textfile': COLLECTOR_TEXTFILE, 'state': COLLECTOR_STATE,
+           'interval_s': d.monitoring.collector_interval_s, 'blackwell_ids': sorted(BLACKWELL_IDS),
+           'expect': host_expect(d)}
+    collector.validate_config(json.loads(json.dumps(doc)))
+    return json.dumps(doc, indent=1, sort_keys=True) + '\n'
+
+
+def collector_units(d) -> dict:
+    """{unit name: text} of the service (one run) and the timer (every collector_interval_s)."""
+    from components.render import exec_start, render
+    for path in (COLLECTOR_SCRIPT, COLLECTOR_TEXTFILE, TEXTFILE_DIR):
+        if not _PLAIN_PATH.match(path):
+            raise ValueError('%s is written unquoted into a unit file and must be a plain path' % path)
+    interval = d.monitoring.collector_interval_s
+    return {
+        COLLECTOR_SERVICE: render('gpuhost-collector.service.j2', interval=interval, textfile=COLLECTOR_TEXTFILE,
+                                  script=COLLECTOR_SCRIPT, textfile_dir=TEXTFILE_DIR, timeout=COLLECTOR_TIMEOUT_S,
+                                  exec_start=exec_start([COLLECTOR_SCRIPT, '--config', COLLECTOR_CONFIG])),
+        COLLECTOR_TIMER: render('gpuhost-collector.timer.j2', interval=interval),
+    }
+
+
+def collector_files(d) -> dict:
+    """{path on the host: (content, mode)}: what the collector's resource installs."""
+    units = collector_units(d)
+    return {COLLECTOR_SCRIPT: (collector_script(), '0755'), COLLECTOR_CONFIG: (collector_config(d), '0644'),
+            UNIT_DIR + '/' + COLLECTOR_SERVICE: (units[COLLECTOR_SERVICE], '0644'),
+            UNIT_DIR + '/' + COLLECTOR_TIMER: (units[COLLECTOR_TIMER], '0644')}
+
+
+def parse_collector_facts(text: str) -> dict:
+    """collector_facts.sh's output -> {'files': {path: content or None}, 'timer': {'enabled', 'active'}}
+    (pure)."""
+    import base64
+    files, timer = {}, {'enabled': 'not-found', 'active': 'unknown'}
+    for line in text.splitlines():
+        kind, _, rest = line.partition('\t')
+        fields = rest.split('\t')
+        if kind == 'file' and len(fields) == 2:
+            files[fields[0]] = None if fields[1] == '-' else base64.b64decode(fields[1]).decode('utf-8', 'replace')
+        elif kind == 'timer' and len(fields) == 2:
+            timer = {'enabled': fields[0], 'active': fields[1]}
+    return {'files': files, 'timer': timer}
+
+
+class CollectorError(OperatorError):
+    pass
+
+
+class CollectorProvider(ObservedProvider):
+    """The collector on the host: its script, config and two unit files (compare-and-swap each, like every
+    host file of this program), the timer enabled and active, one run checked at install. Removed on
+    destroy with its textfile and state: metrics of a collector that is gone would mislead."""
+    ID = 'gpuhost-collector'
+    DESIRED = ('files', 'timer')
+    TIMER_ON = {'enabled': 'enabled', 'active': 'active'}
+
+    def observe(self, target, props):
+        paths = sorted(props['files'])
+        res = remote.run(target, 'collector_facts.sh', [props['timer_unit']] + paths, check=False)
+        if res.exit_code != 0:
+            raise CollectorError('%s: cannot read the collector\'s files: %s' % (target.name,
+                                                                                  res.stderr.strip()[-300:]))
+        facts = parse_collector_facts(res.stdout)
+        return {'files': {p: facts['files'].get(p) for p in paths}, 'timer': facts['timer']}
+
+    def apply(self, props):
+        target = remote.Target.from_inputs(props['connection'])
+        current = self.observe(target, props)
+        todo = [p for p in sorted(props['files']) if current['files'][p] != props['files'][p]]
+        if todo or current['timer'] != self.TIMER_ON:
+            for directory in sorted({posixpath.dirname(p) for p in todo if current['files'][p] is None} |
+                                    {props['textfile_dir']}):
+                remote.run(target, 'ensure_dir.sh', [directory, '0755'])
+            for p in todo:
+                old = current['files'][p]
+                remote.put_file(target, p, props['files'][p], props['modes'][p],
+                                remote.sha256_hex(old) if old is not None else '-')
+            reload = any(p.startswith(UNIT_DIR + '/') for p in todo) or current['timer'] != self.TIMER_ON
+            res = remote.run(target, 'collector_enable.sh', [props['service_unit'], props['timer_unit'],
+                                                             'yes' if reload else 'no'], check=False)
+            if res.exit_code != 0:
+                raise CollectorError(
+                    '%s: the collector does not run on the host: %s. Its files are in place; fix the cause (python3 '
+                    'present? `%s --config %s` by hand shows the same), then re-run.' % (
+                        target.name, ' | '.join(res.stderr.strip().splitlines()[-6:]) or '(no message)',
+                        props['script'], props['config']))
+            current = self.observe(target, props)
+        return dict(props, **current)
+
+    def current(self, props):
+        return self.observe(remote.Target.from_inputs(props['connection']), props)
+
+    def delete(self, _id, props):
+        remote.run(remote.Target.from_inputs(props['connection']), 'collector_remove.sh',
+                   [props['service_unit'], props['timer_unit']] + sorted(props['files']) +
+                   list(props['generated']) + ['--'] + list(props['dirs']))
+
+
+class HostCollector(Resource, module='gpuhost', name='HostCollector'):
+    """The collector on the host (CollectorProvider)."""
+
+
+def host_collector(name, d, connection, opts=None) -> HostCollector:
+    """The `collector` resource: everything it writes is known at preview (rendered from the config and
+    the program's own modules), so preview shows the exact diff of each file."""
+    files = collector_files(d)
+    return HostCollector(CollectorProvider(), name, {
+        'connection': connection, 'files': {p: c for p, (c, _) in files.items()},
+        'modes': {p: m for p, (_, m) in files.items()}, 'timer': CollectorProvider.TIMER_ON,
+        'service_unit': COLLECTOR_SERVICE, 'timer_unit': COLLECTOR_TIMER, 'textfile_dir': TEXTFILE_DIR,
+        'script': COLLECTOR_SCRIPT, 'config': COLLECTOR_CONFIG,
+        # What the collector writes itself: removed with it.
+        'generated': [COLLECTOR_TEXTFILE, COLLECTOR_STATE, COLLECTOR_STATE + '.lock'],
+        'dirs': [posixpath.dirname(COLLECTOR_CONFIG), COLLECTOR_STATE_DIR]}, opts)

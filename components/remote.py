@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Optional, Sequence
 
+from components import host_state
 from components.state import OperatorError
-from grammar import cmdline
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
 
@@ -103,6 +103,9 @@ STEPS = {
     'ct_env_link.sh': ('linking {1} to {2} in container {0}', 120),
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'remove_file.sh': ('removing {0}', 60),
+    'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
+    'collector_enable.sh': ('enabling {1} and running {0} once', 120),
+    'collector_remove.sh': ('stopping {1} and removing the collector\'s files', 120),
 }
 
 
@@ -301,16 +304,9 @@ def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644
 
 # ------------------------------------------------------------------------- facts
 
-@dataclasses.dataclass
-class Gpu:
-    address: str
-    id: str
-    numa: int
-    driver: Optional[str]
-    override: Optional[str]
-    group: Optional[int]
-    group_type: Optional[str]
-    minor: Optional[int] = None
+# The facts' types live in components/host_state.py (shared with the collector on the host); parse_facts()
+# fills them from host_facts.sh's output.
+Gpu, HostFacts = host_state.Gpu, host_state.HostFacts
 
 
 @dataclasses.dataclass
@@ -329,26 +325,6 @@ class PciDevice:
     def is_gpu(self) -> bool:
         """A display-class device (PCI base class 03): what host_facts.sh lists as a GPU."""
         return self.pci_class.lower().startswith('0x03')
-
-
-@dataclasses.dataclass
-class HostFacts:
-    boot: str = 'grub'
-    configured: str = ''          # the effective configured line (GRUB: LINUX + DEFAULT incl. grub.d)
-    grub_linux: str = ''          # GRUB only: the two variables as /etc/default/grub alone sets them
-    grub_default: str = ''
-    running: str = ''
-    gpus: dict = dataclasses.field(default_factory=dict)
-    params: dict = dataclasses.field(default_factory=dict)
-    overrides: dict = dataclasses.field(default_factory=dict)
-    files: dict = dataclasses.field(default_factory=dict)
-    pending: dict = dataclasses.field(default_factory=dict)   # path -> follow-up step never finished
-    modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
-    nvidia_module: Optional[str] = None                        # /sys/module/nvidia/version (None: not loaded)
-    pci: dict = dataclasses.field(default_factory=dict)       # address asked for -> PciDevice or None (empty)
-
-    def running_args(self):
-        return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]
 
 
 def parse_facts(text: str) -> HostFacts:

@@ -22,6 +22,7 @@ Where each thing is (every key's model, default and rule is in the file of its s
   host.py        gpuhost:host          iommu.py   gpuhost:iommu        nvidia.py   gpuhost:nvidia
   container.py   gpuhost:container     vm.py      gpuhost:vm           sglang.py   gpuhost:sglang
   runtime.py     gpuhost:runtime       (the NVIDIA user space, CUDA and the Python environment in the container)
+  monitoring.py  gpuhost:monitoring
   deployment.py  one host's whole config: the rules across sections, and what follows from it
   fleet.py       gpuhost:hosts and gpuhost:rollout: several hosts, merged and checked across
   errors.py      refusals as the operator reads them (key, value, fix, "did you mean")

@@ -19,6 +19,7 @@ from config.container import Container
 from config.errors import format_errors
 from config.host import Host
 from config.iommu import EXTRA_KERNEL_ARGS_MAX, Iommu
+from config.monitoring import Monitoring
 from config.nvidia import Nvidia
 from config.runtime import CUDA_MIN_DRIVER, Runtime
 from config.sglang import Sglang
@@ -37,6 +38,7 @@ class Deployment(Model):
     vm: Optional[Vm] = None
     sglang: Sglang
     runtime: Optional[Runtime] = None
+    monitoring: Monitoring = Monitoring()
 
     @model_validator(mode='after')
     def _cross(self):

@@ -7,22 +7,30 @@ the real paths are, and bind-mounted over them inside the SSH server's private m
   /sys/bus/pci/devices/<bdf>/{vendor,device,subsystem_vendor,subsystem_device,class,irq,numa_node,driver,
                                driver_override,iommu_group}
   /sys/kernel/iommu_groups/<n>/{type,devices/<bdf>}
+  /sys/bus/pci/devices/<bdf>/aer_dev_{correctable,nonfatal,fatal}   (the kernel's AER counters)
+  /sys/module/nvidia/version                              (the loaded module)
   /proc/cmdline, /proc/driver/nvidia/params               (the *running* state)
+  LAB/host/log/kernel.jsonl                               the kernel log, every boot's (journald's part:
+                                                          what `journalctl --dmesg` shows, lab/faketools.py)
+  LAB/host/run/systemd.json                               what PID 1 would hold: the unit definitions it
+                                                          loaded, the active units (lab/faketools.py systemctl)
   /etc/kernel/cmdline or /etc/default/grub, /etc/modprobe.d, /etc/driverctl.d, /etc/pve
   LAB/host/boot/{cmdline,initrd-modprobe.d}               (what the next boot will use)
 
 The fake tools (lab/bin: driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot,
-pct) move state between these the way the real ones do, so a forgotten refresh or a missing
+pct, journalctl, systemctl) move state between these the way the real ones do, so a forgotten refresh or a missing
 reboot shows up as a difference between configured, installed and running state.
 
 Stdlib only: the fake tools run under the host's system python3.
 """
 
+import fcntl
 import json
 import os
 import shutil
 import stat
 import tempfile
+import time
 import uuid
 
 VENDOR_NVIDIA = '0x10de'
@@ -38,6 +46,15 @@ ARTIFACTS = 'root/gpuhost-artifacts'
 # own value (NVIDIA's vendor, a made-up board id); a real card reports its board's, which Proxmox records in
 # a PCI resource mapping like the vendor:device ID.
 DEFAULT_SUBSYSTEM = '10de:204e'
+# drivers/pci/pcie/aer.c: the error types of each sysfs counter file, in the kernel's order, then its total.
+AER_TYPES = {
+    'correctable': ('RxErr', 'BadTLP', 'BadDLLP', 'Rollover', 'Timeout', 'NonFatalErr', 'CorrIntErr', 'HeaderOF'),
+    'nonfatal': ('Undefined', 'DLP', 'SDES', 'TLP', 'FCP', 'CmpltTO', 'CmpltAbrt', 'UnxCmplt', 'RxOF', 'MalfTLP',
+                 'ECRC', 'UnsupReq', 'ACSViol', 'UncorrIntErr', 'BlockedTLP', 'AtomicOpBlocked', 'TLPBlockedErr',
+                 'PoisonTLPBlocked'),
+}
+AER_TYPES['fatal'] = AER_TYPES['nonfatal']
+AER_TOTAL = {'correctable': 'TOTAL_ERR_COR', 'nonfatal': 'TOTAL_ERR_NONFATAL', 'fatal': 'TOTAL_ERR_FATAL'}
 
 
 class Host(object):
@@ -71,14 +88,16 @@ class Host(object):
         """Lay out a freshly booted host from the spec (running state == configured state)."""
         spec = self.spec
         for sub in ('sys/bus/pci/devices', 'sys/bus/pci/drivers/nvidia', 'sys/bus/pci/drivers/vfio-pci',
-                    'sys/kernel/iommu_groups', 'sys/module/nvidia', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
+                    'sys/kernel/iommu_groups', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
                     'etc/pve/lxc', 'etc/pve/qemu-server', 'etc/pve/nodes', 'boot/initrd-modprobe.d',
-                    'var/lib/lxc', 'dev', 'sbin', 'log'):
+                    'var/lib/lxc', 'dev', 'sbin', 'log', 'sys/module/nvidia', 'run'):
             os.makedirs(self.path(sub), exist_ok=True)
         write(self.path('sys/bus/pci/drivers_probe'), '')
         for gpu in spec['gpus']:
             self.add_device(gpu, '0x030200')
             self.bind(gpu['bdf'], gpu.get('driver', DEFAULT_DRIVER))
+            for severity in AER_TYPES:
+                self.write_aer(gpu['bdf'], severity, {})
         for dev in spec.get('devices', []):
             # Other PCI devices (a NIC, say): bound to their own driver, never touched by the program.
             self.add_device(dev, dev['class'])
@@ -100,6 +119,7 @@ class Host(object):
         write_in_place(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         self.write_nvidia_params(spec.get('nvidia_params', {}))
+        self.boot_messages()
         write(self.path('etc/hostname'), spec['node'] + '\n')
         # root's home as a fresh Debian/Proxmox install has it (the SSH namespace mounts it over /root):
         # bash run by sshd sources ~/.bashrc, and the machine's own would change PATH and cost time.
@@ -270,6 +290,97 @@ class Host(object):
         write(os.path.join(self.lab, 'spec.json'), json.dumps(spec, indent=2) + '\n')
         self.probe_gpus()
 
+    def set_group_type(self, bdf, gtype):
+        """Write the type of the GPU's IOMMU group, as `echo <type> > /sys/kernel/iommu_groups/N/type` does
+        (the kernel allows it with no driver bound; the lab does not check that)."""
+        write(os.path.join(self.group_dir(self.group(bdf)), 'type'), gtype + '\n')
+
+    # -------------------------------------------------------- AER counters
+
+    def aer(self, bdf, severity):
+        """{error type: count} of one of the device's AER counter files, TOTAL_* included."""
+        out = {}
+        for line in read(self.pci(bdf, 'aer_dev_' + severity)).splitlines():
+            name, _, value = line.partition(' ')
+            out[name] = int(value)
+        return out
+
+    def write_aer(self, bdf, severity, counts):
+        """The device's aer_dev_<severity> file with these counts (others 0) and their total, in the
+        kernel's format ("<type> <count>" lines, then TOTAL_ERR_*)."""
+        lines = ['%s %d' % (name, counts.get(name, 0)) for name in AER_TYPES[severity]]
+        lines.append('%s %d' % (AER_TOTAL[severity], sum(counts.get(n, 0) for n in AER_TYPES[severity])))
+        write(self.pci(bdf, 'aer_dev_' + severity), '\n'.join(lines) + '\n')
+
+    def add_aer(self, bdf, severity, error_type, n=1):
+        """An AER error the device reported: its counter and the total raised by n."""
+        counts = {k: v for k, v in self.aer(bdf, severity).items() if k != AER_TOTAL[severity]}
+        if error_type not in AER_TYPES[severity]:
+            raise ValueError('%s is not an AER %s error type (%s)' % (error_type, severity,
+                                                                        ', '.join(AER_TYPES[severity])))
+        counts[error_type] = counts.get(error_type, 0) + n
+        self.write_aer(bdf, severity, counts)
+
+    # ------------------------------------------------------------ the kernel log
+
+    def kernel_log_path(self):
+        return self.path('log', 'kernel.jsonl')
+
+    def kernel_log(self, message, priority=3):
+        """The kernel logs a message now (printk; journald stores it for `journalctl --dmesg`): an entry of
+        the current boot with the next sequence number. Returns the entry."""
+        boot = read(self.path('proc/boot_id')).strip()
+        path = self.kernel_log_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'a+') as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            seq, started = 0, None
+            for line in f:
+                if line.endswith('\n'):
+                    entry = json.loads(line)
+                    seq = entry['seq']
+                    if entry['boot'] == boot and started is None:
+                        started = entry['real'] - entry['mono']
+            now = int(time.time() * 1e6)
+            entry = {'seq': seq + 1, 'boot': boot, 'real': now, 'mono': now - started if started else 4000000,
+                     'prio': priority, 'msg': message}
+            f.seek(0, os.SEEK_END)
+            f.write(json.dumps(entry) + '\n')
+            f.flush()
+        return entry
+
+    def kernel_messages(self, boot=None):
+        """Every kernel log entry (of one boot id, if given), oldest first."""
+        try:
+            with open(self.kernel_log_path()) as f:
+                entries = [json.loads(line) for line in f if line.endswith('\n')]
+        except FileNotFoundError:
+            return []
+        return [e for e in entries if boot is None or e['boot'] == boot]
+
+    def boot_messages(self):
+        """The first lines a booting kernel logs, for a log that is not empty at the start of a boot."""
+        self.kernel_log('Linux version %s (build@pve) #1 SMP PREEMPT_DYNAMIC PMX' % self.spec['kernel'], 5)
+        self.kernel_log('Command line: %s' % read(self.path('proc/cmdline')).strip(), 6)
+        self.kernel_log('AMD-Vi: Interrupt remapping enabled', 6)
+        self.kernel_log('nvidia: loading out-of-tree module taints kernel.', 4)
+        self.kernel_log('NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build' % (
+            self.nvidia_module()), 6)
+
+    # ------------------------------------------------------------- systemd's state
+
+    def systemd_path(self):
+        return self.path('run', 'systemd.json')
+
+    def systemd_state(self):
+        """What PID 1 would hold: {'loaded': {unit: text}, 'active': [unit], 'running': {unit: pid}}."""
+        try:
+            with open(self.systemd_path()) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {'loaded': {}, 'active': [], 'running': {}}
+
     def installed_cmdline(self):
         return read(self.path('boot/cmdline')).strip()
 
@@ -320,6 +431,15 @@ class Host(object):
         for name in sorted(os.listdir(d)):
             params.update(modprobe_nvidia_params(read(os.path.join(d, name))))
         self.write_nvidia_params(params)
+        # The kernel's AER counters start again at boot; the log starts a new boot.
+        for bdf in self.gpu_bdfs():
+            for severity in AER_TYPES:
+                self.write_aer(bdf, severity, {})
+        self.boot_messages()
+        # systemd boots: it loads the unit files afresh, and timers.target starts the enabled timers.
+        wants = os.path.join(self.path('etc', 'systemd', 'system', 'timers.target.wants'))
+        active = sorted(os.listdir(wants)) if os.path.isdir(wants) else []
+        write(self.systemd_path(), json.dumps({'loaded': {}, 'active': active, 'running': {}}, sort_keys=True) + '\n')
 
 
 def nvidia_proc_version(version):

@@ -56,7 +56,8 @@ import pvemap  # noqa: E402
 DEFAULT_LAB = os.path.join(REPO, '.lab')
 DEFAULT_SPEC = os.path.join(HERE, 'spec', 'default.json')
 TEMPLATE = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
-TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct')
+TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct', 'journalctl',
+         'systemctl')
 # Real seconds the host stays down in a reboot (no sshd, no API); the spec's reboot_down_secs or
 # this environment variable (read by the lab daemon) overrides it.
 REBOOT_DOWN_SECS = 3.0

@@ -20,6 +20,9 @@ mount -t overlay overlay -o "lowerdir=/var,upperdir=$H/var,workdir=$LAB/work/var
 mount -t overlay overlay -o "lowerdir=/dev,upperdir=$H/dev,workdir=$LAB/work/dev" /dev
 mount --bind "$H/sys/bus/pci" /sys/bus/pci
 mount --bind "$H/sys/kernel/iommu_groups" /sys/kernel/iommu_groups
+# The loaded modules' sysfs (the nvidia module's version): the host's own, not the machine's.
+mkdir -p "$H/sys/module"
+mount --bind "$H/sys/module" /sys/module
 mount --bind "$H/proc/cmdline" /proc/cmdline
 mount --bind "$H/proc/driver" /proc/driver
 # /sys/module of the simulated host: its nvidia module's version (lab/hostsim.py), nothing of the machine's.

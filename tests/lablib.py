@@ -779,6 +779,80 @@ class Lab(object):
         raise AssertionError('timed out waiting for ' + what)
 
 
+class HostTimers(object):
+    """What the lab host lacks - its PID 1 is not systemd -: timers that fire. While the lab's systemd
+    (lab/faketools.py systemctl, LAB/host/run/systemd.json) has the timer active, the thread starts the
+    timer's service every OnUnitActiveSec of the timer as systemd loaded it (the first time at once: its
+    OnBootSec has long passed), with `systemctl start <service>` inside the simulated host, which runs
+    the service's ExecStart: the unit and the script the program installed, on their own schedule.
+    runs: [{'start', 'end', 'code', 'stderr'}], oldest first."""
+
+    def __init__(self, lab, timer):
+        import threading
+        self.lab, self.timer = lab, timer
+        self.runs = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name='lab-timer-%s' % timer, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(60)
+
+    def schedule(self):
+        """(interval seconds, service) of the timer as the lab's systemd loaded it; None while inactive."""
+        import re
+        st = self.lab.host.systemd_state()
+        text = st['loaded'].get(self.timer)
+        if self.timer not in st['active'] or text is None:
+            return None
+        m = re.search(r'^OnUnitActiveSec=(\d+)s?\s*$', text, re.M)
+        unit = re.search(r'^Unit=(\S+)\s*$', text, re.M)
+        assert m, '%s has no OnUnitActiveSec=<seconds>: %s' % (self.timer, text)
+        return int(m.group(1)), unit.group(1) if unit else self.timer[:-len('.timer')] + '.service'
+
+    def run_once(self, service):
+        with open(os.path.join(self.lab.dir, 'ssh', 'sshd.pid')) as f:
+            pid = f.read().strip()
+        start = time.time()
+        res = subprocess.run(['nsenter', '-t', pid, '-m', '-u', '--', '/usr/local/sbin/systemctl', 'start', service],
+                             capture_output=True, text=True, timeout=120,
+                             env={'PATH': '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'})
+        self.runs.append({'start': start, 'end': time.time(), 'code': res.returncode, 'stderr': res.stderr})
+
+    def _loop(self):
+        due = None
+        while not self._stop.wait(0.05):
+            try:
+                sched = self.schedule()
+            except (OSError, ValueError):
+                continue
+            if sched is None:
+                due = None
+                continue
+            interval, service = sched
+            if due is None or time.time() >= due:
+                due = time.time() + interval   # OnUnitActiveSec: from the service's last start
+                try:
+                    self.run_once(service)
+                except (OSError, subprocess.SubprocessError) as e:
+                    self.runs.append({'start': due - interval, 'end': time.time(), 'code': None, 'stderr': str(e)})
+
+    def wait_run(self, after, timeout):
+        """The first run that started after `after` (a time) and has ended; fails after timeout."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            done = [r for r in list(self.runs) if r['start'] > after]
+            if done:
+                return done[0]
+            time.sleep(0.05)
+        raise AssertionError('%s: no run of its service started after %.1f within %d s (runs: %r)' % (
+            self.timer, after, timeout, self.runs[-3:]))
+
+
 class FleetLab(object):
     """Several simulated hosts (lab/fleet.py's topologies, each a Lab on its own loopback /24) and one
     project copy whose stacks list them in gpuhost:hosts."""

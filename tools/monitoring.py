@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import config  # noqa: E402
-from components import monitoring  # noqa: E402
+from components import collector, monitoring  # noqa: E402
 
 RULES = 'gpuhost.rules.yml'
 DASHBOARD = 'gpuhost-dashboard.json'
@@ -70,8 +70,16 @@ def rules(stack: str, d) -> str:
         textfile=monitoring.TEXTFILE, textfile_dir=monitoring.TEXTFILE_DIR,
         speculation=bool(steps), algorithm=spec.algorithm if steps else None, steps=steps,
         accept_threshold=accept_threshold(steps),
-        # sglang:spec_num_steps exists from SGLang 0.5.13 (lab/fakesglang FEATURES).
-        spec_num_steps_metric=_version(d.sglang.version) >= (0, 5, 13), **selectors(d))
+        # sglang:spec_num_steps and sglang:spec_verify_calls_total exist from SGLang 0.5.13 (lab/fakesglang FEATURES).
+        spec_num_steps_metric=spec_counters(d), spec_counters=spec_counters(d),
+        interval=d.monitoring.collector_interval_s, critical_xids='|'.join(str(x) for x in collector.CRITICAL_XIDS),
+        collector_textfile=monitoring.COLLECTOR_TEXTFILE, collector_script=monitoring.COLLECTOR_SCRIPT,
+        collector_service=monitoring.COLLECTOR_SERVICE, collector_timer=monitoring.COLLECTOR_TIMER, **selectors(d))
+
+
+def spec_counters(d) -> bool:
+    """SGLang has sglang:spec_verify_calls_total (and sglang:spec_num_steps) from 0.5.13."""
+    return _version(d.sglang.version) >= (0, 5, 13)
 
 
 def _version(v: str) -> tuple:
@@ -125,6 +133,17 @@ def _mapped_stat(title, grid, targets, mapping, description=''):
                            'orientation': 'auto', 'justifyMode': 'auto'})
 
 
+def _count_stat(title, grid, targets, description='', unit='short', red=1):
+    """A number, green below `red`, red from it."""
+    return _panel('stat', title, grid, targets, description=description,
+                  fieldConfig={'defaults': {'unit': unit, 'color': {'mode': 'thresholds'}, 'thresholds': {
+                      'mode': 'absolute', 'steps': [{'color': 'green', 'value': None}, {'color': 'red', 'value': red}]}},
+                      'overrides': []},
+                  options={'reduceOptions': {'calcs': ['lastNotNull'], 'fields': '', 'values': False},
+                           'colorMode': 'background', 'graphMode': 'none', 'textMode': 'auto',
+                           'orientation': 'auto', 'justifyMode': 'auto'})
+
+
 def _table(title, grid, targets, columns, description=''):
     return _panel('table', title, grid, targets, description=description,
                   options={'showHeader': True, 'cellHeight': 'sm'},
@@ -163,11 +182,16 @@ def dashboard(stack: str, d) -> dict:
             _target('max(sglang:cache_hit_rate%s)' % S, 'prefix cache hit rate')],
             unit='percentunit', fieldConfig={'defaults': {'unit': 'percentunit', 'min': 0, 'max': 1},
                                              'overrides': []}),
-        _panel('timeseries', 'Speculative accept length', (8, 16, 8, 8), [
-            _target('max(sglang:spec_accept_length%s)' % S, 'accept length'),
+        _panel('timeseries', 'Speculative accept length', (8, 16, 8, 8), ([
+            _target('(sum(rate(sglang:generation_tokens_total%s[$__rate_interval])) - sum(rate(sglang:num_requests_total'
+                    '%s[$__rate_interval]))) / sum(rate(sglang:spec_verify_calls_total%s[$__rate_interval]))'
+                    % (S, S, S), 'accept length (counters)')] if spec_counters(d) else []) + [
+            _target('max(sglang:spec_accept_length%s)' % S, 'last decode interval (gauge)'),
             _target('1 + 0.3 * max(gpuhost_sglang_speculative_num_steps{node="$node", id="node/$node", '
                     'side="requested"})', 'alert below (1 + 0.3 x declared steps)')],
-            unit='short', description='Tokens per forward step (1 + accepted drafts). Declared: %s.' % (
+            unit='short', description='Tokens per forward step (1 + accepted drafts)%s. Declared: %s.' % (
+                ': from the counters over the interval (generated tokens less one per request, per verify step), '
+                'the alert\'s measure; the gauge is SGLang\'s last decode interval' if spec_counters(d) else '',
                 '%s, %d step(s), alert below %s' % (spec.algorithm, steps, accept_threshold(steps)) if steps
                 else 'no speculative decoding')),
         _panel('timeseries', 'Speculative accept rate', (16, 16, 8, 8), [
@@ -175,7 +199,7 @@ def dashboard(stack: str, d) -> dict:
             unit='percentunit'),
         _mapped_stat('Reboot required', (0, 24, 4, 5), [_target('max(gpuhost_reboot_required%s)' % H)],
                      [(0, 'no', 'green'), (1, 'reboot required', 'orange')],
-                     description='As the last pulumi up found the host (gpuhost.prom).'),
+                     description='Live: the collector on the host compares what runs with what is declared.'),
         _panel('bargauge', 'Reboot reasons by kind', (4, 24, 8, 5), [
             _target('gpuhost_reboot_reasons%s > 0' % H, '{{kind}}', instant=True)],
             options={'orientation': 'horizontal', 'displayMode': 'basic', 'showUnfilled': True,
@@ -189,7 +213,8 @@ def dashboard(stack: str, d) -> dict:
         _table('GPU assignment', (0, 29, 16, 9), [
             _target('gpuhost_gpu_info%s' % H, instant=True, fmt='table')],
             ['gpu', 'pci_bus_id', 'assigned_to', 'driver', 'iommu_group', 'iommu_group_type', 'numa_node', 'pci_id'],
-            description='Each GPU of the host: container, vm or host; its driver and IOMMU group type.'),
+            description='Each GPU of the host, live (the collector): where the config assigns it, the driver bound '
+                        'to it and its IOMMU group type.'),
         _table('Speculation: requested and resolved', (16, 29, 8, 4), [
             _target('label_replace(gpuhost_sglang_speculation_requested_info%s, "side", "requested", "", "")' % H,
                     instant=True, fmt='table'),
@@ -201,6 +226,56 @@ def dashboard(stack: str, d) -> dict:
             _target('gpuhost_sglang_unit_active%s' % H, instant=True, fmt='table'),
             _target('gpuhost_sglang_unit_enabled%s' % H, instant=True, fmt='table')],
             ['unit', 'version', 'model_name', 'tp_size', 'Value #B', 'Value #C']),
+        # The host's own state, live (gpuhost-collector.prom): one panel for each of its alerts.
+        _mapped_stat('Blackwell GPU in an identity IOMMU domain', (0, 38, 6, 5), [
+            _target('max(gpuhost_blackwell_gpu_identity_domain%s)' % H)],
+            [(0, 'no', 'green'), (1, 'IDENTITY: power-cycle', 'red')],
+            description='Identity domains brick these GPUs (FSP 0x177) until a power cycle (alert '
+                        'GpuhostIdentityIommuGroup).'),
+        _count_stat('Container GPUs on vfio-pci', (6, 38, 6, 5), [
+            _target('count(gpuhost_gpu_info{node="$node", id="node/$node", assigned_to="container", '
+                    'driver="vfio-pci"}) or vector(0)')],
+            description='Alert GpuhostContainerGpuOnVfio: the GPU table says which.'),
+        _count_stat('Collector: seconds since its last complete run', (12, 38, 6, 5), [
+            _target('time() - max(gpuhost_collector_last_success_timestamp_seconds%s)' % H)],
+            unit='s', red=3 * d.monitoring.collector_interval_s,
+            description='The collector runs every %d s; alert GpuhostCollectorStale after three intervals.' % (
+                d.monitoring.collector_interval_s)),
+        _table('NVIDIA driver: host module and container user space', (18, 38, 6, 5), [
+            _target('label_replace(gpuhost_nvidia_module_info%s, "side", "host module", "", "") or '
+                    'label_replace(gpuhost_nvidia_driver_info{side="container", node="$node", id="node/$node"}, '
+                    '"side", "container user space", "", "")' % H, instant=True, fmt='table')],
+            ['side', 'version'],
+            description='They must be the same version (alert GpuhostNvidiaDriverLibraryMismatch): the host module '
+                        'live (the collector), the container\'s user space as the last pulumi up found it.'),
+        _panel('timeseries', 'Xid events by GPU and code', (0, 43, 12, 8), [
+            _target('sum by (pci_bus_id, xid) (increase(gpuhost_gpu_xid_errors_total%s[$__rate_interval]))' % H,
+                    '{{pci_bus_id}} Xid {{xid}}')],
+            unit='short', description='From the kernel log (alerts GpuhostGpuXidCritical: %s; GpuhostGpuXidErrors: '
+                                      'the others).' % ', '.join(str(x) for x in collector.CRITICAL_XIDS)),
+        _panel('bargauge', 'Xid events since boot, by code', (12, 43, 12, 8), [
+            _target('sum by (xid) (gpuhost_gpu_xid_errors_total%s)' % H, 'Xid {{xid}}', instant=True)],
+            options={'orientation': 'horizontal', 'displayMode': 'basic', 'showUnfilled': True,
+                     'reduceOptions': {'calcs': ['lastNotNull'], 'fields': '', 'values': False}}),
+        _panel('timeseries', 'IOMMU page faults by device', (0, 51, 12, 8), [
+            _target('sum by (pci_bus_id) (increase(gpuhost_iommu_page_faults_total%s[$__rate_interval]))' % H,
+                    '{{pci_bus_id}}')],
+            unit='short', description='AMD-Vi IO_PAGE_FAULT events the kernel logged (alert GpuhostIommuPageFaults).'),
+        _panel('timeseries', 'PCIe AER errors by GPU', (12, 51, 12, 8), [
+            _target('sum by (pci_bus_id, severity) (increase(gpuhost_gpu_pcie_aer_errors_total%s[$__rate_interval]))'
+                    % H, '{{pci_bus_id}} {{severity}}')],
+            unit='short', description='The kernel\'s AER counters of each GPU (sysfs aer_dev_*).'),
+        _panel('bargauge', 'Kernel command line: declared parameters running', (0, 59, 12, 6), [
+            _target('gpuhost_kernel_cmdline_declared_arg_running%s' % H, '{{arg}}', instant=True),
+            _target('count(gpuhost_kernel_cmdline_unwanted_arg_running%s) or vector(0)' % H,
+                    'forbidden parameters running', instant=True)],
+            options={'orientation': 'horizontal', 'displayMode': 'basic', 'showUnfilled': True,
+                     'reduceOptions': {'calcs': ['lastNotNull'], 'fields': '', 'values': False}},
+            description='1: the running kernel has the declared parameter; a reboot applies a missing one.'),
+        _panel('bargauge', 'nvidia module parameters: declared and running', (12, 59, 12, 6), [
+            _target('gpuhost_nvidia_module_parameter%s' % H, 'NVreg_{{name}} {{side}}', instant=True)],
+            options={'orientation': 'horizontal', 'displayMode': 'basic', 'showUnfilled': True,
+                     'reduceOptions': {'calcs': ['lastNotNull'], 'fields': '', 'values': False}}),
     ]
     for i, p in enumerate(panels, 1):
         p['id'] = i

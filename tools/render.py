@@ -18,6 +18,7 @@ sys.path.insert(0, ROOT)
 import config  # noqa: E402
 from grammar import cmdline  # noqa: E402
 from components.host import modprobe_content  # noqa: E402
+from components.monitoring import collector_files  # noqa: E402
 from components.sglang import unit_text  # noqa: E402
 
 
@@ -91,6 +92,9 @@ def files(d: config.Deployment, runtime_files=None) -> dict:
     out['host/etc/pve/lxc/%d.conf.devices' % ct.vmid] = ''.join(
         '%s: %s\n' % kv for kv in sorted(d.container_devices().items(), key=lambda kv: int(kv[0][3:])))
     out['launch_args.json'] = json.dumps(d.launch_args(), indent=2) + '\n'
+    # The collector: its script, its declared state, its service and timer (components/monitoring.py).
+    for path, (content, _mode) in collector_files(d).items():
+        out['host' + path] = content
     return out
 
 

@@ -81,6 +81,11 @@ def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
         assert h['sglang_unit']['active'] is True and h['speculation']['resolved']['speculative_num_steps'] == 1
         assert h['container']['address'] == lab.spec['addresses']['container']
         assert h['smoke_test']['completion_tokens'] > 0
+        # Its own collector (run once by the up that installed it): this host's GPUs, live, as declared for it.
+        live = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-collector.prom')
+        assert live.exit_code == 0, (name, live.stderr)
+        assert live.stdout.count('gpuhost_gpu_info{') == len(h['gpu_assignment']), name
+        assert ('assigned_to="host"' in live.stdout) == (name == 'gpu03'), name
     # GRUB host: the IOMMU arguments went into /etc/default/grub, not /etc/kernel/cmdline.
     grub = fleet.labs['gpu02'].host.path('etc', 'default', 'grub')
     with open(grub) as f:

@@ -215,11 +215,12 @@ def test_reboot_clears_reboot_required(lab, stack):
     assert out['reboot_required'] is False, out['reboot_reasons']
     assert 'iommu.strict=0' in out['iommu']['running_cmdline']
     assert all(g['driver'] == ('vfio-pci' if a in VM_GPUS else 'nvidia') for a, g in out['gpu_assignment'].items())
-    # gpuhost.prom on the host still says what the last up found: the next up rewrites it, and only it.
-    assert changed(lab.preview_json(STACK)) == {'host-metrics': 'update'}
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost.prom').stdout
+    # Monitoring needs no pulumi run to learn it: the collector the program installed reports the host live (its
+    # timer's next run, started here as systemd would) - and gpuhost.prom holds nothing the reboot changed.
+    assert lab.ssh('systemctl start gpuhost-collector.service').exit_code == 0
+    prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-collector.prom').stdout
     assert 'gpuhost_reboot_required 0\n' in prom and 'gpuhost_reboot_reasons{kind="kernel_cmdline_missing"} 0\n' in prom
+    assert changed(lab.preview_json(STACK)) == {}
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
@@ -272,6 +273,13 @@ def test_destroy_removes_guests_and_keeps_host_settings(lab, stack):
     lab.wait_for(lambda: not os.path.exists(lab.ct_root()), timeout=10, what='container 200\'s rootfs removed')
     with pytest.raises(OSError):
         health(lab)
+    # The collector goes with the deployment: its timer disabled and stopped, its files and what it wrote removed.
+    assert lab.ssh('systemctl is-enabled gpuhost-collector.timer').exit_code != 0
+    assert 'gpuhost-collector.timer' not in lab.host.systemd_state()['active']
+    gone = lab.on_host('ls -d /usr/local/sbin/gpuhost-collector /etc/gpuhost /etc/systemd/system/gpuhost-collector.* '
+                       '/etc/systemd/system/timers.target.wants/gpuhost-collector.timer /var/lib/gpuhost '
+                       '/var/lib/prometheus/node-exporter/*.prom 2>&1 || true').stdout
+    assert gone.count('No such file or directory') == 6, gone
     # Host-level settings stay (README, "What destroy does").
     assert 'iommu.strict=0' in open(lab.host.path('etc/kernel/cmdline')).read()
     assert os.path.exists(lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))

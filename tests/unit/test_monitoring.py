@@ -2,7 +2,6 @@
 output, the rules and dashboard `make monitoring` renders (promtool check rules, promtool test rules
 with the fixtures in tests/unit/monitoring/) and the committed example for the lab stack."""
 
-import copy
 import dataclasses
 import json
 import os
@@ -12,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from components import monitoring, remote
+from components import collector, host_state, monitoring, remote
 from components.host import reboot_reasons
 from tests.lablib import REPO
 from tests.unit.config.test_config import parse
@@ -22,12 +21,6 @@ from tools import monitoring as tool
 FIXTURES = os.path.join(os.path.dirname(__file__), 'monitoring')
 PROMTOOL = shutil.which('promtool')
 
-GPUS = {  # HostStatus' gpus output as it comes back from the engine (numbers as floats)
-    '0000:01:00.0': {'assigned_to': 'container', 'numa': 0.0, 'driver': 'nvidia', 'id': '10de:2bb5',
-                     'iommu_group': 20.0, 'iommu_group_type': 'DMA-FQ', 'minor': 0.0},
-    '0000:e1:00.0': {'assigned_to': 'vm', 'numa': 1.0, 'driver': 'vfio-pci', 'id': '10de:2bb5',
-                     'iommu_group': 42.0, 'iommu_group_type': 'DMA-FQ', 'minor': None},
-}
 RESOLVED = {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1.0, 'speculative_eagle_topk': 1.0,
             'speculative_num_draft_tokens': 2.0, 'tp_size': 4.0, 'served_model_name': 'qwen3.5-122b-a10b',
             'mem_fraction_static': 0.75, 'version': '0.5.23', 'avg_spec_accept_length': 1.8}
@@ -53,13 +46,12 @@ def samples(text):
 # ------------------------------------------------------------------------------- the textfile
 
 def test_textfile_is_clean_exposition_format_with_help_and_type():
-    text = monitoring.textfile(monitoring.declared(parse()), GPUS, [], RESOLVED, True, True)
+    text = monitoring.textfile(monitoring.declared(parse()), RESOLVED, True, True)
     assert check_metrics(text) == (0, '')
     names = {line.split()[2] for line in text.splitlines() if line.startswith('# TYPE')}
     assert names == {line.split()[2] for line in text.splitlines() if line.startswith('# HELP')}
     assert all(n.startswith('gpuhost_') for n in names)
     s = samples(text)
-    assert s['gpuhost_reboot_required'] == 0
     assert s['gpuhost_sglang_speculation_match'] == 1
     assert s['gpuhost_sglang_speculation_requested_info{algorithm="NEXTN",num_steps="1",eagle_topk="1",'
              'num_draft_tokens="2"}'] == 1
@@ -67,23 +59,31 @@ def test_textfile_is_clean_exposition_format_with_help_and_type():
              'num_draft_tokens="2"}'] == 1
     assert s['gpuhost_sglang_speculative_num_steps{side="requested"}'] == 1
     assert s['gpuhost_sglang_speculative_num_draft_tokens{side="resolved"}'] == 2
-    assert s['gpuhost_gpu_info{gpu="00000000:E1:00.0",pci_bus_id="0000:e1:00.0",pci_id="10de:2bb5",numa_node="1",'
-             'assigned_to="vm",driver="vfio-pci",iommu_group="42",iommu_group_type="DMA-FQ"}'] == 1
     assert s['gpuhost_sglang_info{version="0.5.23",unit="sglang-qwen.service",model_name="qwen3.5-122b-a10b",'
              'tp_size="4"}'] == 1
     assert s['gpuhost_sglang_unit_active{unit="sglang-qwen.service"}'] == 1
-    assert s['gpuhost_iommu_declared_domain_info{domain="DMA-FQ"}'] == 1
     # Prometheus' textfile collector rejects timestamps; nothing here may change without the host changing.
     assert all(len(line.split()) == 2 for line in text.splitlines() if not line.startswith('#'))
 
 
+def test_the_two_textfiles_never_share_a_family():
+    """node_exporter serves both files of its directory: a family in both (with another HELP, other labels)
+    would fail its scrape. The host's own state is the collector's alone, live."""
+    ours = monitoring.textfile(monitoring.declared(parse()), RESOLVED, True, True)
+    cfg = json.loads(monitoring.collector_config(parse()))
+    live = collector.render(cfg, facts('host_facts.lab-systemd-boot.txt'), '580.95.05', {}, collector.fresh_state('b'),
+                            {'host': True})
+    families = [{line.split()[2] for line in t.splitlines() if line.startswith('# TYPE')} for t in (ours, live)]
+    assert families[0] and families[1] and not families[0] & families[1], families[0] & families[1]
+    for name in ('gpuhost_reboot_required', 'gpuhost_gpu_info', 'gpuhost_iommu_declared_domain_info'):
+        assert name in families[1]
+
+
 def test_textfile_is_a_pure_function_of_state_not_of_traffic():
     decl = monitoring.declared(parse())
-    a = monitoring.textfile(decl, GPUS, [], RESOLVED, True, True)
+    a = monitoring.textfile(decl, RESOLVED, True, True)
     busier = dict(RESOLVED, avg_spec_accept_length=1.37)
-    assert monitoring.textfile(decl, copy.deepcopy(GPUS), [], busier, True, True) == a
-    # The GPU order as the engine returns the map does not matter either.
-    assert monitoring.textfile(decl, dict(reversed(list(GPUS.items()))), [], RESOLVED, True, True) == a
+    assert monitoring.textfile(decl, busier, True, True) == a
 
 
 def test_reboot_reasons_become_bounded_kinds():
@@ -91,37 +91,44 @@ def test_reboot_reasons_become_bounded_kinds():
     vm_unbound = sum(r.endswith('declared vfio-pci') for r in base)
     reasons = base + ['0000:91:00.0: bound to nvidia, declared vfio-pci', 'nvidia NVreg_DmaRemapPeerMmio: running 1, declared 0',
                 '0000:01:00.0: bound to vfio-pci, declared nvidia (container)', 'something new the lead adds']
-    text = monitoring.textfile(monitoring.declared(parse()), GPUS, reasons, RESOLVED, True, True)
-    assert check_metrics(text) == (0, '')
-    s = samples(text)
-    assert s['gpuhost_reboot_required'] == 1
-    kinds = {k.split('"')[1]: v for k, v in s.items() if k.startswith('gpuhost_reboot_reasons{')}
+    kinds = dict(host_state.reason_counts(reasons))
     assert set(kinds) == {k for k, _ in monitoring.REASON_KINDS} | {'other'}
     assert kinds['kernel_cmdline_unwanted'] == 1 and kinds['iommu_group_type'] >= 1
     assert (kinds['vm_gpu_binding'], kinds['container_gpu_binding'], kinds['nvidia_module_option'],
             kinds['other']) == (vm_unbound + 1, 1, 1, 1)
     assert sum(kinds.values()) == len(reasons)
-    assert not any('running' in k or '0000:' in k for k in kinds), 'free text never becomes a label'
     f = facts('host_facts.lab-systemd-boot.txt')
     assert [monitoring.reason_kind(r) for r in reboot_reasons(f, EXPECT)] == ['kernel_cmdline_missing']
+    # As the collector writes them, from the golden facts of a GRUB host booted with iommu=pt.
+    cfg = json.loads(monitoring.collector_config(parse()))
+    text = collector.render(cfg, facts('host_facts.lab-grub-identity.txt'), None, {}, collector.fresh_state('b'),
+                            {'host': True})
+    assert check_metrics(text) == (0, '')
+    s = samples(text)
+    assert s['gpuhost_reboot_required'] == 1
+    written = {k.split('"')[1]: v for k, v in s.items() if k.startswith('gpuhost_reboot_reasons{')}
+    assert written == dict(host_state.reason_counts(reboot_reasons(facts('host_facts.lab-grub-identity.txt'),
+                                                                   cfg['expect'])))
+    assert not any('running' in k or '0000:' in k for k in written), 'free text never becomes a label'
+    assert s['gpuhost_blackwell_gpu_identity_domain{gpu="00000000:01:00.0",pci_bus_id="0000:01:00.0"}'] == 1
 
 
 def test_speculation_resolved_otherwise_or_unknown_and_mtp_off():
     decl = monitoring.declared(parse())
     off = dict(RESOLVED, speculative_algorithm=None)
-    s = samples(monitoring.textfile(decl, GPUS, [], off, True, False))
+    s = samples(monitoring.textfile(decl, off, True, False))
     assert s['gpuhost_sglang_speculation_match'] == 0
     assert s['gpuhost_sglang_speculation_resolved_info{algorithm="none",num_steps="0",eagle_topk="0",'
              'num_draft_tokens="0"}'] == 1
     assert s['gpuhost_sglang_speculative_num_steps{side="resolved"}'] == 0
     assert s['gpuhost_sglang_unit_enabled{unit="sglang-qwen.service"}'] == 0
     # /server_info unreadable at the last refresh: no resolved series rather than a false 0.
-    text = monitoring.textfile(decl, GPUS, [], None, False, True)
+    text = monitoring.textfile(decl, None, False, True)
     assert check_metrics(text) == (0, '')
     assert 'gpuhost_sglang_speculation_match' not in text and 'resolved_info' not in text
     # MTP not declared: requested none, and SGLang without it matches.
     decl = monitoring.declared(parse(sglang__speculative=None))
-    s = samples(monitoring.textfile(decl, GPUS, [], off, True, True))
+    s = samples(monitoring.textfile(decl, off, True, True))
     assert s['gpuhost_sglang_speculation_match'] == 1
     assert s['gpuhost_sglang_speculation_requested_info{algorithm="none",num_steps="0",eagle_topk="0",'
              'num_draft_tokens="0"}'] == 1
@@ -215,13 +222,15 @@ def test_rules_pass_promtool_check(tmp_path, stack, changes):
     spec = d.sglang.speculative
     assert ('GpuhostSglangSpeculationInactive' in names) == bool(spec and spec.num_steps)
     assert {'GpuhostTargetDown', 'GpuhostRebootRequired', 'GpuhostContainerGpuOnVfio', 'GpuhostIdentityIommuGroup',
-            'GpuhostSglangSpeculationMismatch', 'GpuhostSglangThroughputCollapse'} <= set(names)
+            'GpuhostSglangSpeculationMismatch', 'GpuhostSglangThroughputCollapse', 'GpuhostGpuXidCritical',
+            'GpuhostGpuXidErrors', 'GpuhostIommuPageFaults', 'GpuhostNvidiaDriverLibraryMismatch',
+            'GpuhostCollectorStale'} <= set(names)
 
 
 def test_rules_threshold_follows_the_declared_steps():
     text = tool.rules('lab', parse(sglang__speculative={'algorithm': 'NEXTN', 'num_steps': 3, 'eagle_topk': 1,
                                                         'num_draft_tokens': 4}))
-    assert 'sglang:spec_accept_length{id="lxc/200", node="pve-lab"}) < 1.9 > 0' in text
+    assert 'node_id:sglang_spec_accept_length:rate5m < 1.9\n' in text
     assert 'sglang:spec_num_steps{id="lxc/200", node="pve-lab"}) != 3' in text
     # Before 0.5.13 SGLang has no sglang:spec_num_steps: the rule uses the accept length alone.
     assert 'sglang:spec_num_steps' not in tool.rules('lab', parse(sglang__version='0.5.9'))
@@ -239,6 +248,30 @@ def test_rules_annotations_read_as_the_fixtures_say(tmp_path):
     shutil.copy(os.path.join(FIXTURES, 'annotations.test.yml'), tmp_path)
     res = promtool('test', 'rules', 'annotations.test.yml', cwd=str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_recorded_accept_length_is_bench_serves_on_the_same_counters(tmp_path):
+    """The recording rule and bench-serve (tools/bench_serve.py accept_stats) read SGLang's counters one way:
+    the same counters, the same accept length."""
+    from tools.bench_serve import accept_stats
+    per_min = {'sglang:generation_tokens_total': 6600.0, 'sglang:num_requests_total': 60.0,
+               'sglang:spec_verify_calls_total': 4087.5}
+    minutes = 30
+    want = accept_stats({k: 0.0 for k in per_min}, {k: v * minutes for k, v in per_min.items()}, 2)['accept_length']
+    assert want == 1.6
+    labels = '{id="lxc/200", node="pve-lab", instance="c:30000", job="gpuhost", model_name="m", engine_type="unified"}'
+    doc = {'rule_files': ['rules.yml'], 'evaluation_interval': '1m', 'tests': [{
+        'interval': '1m',
+        'input_series': [{'series': name + labels, 'values': '0+%sx%d' % (v, minutes)} for name, v in per_min.items()],
+        'promql_expr_test': [{'expr': 'node_id:sglang_spec_accept_length:rate5m', 'eval_time': '20m', 'exp_samples': [
+            {'labels': 'node_id:sglang_spec_accept_length:rate5m{id="lxc/200", node="pve-lab"}', 'value': want}]}]}]}
+    (tmp_path / 'rules.yml').write_text(render_rules(tmp_path, annotations=False))
+    (tmp_path / 'accept.test.yml').write_text(yaml.safe_dump(doc))
+    res = promtool('test', 'rules', 'accept.test.yml', cwd=str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    # Before SGLang 0.5.13 there is no verify counter: no recording rule, the alert reads the gauge.
+    old = tool.rules('lab', parse(sglang__version='0.5.9'))
+    assert 'node_id:sglang_spec_accept_length:rate5m' not in old and 'sglang:spec_accept_length{' in old
 
 
 # ------------------------------------------------------------------------------------ dashboard
@@ -261,7 +294,8 @@ def test_dashboard_structure_and_every_query_parses(tmp_path):
         assert v['datasource'] == {'type': 'prometheus', 'uid': '${DS_PROMETHEUS}'}
     titles = ' '.join(p['title'] for p in dash['panels']).lower()
     for topic in ('throughput', 'first token', 'inter-token', 'request', 'kv cache', 'accept length', 'accept rate',
-                  'gpu assignment', 'reboot'):
+                  'gpu assignment', 'reboot', 'identity', 'vfio-pci', 'xid', 'iommu page faults', 'aer',
+                  'container user space', 'collector', 'kernel command line', 'nvidia module parameters'):
         assert topic in titles
     exprs = tool.dashboard_exprs(dash)
     assert any('histogram_quantile' in e and 'time_to_first_token_seconds_bucket' in e for e in exprs)

@@ -139,7 +139,8 @@ def test_warnings():
 
 def test_schema_lists_every_section():
     schema = config.Deployment.model_json_schema()
-    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang', 'runtime'}
+    assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang', 'runtime',
+                                          'monitoring'}
 
 
 def test_an_index_login_over_plain_http_is_warned_unless_on_loopback():

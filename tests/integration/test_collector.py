@@ -1,0 +1,172 @@
+"""The host watches itself between runs (issue 20): the collector `pulumi up` installs on the lab host runs on
+its timer's schedule (the lab host has no systemd of its own: tests/lablib.py HostTimers starts the installed
+service every OnUnitActiveSec, which runs the installed script), node_exporter serves what it writes, a real
+Prometheus scrapes it every second with the rules `make monitoring` renders. With no `pulumi` command run, a GPU
+group flipped to identity fires the critical alert, an Xid 79 counts once (also across restarts of the
+collector) and fires, a container GPU re-bound to vfio-pci out of band fires within a minute; destroy removes
+the timer, the script and the files. One lab, one Prometheus, one stack for the whole module."""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from components import monitoring
+from tests.integration import promlab
+from tests.integration.promlab import SCRAPE_S, wait
+from tests.lablib import HostTimers
+
+STACK = 'watch'
+INTERVAL_S = 5          # gpuhost:monitoring.collector_interval_s of this stack: the timer's OnUnitActiveSec
+HOST_SEL = '{id="node/pve-lab", node="pve-lab"}'
+TEXTFILE = monitoring.COLLECTOR_TEXTFILE
+XID79 = 'NVRM: Xid (PCI:0000:11:00): 79, pid=2811, name=python3, GPU has fallen off the bus.'
+
+
+@pytest.fixture(scope='module')
+def env(lab, tmp_path_factory):
+    cfg = lab.stack_config()
+    cfg['gpuhost:monitoring'] = {'collector_interval_s': INTERVAL_S}
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    timers = HostTimers(lab, monitoring.COLLECTOR_TIMER).start()
+    try:
+        with promlab.monitoring(lab, STACK, tmp_path_factory.mktemp('collector')) as (prom, d):
+            wait(lambda: prom.value('gpuhost_collector_interval_seconds%s' % HOST_SEL) == INTERVAL_S, 30,
+                 'the collector\'s file scraped')
+            yield {'prom': prom, 'timers': timers, 'deployment': d}
+    finally:
+        timers.stop()
+
+
+def on_host(lab, script):
+    res = lab.on_host(script)
+    assert res.exit_code == 0, res.stderr
+    return res.stdout
+
+
+def xid79(prom):
+    return prom.value('gpuhost_gpu_xid_errors_total{pci_bus_id="0000:11:00.0", xid="79"}')
+
+
+def test_installed_as_the_program_renders_it_on_its_schedule_and_promtool_accepts_what_it_writes(lab, env):
+    d, timers = env['deployment'], env['timers']
+    for path, (content, mode) in monitoring.collector_files(d).items():
+        assert on_host(lab, 'cat %s' % path) == content, path
+        assert on_host(lab, 'stat -c %%a %s' % path).strip() == mode.lstrip('0'), path
+    assert lab.ssh('systemctl is-enabled gpuhost-collector.timer').stdout.strip() == 'enabled'
+    assert lab.ssh('systemctl is-active gpuhost-collector.timer').stdout.strip() == 'active'
+    # The timer's schedule: runs INTERVAL_S apart, each a success.
+    first = timers.wait_run(time.time(), INTERVAL_S + 10)
+    second = timers.wait_run(first['start'], INTERVAL_S + 10)
+    assert INTERVAL_S - 0.5 <= second['start'] - first['start'] <= INTERVAL_S + 1.5, (first, second)
+    assert first['code'] == second['code'] == 0, (first, second)
+    # Every file it writes: the textfile (promtool), its state (JSON of this boot).
+    text = on_host(lab, 'cat %s' % TEXTFILE)
+    check = subprocess.run(['promtool', 'check', 'metrics'], input=text, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout + check.stderr == '', check.stdout + check.stderr
+    state = json.loads(on_host(lab, 'cat %s' % monitoring.COLLECTOR_STATE))
+    assert state['boot_id'] == lab.boot_id() and state['cursor']
+    assert on_host(lab, 'ls %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-collector.prom', 'gpuhost.prom']
+    # A second up changes nothing, and writes nothing.
+    stat = 'stat -c %Y.%i ' + ' '.join(sorted(monitoring.collector_files(d)))
+    before = on_host(lab, stat)
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+    assert on_host(lab, stat) == before
+
+
+def test_identity_domain_fires_the_critical_alert_with_no_pulumi_run(lab, env):
+    prom, timers = env['prom'], env['timers']
+    assert not prom.firing('GpuhostIdentityIommuGroup')
+    ssh = lab.ssh_commands()
+    flipped = time.time()
+    lab.host.set_group_type('0000:11:00.0', 'identity')
+    try:
+        run = timers.wait_run(flipped, INTERVAL_S + 10)
+        wait(lambda: prom.firing('GpuhostIdentityIommuGroup', pci_bus_id='0000:11:00.0'), INTERVAL_S + 10,
+             'GpuhostIdentityIommuGroup firing')
+        fired = time.time()
+        print('identity: collector ran %.1f s after the flip, the alert fired %.1f s after that run' % (
+            run['end'] - flipped, fired - run['end']))
+        # Within two intervals of the collector writing it: the next scrape, the evaluation after it (and 1 s for
+        # this loop's polling and the API on a loaded machine).
+        assert fired - run['end'] <= 2 * SCRAPE_S + 1.0, (run, fired)
+        assert prom.firing('GpuhostIdentityIommuGroup')[0]['labels']['severity'] == 'critical'
+        assert lab.ssh_commands() == ssh, 'nothing reached the host over SSH: no pulumi command ran'
+    finally:
+        lab.host.set_group_type('0000:11:00.0', 'DMA-FQ')
+    wait(lambda: not prom.firing('GpuhostIdentityIommuGroup'), INTERVAL_S + 10, 'the identity alert resolved')
+
+
+def test_xid79_counts_once_fires_and_is_not_counted_again_after_restarts(lab, env):
+    prom, timers = env['prom'], env['timers']
+    assert xid79(prom) == 0, 'the critical codes are there from 0, so the first event is an increase'
+    logged = time.time()
+    lab.host.kernel_log(XID79)
+    wait(lambda: xid79(prom) == 1, INTERVAL_S + 10, 'the Xid 79 counted')
+    wait(lambda: prom.firing('GpuhostGpuXidCritical', pci_bus_id='0000:11:00.0', xid='79'), 10,
+         'GpuhostGpuXidCritical firing')
+    print('xid 79: counted and firing %.1f s after the kernel logged it' % (time.time() - logged))
+    # The collector restarted, twice: its timer restarted (systemctl restart, as a new unit file makes pulumi
+    # up do: the next run reads on from its saved position in the kernel log), then a run with its state and its
+    # textfile gone (lost: it counts this boot again from its first message).
+    assert lab.ssh('systemctl restart gpuhost-collector.timer').exit_code == 0
+    restarted = time.time()
+    timers.wait_run(restarted, INTERVAL_S + 10)
+    on_host(lab, 'rm %s %s' % (monitoring.COLLECTOR_STATE, TEXTFILE))
+    gone = time.time()
+    assert timers.wait_run(gone, INTERVAL_S + 10)['code'] == 0
+    assert 'xid="79"} 1\n' in on_host(lab, 'grep \'pci_bus_id="0000:11:00.0",xid="79"\' %s' % TEXTFILE)
+    # Scraped again (the textfile's absence made the series stale in Prometheus until then).
+    wait(lambda: xid79(prom) is not None, 10, 'the Xid counter scraped again')
+    # Never 2 in between, in anything Prometheus scraped since the event.
+    span = int(time.time() - logged) + 2
+    assert prom.value('max_over_time(gpuhost_gpu_xid_errors_total{pci_bus_id="0000:11:00.0", xid="79"}[%ds])'
+                      % span) == 1
+    assert prom.value('sum(gpuhost_gpu_xid_errors_total)') == 1, 'only that one Xid, on that one GPU'
+
+
+def test_container_gpu_rebound_to_vfio_out_of_band_fires_within_a_minute(lab, env):
+    prom = env['prom']
+    assert lab.ssh('driverctl set-override 0000:01:00.0 vfio-pci').exit_code == 0
+    rebound = time.time()
+    try:
+        wait(lambda: prom.firing('GpuhostContainerGpuOnVfio', pci_bus_id='0000:01:00.0'), 60,
+             'GpuhostContainerGpuOnVfio firing')
+        print('vfio-pci: firing %.1f s after the re-bind' % (time.time() - rebound))
+        assert time.time() - rebound < 60
+    finally:
+        assert lab.ssh('driverctl unset-override 0000:01:00.0').exit_code == 0
+    wait(lambda: not prom.firing('GpuhostContainerGpuOnVfio'), INTERVAL_S + 10, 'the vfio-pci alert resolved')
+
+
+def test_iommu_page_faults_and_aer_errors_are_counted(lab, env):
+    prom = env['prom']
+    lab.host.kernel_log('nvidia 0000:61:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0016 address=0xfb000000 '
+                        'flags=0x0020]')
+    lab.host.add_aer('0000:61:00.0', 'nonfatal', 'CmpltTO', 2)
+    wait(lambda: prom.firing('GpuhostIommuPageFaults', pci_bus_id='0000:61:00.0'), INTERVAL_S + 10,
+         'GpuhostIommuPageFaults firing')
+    wait(lambda: prom.value('gpuhost_gpu_pcie_aer_errors_total{pci_bus_id="0000:61:00.0", severity="nonfatal"}') == 2,
+         INTERVAL_S + 10, 'the AER errors counted')
+    assert prom.value('gpuhost_iommu_page_faults_total{pci_bus_id="0000:61:00.0"}') == 1
+
+
+def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
+    timers = env['timers']
+    urn = next(r['urn'] for r in json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout)['deployment']['resources']
+               if r['urn'].endswith('::collector'))
+    lab.pulumi('destroy', '--yes', '--skip-preview', '--target', urn, stack=STACK)
+    stopped = time.time()
+    assert lab.ssh('systemctl is-enabled gpuhost-collector.timer').exit_code != 0
+    assert lab.ssh('systemctl is-active gpuhost-collector.timer').stdout.strip() == 'inactive'
+    paths = sorted(monitoring.collector_files(env['deployment'])) + [
+        TEXTFILE, monitoring.COLLECTOR_STATE, '/etc/systemd/system/timers.target.wants/gpuhost-collector.timer',
+        '/etc/gpuhost', '/var/lib/gpuhost']
+    assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''
+    assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost.prom']
+    # The timer is gone from the host's systemd: nothing starts the collector again (HostTimers, PID 1's stand-in,
+    # has no schedule to follow), and no run started after the destroy.
+    assert timers.schedule() is None
+    assert [r for r in timers.runs if r['start'] > stopped] == []
