@@ -87,7 +87,8 @@ for h in fleet.hosts:
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
     # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
     monitoring.host_metrics(name('host-metrics'), d, connection, container, service)
-    monitoring.host_collector(name('collector'), d, connection)
+    # After the host's own files: the collector compares the host with them (and one SSH command at a time).
+    monitoring.host_collector(name('collector'), d, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
     built.append((host, container, vm, service))
 
 if fleet.is_fleet:

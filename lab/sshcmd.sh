@@ -7,7 +7,9 @@
 #   LAB/control/ssh-commands.raw  one record per command, fields NUL-terminated: number, time,
 #                                 drop mode ('' for none), kind (command|shell), command line
 #                                 (tests/lablib.py ssh_log() reads it)
-#   LAB/control/ssh-drop.json     {"at": N, "mode": ..., "stdin_bytes": ...} (lablib drop_ssh_at())
+#   LAB/control/ssh-drop.json     {"at": N, "mode": ..., "stdin_bytes": ..., "match": NAME} (lablib
+#                                 drop_ssh_at(); with "match", N counts only the scripts named NAME,
+#                                 in LAB/control/ssh-match-count)
 #
 # Shell builtins only on this path (plus one flock), so a command costs little more than without
 # the wrapper; python starts only for the armed command.
@@ -23,7 +25,21 @@ drop=
   printf '%s\n' "$n" > "$CTL/ssh-count.tmp" && mv -f "$CTL/ssh-count.tmp" "$CTL/ssh-count"
   if [ -f "$CTL/ssh-drop.json" ]; then
     arm=$(< "$CTL/ssh-drop.json")
-    if [[ $arm =~ \"at\":\ *([0-9]+) ]] && [ "${BASH_REMATCH[1]}" = "$n" ]; then
+    hit=
+    [[ $arm =~ \"at\":\ *([0-9]+) ]] && at=${BASH_REMATCH[1]}
+    if [[ $arm =~ \"match\":\ *\"([A-Za-z0-9_.-]+)\" ]]; then
+      # "at" counts only the program's scripts of that name (`bash -c '<script>' NAME args`).
+      if [[ ${SSH_ORIGINAL_COMMAND-} == *"' ${BASH_REMATCH[1]} "* ]]; then
+        m=0
+        [ -f "$CTL/ssh-match-count" ] && read -r m < "$CTL/ssh-match-count"
+        m=$((m + 1))
+        printf '%s\n' "$m" > "$CTL/ssh-match-count"
+        [ "$at" = "$m" ] && hit=1
+      fi
+    elif [ "$at" = "$n" ]; then
+      hit=1
+    fi
+    if [ -n "$hit" ]; then
       rm -f "$CTL/ssh-drop.json"
       drop=before
       [[ $arm =~ \"mode\":\ *\"([a-z]+)\" ]] && drop=${BASH_REMATCH[1]}

@@ -4,6 +4,7 @@ of the project pointing at it, and the real Pulumi CLI run against a file backen
 from __future__ import annotations
 
 import copy
+import re
 import fcntl
 import hashlib
 import json
@@ -496,16 +497,27 @@ class Lab(object):
             pass
         return [out[n] for n in sorted(out)]
 
-    def drop_ssh_at(self, n=1, mode='before', stdin_bytes=None):
+    def drop_ssh_at(self, n=1, mode='before', stdin_bytes=None, match=None):
         """Drop the SSH connection at the n-th SSH command from now (1: the next one), once:
         'before' it runs (nothing happens on the host), 'after' it ran to completion (its exit status
         never reaches the client; its output does), or 'during' it (it gets the first stdin_bytes of
-        its stdin, default half, then its stdin ends and its output goes nowhere). Returns the
-        absolute command number (see ssh_log())."""
+        its stdin, default half, then its stdin ends and its output goes nowhere). With match (a script
+        name, e.g. 'put_file.sh') n counts only the program's scripts of that name. Returns the absolute
+        command number, or None with match (ssh_log()'s entry with a 'drop' then names it)."""
         if mode not in ('before', 'after', 'during'):
             raise ValueError('mode: before, after or during')
         if n < 1:
             raise ValueError('n counts from 1 (the next command)')
+        if match is not None:
+            if not re.match(r'^[A-Za-z0-9_.-]+$', match):
+                raise ValueError('match: a script name')
+            try:
+                os.unlink(self.control('ssh-match-count'))
+            except FileNotFoundError:
+                pass
+            _write_json(self.control('ssh-drop.json'), {'at': n, 'mode': mode, 'stdin_bytes': stdin_bytes,
+                                                        'match': match})
+            return None
         at = self.ssh_commands() + n
         _write_json(self.control('ssh-drop.json'), {'at': at, 'mode': mode, 'stdin_bytes': stdin_bytes})
         return at
