@@ -144,7 +144,10 @@ def test_a_new_version_that_fails_its_check_is_rolled_back(lab, base):
     assert health(lab) == 200 and server_version(lab) == OLD
     after = service_state(lab)
     assert after['unit'] == state['unit'] and after['link'] == old_env
-    assert after['starts'] == state['starts'] + 2, 'the new unit once, the previous one once'
+    # The new unit at least once (systemd's own Restart=on-failure, RestartSec=10, may start the crashing one
+    # again while the check is still waiting on a loaded machine - CI saw one such start), then the previous
+    # one, which serves the old version (above).
+    assert after['starts'] >= state['starts'] + 2, 'the new unit, then the previous one'
     assert len(envs(lab)) == 2
 
 
