@@ -4,10 +4,13 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
+.PHONY: up check test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
 
 up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs (FLEET=N: N hosts)
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up)
+
+check:         ## read-only: every prerequisite of STACK's hosts with ✓/✗ and the fix (exit 1 if one is missing)
+	@tools/run.sh check $(STACK)
 
 test:          ## the whole test suite (unit, component, integration against the lab)
 	@tools/run.sh test

@@ -316,14 +316,14 @@ class Lab(object):
 
     # -- the CLI
 
-    def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None):
+    def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None, input=None):
         """Run the real CLI in the project copy (an `up` from a bare container installs everything SGLang
         needs: README, "The first `up` on a bare host")."""
         argv = ['pulumi'] + list(args)
         if stack:
             argv += ['--stack', stack]
         res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True,
-                             text=True, timeout=timeout)
+                             text=True, timeout=timeout, input=input)
         if list(args[:2]) == ['stack', 'rm']:
             # Whichever stack went (even halfway, on failure), write_stack creates it again.
             _stacks(self).clear()

@@ -105,6 +105,13 @@ case "$cmd" in
     policy_args "$1"
     pulumi preview --diff "${policy[@]}"
     ;;
+  check)
+    deps
+    # Read-only on the hosts (components/preflight.py); selecting the stack only creates it in the backend
+    # when it is new (a first day's Pulumi.<stack>.yaml), as `make preview` does.
+    select_stack "${1:?stack}"
+    python -m tools.check "$1"
+    ;;
   render)
     deps
     python -m tools.render "${1:?stack}" "${2:?out dir}"
@@ -127,5 +134,5 @@ case "$cmd" in
     # Every variant's `up` runs with the same policy pack as `make up`.
     python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
     ;;
-  *) echo "usage: tools/run.sh up|up-fleet N|test|lab [N]|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
+  *) echo "usage: tools/run.sh up|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac
