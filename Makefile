@@ -6,8 +6,8 @@ SHELL := /bin/bash
 
 .PHONY: up check test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
 
-up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs (FLEET=N: N hosts)
-	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up)
+up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
+	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
 
 check:         ## read-only: every prerequisite of STACK's hosts with ✓/✗ and the fix (exit 1 if one is missing)
 	@tools/run.sh check $(STACK)
@@ -24,8 +24,8 @@ lab:           ## start the lab (simulated host + fakepve) unless running; HOSTS
 lab-down:      ## stop the lab (and the fleet lab) and wipe its state
 	@tools/run.sh lab-down
 
-preview:       ## pulumi preview --diff of STACK (prod needs PULUMI_CONFIG_PASSPHRASE)
-	@tools/run.sh preview $(STACK)
+preview:       ## pulumi preview --diff of STACK with the policy pack, contacting no host (other than lab: PULUMI_CONFIG_PASSPHRASE(_FILE))
+	@tools/run.sh preview $(STACK) $(ARGS)
 
 render:        ## write every file STACK would put on its hosts into OUT, contacting nothing
 	@tools/run.sh render $(STACK) $(OUT)

@@ -69,10 +69,20 @@ shift || true
 case "$cmd" in
   up)
     deps
-    started=$(python -m lab.labctl up | python -c 'import json,sys; print(json.load(sys.stdin)["started"])')
-    deploy_lab lab "$started"
+    stack=${1:-lab}
+    shift || true
+    if [ "$stack" = lab ]; then
+      started=$(python -m lab.labctl up | python -c 'import json,sys; print(json.load(sys.stdin)["started"])')
+      deploy_lab lab "$started"
+    else
+      # A real host: no lab. The same way in as the lab's - the policy pack, --refresh (reconcile with what the
+      # host runs now before planning) - and the plan is shown for the operator to confirm (ARGS=--yes: not).
+      select_stack "$stack"
+      policy_args "$stack"
+      pulumi up --refresh --diff "${policy[@]}" "$@"
+    fi
     echo
-    echo "Stack outputs (lab):"
+    echo "Stack outputs ($stack):"
     pulumi stack output --json
     echo
     pulumi stack output --json | python -m tools.fleet_summary
@@ -101,9 +111,11 @@ case "$cmd" in
   lab-down) deps; python -m lab.labctl down; python -m lab.fleet down >/dev/null ;;
   preview)
     deps
-    select_stack "${1:?stack}"
-    policy_args "$1"
-    pulumi preview --diff "${policy[@]}"
+    stack=${1:?stack}
+    shift
+    select_stack "$stack"
+    policy_args "$stack"
+    pulumi preview --diff "${policy[@]}" "$@"
     ;;
   check)
     deps
@@ -134,5 +146,5 @@ case "$cmd" in
     # Every variant's `up` runs with the same policy pack as `make up`.
     python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
     ;;
-  *) echo "usage: tools/run.sh up|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
+  *) echo "usage: tools/run.sh up [STACK [flags]]|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK [flags]|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac
