@@ -45,5 +45,5 @@ bench-serve:   ## load-test STACK's endpoint with AIPerf (VARIANTS=off,nextn1,..
 bootstrap:
 	@tools/bootstrap.sh
 
-clean: lab-down
-	rm -rf .venv .state .pulumi-home render
+clean: lab-down  ## stop the lab; remove .venv, .pulumi-home, render/ and the lab stacks' state (other stacks' state in .state stays)
+	@tools/clean.sh
