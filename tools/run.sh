@@ -29,7 +29,7 @@ stack_env() {
     export PULUMI_CONFIG_PASSPHRASE=$LAB_PASSPHRASE
     unset PULUMI_CONFIG_PASSPHRASE_FILE
   elif [ -z "${PULUMI_CONFIG_PASSPHRASE:-}${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
-    echo "run: stack $1 has secure: values; set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE" >&2
+    echo "run: stack $1 has secure: values; set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE (the committed prod example: PULUMI_CONFIG_PASSPHRASE=gpuhost-prod-example)" >&2
     exit 2
   fi
 }
