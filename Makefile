@@ -9,7 +9,7 @@ SHELL := /bin/bash
 up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
 
-check:         ## read-only: every prerequisite of STACK's hosts with ✓/✗ and the fix (exit 1 if one is missing)
+check:         ## read-only: every prerequisite of STACK's hosts with ✓/✗ and the fix (exit 1 if one is missing; STACK=lab starts the lab)
 	@tools/run.sh check $(STACK)
 
 test:          ## the whole test suite (unit, component, integration against the lab)

@@ -119,6 +119,8 @@ case "$cmd" in
     ;;
   check)
     deps
+    # The lab stack's host is the lab: started unless running (its config names the lab's generated keys).
+    if [ "${1:?stack}" = lab ]; then python -m lab.labctl up >/dev/null; fi
     # Read-only on the hosts (components/preflight.py); selecting the stack only creates it in the backend
     # when it is new (a first day's Pulumi.<stack>.yaml), as `make preview` does.
     select_stack "${1:?stack}"
