@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 import pulumi
-from pulumi.dynamic import CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, Resource, UpdateResult
 
 from components import remote, runtime
 from grammar import systemd
@@ -373,6 +373,41 @@ class SglangUnitProvider(ObservedProvider):
                     name, old_rt.get(key) or 'none', new_rt[key], news['install'][key]['installer']))
         return result
 
+    def check(self, olds, news):
+        """With the container adopted (gpuhost:container.adopt), at preview and up while the stack does not
+        hold the unit yet: the unit already in the container is read and what `up` does to it said - the
+        lines of the unit that change, the drop-ins it removes, and whether it restarts (once at most: the
+        create below is the usual apply, which reads the unit and its drop-ins first)."""
+        if not olds and news.get('adopt') and isinstance(news.get('connection'), dict) and \
+                isinstance(news.get('unit'), str):
+            info('sglang-unit: %s' % self.adoption(remote.Target.from_inputs(news['connection']), news))
+        return CheckResult(news, [])
+
+    def adoption(self, target, props) -> str:
+        import difflib
+        facts = self.facts(target, props)
+        where = '%s in container %s' % (props['unit_name'], props['vmid'])
+        if facts.get('ct') != 'running':
+            return '%s: the container is %s; the unit is written once it runs' % (where, facts.get('ct'))
+        have = facts.get('unit_text')
+        if have is None:
+            return '%s: no unit there yet - `up` writes it and starts it' % where
+        lines = [line for line in difflib.unified_diff(have.splitlines(), props['unit'].splitlines(), lineterm='', n=0)
+                 if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+        dropins = facts.get('dropins') or []
+        todo = []
+        if lines:
+            shown = lines[:16] + (['... %d more changed lines' % (len(lines) - 16)] if len(lines) > 16 else [])
+            todo.append('rewrites the unit file (%d line%s differ):\n    %s' % (
+                len(lines), '' if len(lines) == 1 else 's', '\n    '.join(shown)))
+        if dropins:
+            todo.append('removes the drop-in%s %s (kept as copies in the container)' % (
+                '' if len(dropins) == 1 else 's', ', '.join(dropins)))
+        if not todo:
+            return '%s exists and is the declared unit: adopted as it is, not restarted%s' % (
+                where, '' if facts.get('ActiveState') == 'active' else ' (started: it is %s)' % facts.get('ActiveState'))
+        return '%s exists - adopted; `up` %s; then restarts it once' % (where, '; '.join(todo))
+
     def create(self, props):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
 
@@ -483,6 +518,7 @@ class SglangService(pulumi.ComponentResource):
                      api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],
+                     adopt=d.container.adopt,
                      cuda_home=s.cuda_home, runtime=runtime.declared(d), env=self.env,
                      install=runtime.install_inputs(d, runtime_files),
                      # Reaches pip only as a root-only netrc file in the container (ct_env_build.py).
