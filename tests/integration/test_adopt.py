@@ -97,7 +97,8 @@ def adopting(lab, made_by_hand):
 
 def test_preview_names_each_adopted_guest_and_every_difference(lab, adopting):
     digest, marks, starts = lab.host_digest(), creation_marks(lab), lab.unit_starts()
-    out = lab.pulumi('preview', '--diff', stack=STACK).stdout
+    res = lab.pulumi('preview', '--diff', stack=STACK)
+    out = res.stdout + res.stderr   # with --diff the CLI writes the diagnostics to stderr
     assert ('container 200 on pve-lab: exists - adopted into the stack as it is, not created '
             '(gpuhost:container.adopt). `up` changes: cores 16 -> 32; memory 131072 -> 262144.') in out, out[-6000:]
     assert ('VM 300 on pve-lab: exists - adopted into the stack as it is, not created (gpuhost:vm.adopt). '
@@ -111,13 +112,14 @@ def test_preview_names_each_adopted_guest_and_every_difference(lab, adopting):
 def test_up_converges_without_recreating_anything_and_restarts_the_unit_once(lab, adopting):
     marks, starts, requests = creation_marks(lab), lab.unit_starts(), len(lab.pve_requests())
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = res.stdout + res.stderr
     made = [r for r in lab.pve_requests()[requests:] if r['method'] == 'POST' and
             r['path'].split('?')[0].rstrip('/').endswith(('/lxc', '/qemu'))]
     assert made == [] and creation_marks(lab) == marks, made
-    assert 'container 200 on pve-lab: adopted into the stack' in res.stdout, res.stdout[-4000:]
+    assert 'container 200 on pve-lab: adopted into the stack' in out, out[-4000:]
     node = lab.node()
     ct, vm = node.lxc(200).config.get(), node.qemu(300).config.get()
-    assert (ct['cores'], ct['memory'], vm['onboot']) == (32, 262144, 1), (ct, vm)
+    assert (int(ct['cores']), int(ct['memory']), int(vm['onboot'])) == (32, 262144, 1), (ct, vm)
     with open(os.path.join(lab.ct_root(), UNIT_PATH.lstrip('/'))) as f:
         unit = f.read()
     assert unit.startswith('# Managed by gpuhost') and 'HANDMADE' not in unit
@@ -134,5 +136,5 @@ def test_up_converges_without_recreating_anything_and_restarts_the_unit_once(lab
 def test_the_next_up_changes_nothing_and_adopts_nothing_again(lab, adopting):
     digest, marks, starts = lab.host_digest(), creation_marks(lab), lab.unit_starts()
     res = lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
-    assert 'adopted' not in res.stdout, res.stdout[-3000:]
+    assert 'adopted' not in res.stdout + res.stderr, res.stdout[-3000:]
     assert lab.host_digest() == digest and creation_marks(lab) == marks and lab.unit_starts() == starts
