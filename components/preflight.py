@@ -117,9 +117,10 @@ def check_unit_name(d, connection: dict) -> None:
     if out == 'foreign %s' % props['unit_path'] and d.container.adopt:
         return   # the container is adopted with the unit it runs: that file is the unit to take over (README)
     if out.startswith('foreign '):
-        adopt = ('. If it is the SGLang unit of a deployment made before this program, take the container in with it '
-                 'as they run: gpuhost:container.adopt: true (README, "Adopting a running deployment"); otherwise choose '
-                 'another name' if out == 'foreign %s' % props['unit_path'] else '. Choose another name, e.g. sglang-qwen.service')
+        own = out == 'foreign %s' % props['unit_path']
+        adopt = ('. If it is the SGLang unit of a deployment made before this program, take the container in with '
+                 'it as they run: gpuhost:container.adopt: true (README, "Adopting a running deployment"); '
+                 'otherwise choose another name' if own else '. Choose another name, e.g. sglang-qwen.service')
         raise PreflightError('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang '
                              'unit under that name would replace it%s'
                              % (d.sglang.unit, d.container.vmid, out[len('foreign '):], adopt))

@@ -462,13 +462,15 @@ class PveGuestProvider(ObservedProvider):
             with client(news['api']) as prox:
                 plan = self.adoption(prox, news)
             info('%s: exists - adopted into the stack as it is, not created (gpuhost:%s.adopt). %s' % (
-                self.label(news), 'container' if news['kind'] == 'lxc' else 'vm', plan['summary']))
+                self.label(news), 'container' if news['kind'] == 'lxc' else 'vm',
+                '`up` changes: %s%s.' % ('; '.join(plan['changes']), plan['power']) if plan['changes'] else
+                'It matches the declared state%s.' % (plan['power'] or ': `up` changes nothing on it')))
         return CheckResult(news, [])
 
     def adoption(self, prox, props) -> dict:
-        """{'observed': the guest as observe() reads it, 'summary': what `up` changes on it, one sentence}.
-        Raises PveError when it cannot be adopted: absent, another guest's name, or a difference that only
-        a new guest could make."""
+        """{'observed': the guest as observe() reads it, 'changes': ['key have -> want', ...] that `up` makes,
+        'power': what it does to the guest's power state, as words}. Raises PveError when the guest cannot be
+        adopted: absent, another guest's name, or a difference only a new guest could make."""
         side = 'container' if props['kind'] == 'lxc' else 'vm'
         g = self.guest(prox, props)
         try:
@@ -497,11 +499,7 @@ class PveGuestProvider(ObservedProvider):
             power = ', then stops it'
         elif raw and running:
             power = ', then reboots it (raw lxc.* lines take effect only at start)'
-        if what:
-            summary = '`up` changes: %s%s.' % ('; '.join(what), power)
-        else:
-            summary = 'It matches the declared state%s.' % (power or ': `up` changes nothing on it')
-        return {'observed': observed, 'summary': summary}
+        return {'observed': observed, 'changes': what, 'power': power}
 
     def create(self, props):
         if props.get('adopt'):
@@ -514,7 +512,10 @@ class PveGuestProvider(ObservedProvider):
         with client(props['api']) as prox:
             plan = self.adoption(prox, props)
         result = self.update(str(props['vmid']), {'pid': plan['observed'].get('pid'), 'config': {}}, props)
-        info('%s: adopted into the stack. %s' % (self.label(props), plan['summary']))
+        info('%s: adopted into the stack%s%s' % (
+            self.label(props), '; changed %s' % '; '.join(plan['changes']) if plan['changes'] else ', unchanged',
+            plan['power'].replace('then starts', 'started').replace('then stops', 'stopped')
+            .replace('then reboots', 'rebooted')))
         return CreateResult(str(props['vmid']), result.outs)
 
     def make(self, props):

@@ -404,8 +404,9 @@ class SglangUnitProvider(ObservedProvider):
             todo.append('removes the drop-in%s %s (kept as copies in the container)' % (
                 '' if len(dropins) == 1 else 's', ', '.join(dropins)))
         if not todo:
+            state = facts.get('ActiveState')
             return '%s exists and is the declared unit: adopted as it is, not restarted%s' % (
-                where, '' if facts.get('ActiveState') == 'active' else ' (started: it is %s)' % facts.get('ActiveState'))
+                where, '' if state == 'active' else ' (started: it is %s)' % state)
         return '%s exists - adopted; `up` %s; then restarts it once' % (where, '; '.join(todo))
 
     def create(self, props):

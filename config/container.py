@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 from pydantic import AfterValidator, Field
 
-from config.values import (ADOPT_DOC, PROTECT_DOC, Bdf, Bridge, DnsName, Model, StorageId, Template, VmId, ipv4, ipv4_interface,
-                           nameservers)
+from config.values import (ADOPT_DOC, PROTECT_DOC, Bdf, Bridge, DnsName, Model, StorageId, Template, VmId, ipv4,
+                           ipv4_interface, nameservers)
 
 
 class Container(Model):

@@ -116,7 +116,8 @@ def test_up_converges_without_recreating_anything_and_restarts_the_unit_once(lab
     made = [r for r in lab.pve_requests()[requests:] if r['method'] == 'POST' and
             r['path'].split('?')[0].rstrip('/').endswith(('/lxc', '/qemu'))]
     assert made == [] and creation_marks(lab) == marks, made
-    assert 'container 200 on pve-lab: adopted into the stack' in out, out[-4000:]
+    assert 'container 200 on pve-lab: adopted into the stack; changed cores 16 -> 32; memory 131072 -> 262144' in out, \
+        out[-4000:]
     node = lab.node()
     ct, vm = node.lxc(200).config.get(), node.qemu(300).config.get()
     assert (int(ct['cores']), int(ct['memory']), int(vm['onboot'])) == (32, 262144, 1), (ct, vm)
