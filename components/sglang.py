@@ -151,6 +151,14 @@ def mismatches(expected: dict, got: dict) -> list:
             for k, v in expected.items() if got.get(k) != v]
 
 
+def changed_lines(old: str, new: str, limit: int = 16) -> list:
+    """The lines of a file that change ('-old', '+new'), for an adoption's preview; at most `limit`."""
+    import difflib
+    lines = [line for line in difflib.unified_diff((old or '').splitlines(), new.splitlines(), lineterm='', n=0)
+             if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+    return lines[:limit] + (['... %d more changed lines' % (len(lines) - limit)] if len(lines) > limit else [])
+
+
 def service_props(d) -> dict:
     """Where the service is and how long it may take to start: what the container step and a host
     reboot need to wait for it (they do not compare its settings: the unit's own step does)."""
@@ -384,7 +392,6 @@ class SglangUnitProvider(ObservedProvider):
         return CheckResult(news, [])
 
     def adoption(self, target, props) -> str:
-        import difflib
         facts = self.facts(target, props)
         where = '%s in container %s' % (props['unit_name'], props['vmid'])
         if facts.get('ct') != 'running':
@@ -392,22 +399,17 @@ class SglangUnitProvider(ObservedProvider):
         have = facts.get('unit_text')
         if have is None:
             return '%s: no unit there yet - `up` writes it and starts it' % where
-        lines = [line for line in difflib.unified_diff(have.splitlines(), props['unit'].splitlines(), lineterm='', n=0)
-                 if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+        lines = changed_lines(have, props['unit'])
         dropins = facts.get('dropins') or []
-        todo = []
-        if lines:
-            shown = lines[:16] + (['... %d more changed lines' % (len(lines) - 16)] if len(lines) > 16 else [])
-            todo.append('rewrites the unit file (%d line%s differ):\n    %s' % (
-                len(lines), '' if len(lines) == 1 else 's', '\n    '.join(shown)))
-        if dropins:
-            todo.append('removes the drop-in%s %s (kept as copies in the container)' % (
-                '' if len(dropins) == 1 else 's', ', '.join(dropins)))
-        if not todo:
+        if not lines and not dropins:
             state = facts.get('ActiveState')
             return '%s exists and is the declared unit: adopted as it is, not restarted%s' % (
                 where, '' if state == 'active' else ' (started: it is %s)' % state)
-        return '%s exists - adopted; `up` %s; then restarts it once' % (where, '; '.join(todo))
+        todo = (['rewrites the unit file'] if lines else []) + (
+            ['removes the drop-in%s %s (copies kept in the container)' % (
+                '' if len(dropins) == 1 else 's', ', '.join(dropins))] if dropins else [])
+        shown = '. The unit\'s lines that change:\n    %s' % '\n    '.join(lines) if lines else ''
+        return '%s exists - adopted; `up` %s, then restarts it once%s' % (where, ' and '.join(todo), shown)
 
     def create(self, props):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))

@@ -14,6 +14,7 @@ C, V = 'gpuhost:container', 'gpuhost:vm'
 UNIT = 'sglang-qwen.service'
 UNIT_PATH = '/etc/systemd/system/%s' % UNIT
 DROPIN = '/etc/systemd/system/%s.d/handmade.conf' % UNIT
+MODPROBE = '/etc/modprobe.d/gpuhost-nvidia.conf'
 
 
 def with_changes(cfg, *changes):
@@ -42,6 +43,9 @@ def made_by_hand(lab):
     node = lab.node()
     node.lxc(200).config.put(cores=16, memory=131072)
     node.qemu(300).config.post(onboot=0)
+    # The nvidia options as the operator wrote them (no header of the program's).
+    with open(lab.host.path(MODPROBE.lstrip('/')), 'w') as f:
+        f.write('options nvidia NVreg_DmaRemapPeerMmio=1\n')
     with open(os.path.join(lab.ct_root(), UNIT_PATH.lstrip('/'))) as f:
         unit = [line for line in f.read().splitlines() if not line.startswith('#')]
     unit.insert(unit.index('[Service]') + 1, 'Environment=HANDMADE=1')
@@ -103,9 +107,15 @@ def test_preview_names_each_adopted_guest_and_every_difference(lab, adopting):
             '(gpuhost:container.adopt). `up` changes: cores 16 -> 32; memory 131072 -> 262144.') in out, out[-6000:]
     assert ('VM 300 on pve-lab: exists - adopted into the stack as it is, not created (gpuhost:vm.adopt). '
             '`up` changes: onboot 0 -> 1.') in out, out[-6000:]
-    assert '%s in container 200 exists - adopted; `up` rewrites the unit file' % UNIT in out, out[-6000:]
-    assert '-Environment=HANDMADE=1' in out and '+# Managed by gpuhost' in out, out[-6000:]
-    assert 'removes the drop-in %s' % DROPIN in out and 'then restarts it once' in out, out[-6000:]
+    assert ('%s in container 200 exists - adopted; `up` rewrites the unit file and removes the drop-in %s (copies '
+            'kept in the container), then restarts it once' % (UNIT, DROPIN)) in out, out[-6000:]
+    assert '\n    -Environment=HANDMADE=1' in out and '\n    +# Managed by gpuhost' in out, out[-6000:]
+    # The host's files: each compared with what is declared.
+    assert ('host file %s: exists and differs - `up` replaces it, then runs update-initramfs -u -k all. The lines '
+            'that change:\n    -options nvidia NVreg_DmaRemapPeerMmio=1\n    +# Managed by gpuhost' % MODPROBE
+            ) in out, out[-6000:]
+    assert 'host-kernel-cmdline: the configured kernel command line already carries what is declared' in out
+    assert "host-vfio: the VM's GPUs are bound to vfio-pci already: adopted as they are" in out
     assert lab.host_digest() == digest and creation_marks(lab) == marks and lab.unit_starts() == starts
 
 
@@ -125,6 +135,8 @@ def test_up_converges_without_recreating_anything_and_restarts_the_unit_once(lab
         unit = f.read()
     assert unit.startswith('# Managed by gpuhost') and 'HANDMADE' not in unit
     assert not os.path.exists(os.path.join(lab.ct_root(), DROPIN.lstrip('/')))
+    with open(lab.host.path(MODPROBE.lstrip('/'))) as f:
+        assert f.read().startswith('# Managed by gpuhost')
     assert lab.unit_starts() == starts + 1
     assert lab.outputs(STACK)['smoke_test']['completion_tokens'] >= 1
     # Protected from the moment they are in the stack: a destroy or a replacement is refused.
