@@ -458,7 +458,11 @@ class PveGuestProvider(ObservedProvider):
         adopting it means - or refuse, before anything runs. Pulumi's own `import` cannot do this for a
         dynamic provider (the engine's Read on import carries no properties, so the provider host cannot
         even load this class: pulumi/pulumi#16175); create() does the adoption instead."""
-        if not olds and news.get('adopt') and isinstance(news.get('api'), dict):
+        if olds:
+            # Adoption is for a guest the stack does not hold yet. One it holds is never adopted again: a
+            # replacement (protect: false) creates a new guest - and never takes over another guest at a new vmid.
+            return CheckResult(dict(news, adopt=False), [])
+        if news.get('adopt') and isinstance(news.get('api'), dict):
             with client(news['api']) as prox:
                 plan = self.adoption(prox, news)
             info('%s: exists - adopted into the stack as it is, not created (gpuhost:%s.adopt). %s' % (

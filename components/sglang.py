@@ -386,8 +386,9 @@ class SglangUnitProvider(ObservedProvider):
         hold the unit yet: the unit already in the container is read and what `up` does to it said - the
         lines of the unit that change, the drop-ins it removes, and whether it restarts (once at most: the
         create below is the usual apply, which reads the unit and its drop-ins first)."""
-        if not olds and news.get('adopt') and isinstance(news.get('connection'), dict) and \
-                isinstance(news.get('unit'), str):
+        if olds:
+            return CheckResult(dict(news, adopt=False), [])   # held by the stack: never adopted again
+        if news.get('adopt') and isinstance(news.get('connection'), dict) and isinstance(news.get('unit'), str):
             info('sglang-unit: %s' % self.adoption(remote.Target.from_inputs(news['connection']), news))
         return CheckResult(news, [])
 

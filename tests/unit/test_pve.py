@@ -81,3 +81,10 @@ def test_sizes_and_templates_as_proxmox_writes_them():
     assert [size_gb(s) for s in ('8G', '512M', '1T', '200', '', 'x')] == [8.0, 0.5, 1024.0, 200.0, None, None]
     assert template_ostype('local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst') == 'ubuntu'
     assert template_ostype('local:vztmpl/custom.tar.zst') is None
+
+
+def test_a_guest_the_stack_holds_is_never_adopted_again():
+    # Its check (no host contacted) turns adopt off: a later replacement creates, never takes over a guest.
+    from components.pve import PveGuestProvider
+    olds = {'kind': 'lxc', 'vmid': 200, 'adopt': True}
+    assert PveGuestProvider().check(olds, dict(olds, vmid=201)).inputs['adopt'] is False
