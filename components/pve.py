@@ -11,6 +11,13 @@ restart (QEMU hostpciN, ...) are reported in `pending` and treated as applied.
 Raw `lxc.*` lines (CPU pinning) cannot be set through the API: they are written into
 /etc/pve/lxc/<vmid>.conf over SSH (compare-and-swap on the file's hash, atomic replace), and the
 container is rebooted through the API when they change while it runs.
+
+Adoption (gpuhost:container.adopt / gpuhost:vm.adopt): a guest that already runs with the config's vmid
+is taken into the stack by create() instead of being made - read, refused if it is not the declared guest
+(absent, another name) or differs in what only a new guest could change, then brought to the declared
+state by update(). check() says at preview what that means; it is the only step that reads the host at
+preview, and only for a guest the stack does not hold yet. (Pulumi's `import` option cannot serve: the
+engine's Read on import carries no properties, so the dynamic-provider host cannot load the provider.)
 """
 
 from __future__ import annotations
