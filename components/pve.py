@@ -15,8 +15,8 @@ container is rebooted through the API when they change while it runs.
 Adoption (gpuhost:container.adopt / gpuhost:vm.adopt): a guest that already runs with the config's vmid
 is taken into the stack by create() instead of being made - read, refused if it is not the declared guest
 (absent, another name) or differs in what only a new guest could change, then brought to the declared
-state by update(). check() says at preview what that means; it is the only step that reads the host at
-preview, and only for a guest the stack does not hold yet. (Pulumi's `import` option cannot serve: the
+state by update(). check() says at preview what that means - adoption is the one case in which a preview
+reads the host, and only for what the stack does not hold yet. (Pulumi's `import` option cannot serve: the
 engine's Read on import carries no properties, so the dynamic-provider host cannot load the provider.)
 """
 
