@@ -262,15 +262,22 @@ def _bridges(ctx):
 
 def _unit_name(ctx):
     """gpuhost:sglang.unit names a unit of this program's, or a free name: never one the container has
-    of its own (ssh.service, a vendor unit...), which writing ours would override and destroy would delete."""
+    of its own (ssh.service, a vendor unit...), which writing ours would override and destroy would delete.
+    An adopted container's own /etc/systemd/system/<unit> is the SGLang unit being taken over: allowed."""
     d = ctx.d
     props = service_props(d)
     out = remote.run(remote.Target.from_inputs(ctx.connection), 'ct_unit_owner.sh',
                      [d.container.vmid, d.sglang.unit, props['unit_path']]).stdout.strip()
+    if out == 'foreign %s' % props['unit_path'] and d.container.adopt:
+        return   # the container is adopted with the unit it runs: that file is the unit to take over (README)
     if out.startswith('foreign '):
-        return ('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang unit under '
-                'that name would replace it. Choose another name, e.g. sglang-qwen.service'
-                % (d.sglang.unit, d.container.vmid, out[len('foreign '):]))
+        own = out == 'foreign %s' % props['unit_path']
+        adopt = ('. If it is the SGLang unit of a deployment made before this program, take the container in with '
+                 'it as they run: gpuhost:container.adopt: true (README, "Adopting a running deployment"); '
+                 'otherwise choose another name' if own else '. Choose another name, e.g. sglang-qwen.service')
+        return ('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang '
+                'unit under that name would replace it%s'
+                % (d.sglang.unit, d.container.vmid, out[len('foreign '):], adopt))
 
 
 def _has_vm(d):

@@ -325,5 +325,10 @@ def check_ca(pem: str, key: str) -> None:
                           '/etc/pve/pve-root-ca.pem from the host' % key)
 
 
+ADOPT_DOC = ('Take the guest that already runs with this vmid on host.node into the stack as it is, instead of '
+             'creating one (a deployment made before this program): preview names it and every difference `up` will '
+             'converge; a difference Proxmox cannot change in place is refused. Only while the stack does not hold '
+             'the guest yet; harmless afterwards')
+
 PROTECT_DOC = ('Pulumi protect: while true, a change that would delete or replace this guest (and its disk) is '
                'refused at preview. Set false for one `pulumi up` to allow it')
