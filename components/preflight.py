@@ -12,6 +12,7 @@ any resource step runs - so before anything is deleted, replaced or written:
   * what the guests need exists on the Proxmox side: the node (online), the container's storage,
     its OS template, and the bridges;
   * the SGLang unit's name is not one the container already has of its own;
+  * the model storage the container's mount point binds (gpuhost:model.storage) exists on the host;
   * the host runs the nvidia kernel module gpuhost:runtime.nvidia declares (a host driver upgraded under a
     running container stops the run here, before any restart: the container's user space must match it).
 
@@ -119,7 +120,21 @@ def check_unit_name(d, connection: dict) -> None:
                              % (d.sglang.unit, d.container.vmid, out[len('foreign '):]))
 
 
+def check_model_storage(d, connection: dict) -> None:
+    """gpuhost:model.storage exists on the host: the container's mount point needs it (Proxmox finds out only
+    when the container starts, and the container would not start)."""
+    if d.model is None:
+        return
+    res = remote.run(remote.Target.from_inputs(connection), 'check_dir.sh', [d.model.storage], check=False)
+    if res.exit_code != 0:
+        raise PreflightError('gpuhost:model.storage: %s %s on the host; create it (zfs create -o mountpoint=%s '
+                             '<pool>/models, or mkdir -p %s) and put the model there, or fix the path' % (
+                                 d.model.storage, 'is not a directory' if 'not-a-directory' in res.stdout else
+                                 'does not exist', d.model.storage, d.model.storage))
+
+
 def run(d, connection: dict, api: dict) -> None:
     check_host(d, connection, api)
+    check_model_storage(d, connection)
     check_proxmox(d, api)
     check_unit_name(d, connection)

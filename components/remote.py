@@ -102,6 +102,8 @@ STEPS = {
     'ct_env_build.sh': ('building a Python environment in container {0}', None),
     'ct_env_link.sh': ('linking {1} to {2} in container {0}', 120),
     'ensure_dir.sh': ('creating the directory {0}', 60),
+    'check_dir.sh': ('checking the directory {0}', 60),
+    'model_verify.sh': ('verifying the model files on the host', None),
     'remove_file.sh': ('removing {0}', 60),
     'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
     'collector_enable.sh': ('enabling {1} and running {0} once', 120),

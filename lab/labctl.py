@@ -49,6 +49,7 @@ sys.path.insert(0, HERE)
 import container  # noqa: E402
 import ctbase  # noqa: E402
 import hostsim  # noqa: E402
+import labmodel  # noqa: E402
 import pyindex  # noqa: E402
 import sglang_wheel  # noqa: E402
 import pvemap  # noqa: E402
@@ -135,7 +136,9 @@ def prepare(lab, spec_path):
     write_secret(os.path.join(lab, 'secrets', 'pve-password'), password)
     write_secret(os.path.join(lab, 'secrets', 'pve-token'), token)
     index = prepare_index(lab, spec)
+    model = prepare_model(lab, host)
     return {
+        'model': model,
         'index': index,
         'ct_base': ctbase.ensure(),
         'spec': spec_path,
@@ -151,6 +154,20 @@ def prepare(lab, spec_path):
         # The simulated SGLang's speed model (docs/bench.md), written into each container it creates.
         'sglang_speed': spec.get('sglang_speed'),
     }
+
+
+def prepare_model(lab, host):
+    """The model Pulumi.lab.yaml declares (gpuhost:model), built on the lab host's model storage (lab/labmodel.py),
+    and its checksum file in LAB/model/<id>.sha256 (the lab stack's gpuhost:model.checksums). None without one."""
+    model, model_path = labmodel.declared(os.path.join(REPO, 'Pulumi.lab.yaml'))
+    if not model or not model_path:
+        return None
+    where = labmodel.host_dir(model, model_path)
+    sums = labmodel.build(host.path(where.lstrip('/')), model['id'], model['revision'])
+    checksums = os.path.join(lab, 'model', '%s.sha256' % model['id'])
+    hostsim.write(checksums, sums)
+    return {'id': model['id'], 'revision': model['revision'], 'storage': model['storage'], 'dir': where,
+            'checksums': checksums}
 
 
 def prepare_index(lab, spec):
@@ -433,6 +450,15 @@ class Lab(object):
                 src = self.host.path('dev', os.path.relpath(dev, '/dev')) if dev.startswith('/dev/') else None
                 if src and os.path.exists(src):
                     out.append((src, dev))
+            elif re.match(r'^mp\d+$', k):
+                # A bind mount point (gpuhost:model's storage): the host directory at mp=, read-only with ro=1, as
+                # LXC mounts it. Only a host directory that exists is bound (Proxmox would refuse the start).
+                parts = str(v).split(',')
+                opts = dict(p.split('=', 1) for p in parts[1:] if '=' in p)
+                src = parts[0].strip()
+                if src.startswith('/') and opts.get('mp') and os.path.isdir(self.host.path(src.lstrip('/'))):
+                    out.append((self.host.path(src.lstrip('/')), opts['mp']) +
+                               (('ro',) if opts.get('ro') in ('1', 'true', 'yes', 'on') else ()))
         return out
 
     def settle(self, timeout=60.0):
