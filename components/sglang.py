@@ -278,6 +278,11 @@ class SglangUnitProvider(ObservedProvider):
         if before['version'] is None:
             raise ServiceError('container %s is not running, so its SGLang unit cannot be written; start it (pct start %s) '
                                'or check the container step above' % (props['vmid'], props['vmid']))
+        if props.get('model_check'):
+            # Before anything changes: the weights the (re)started unit will load are all there and match
+            # (components/model.py; cached sums, so unchanged shards are not read again).
+            from components.model import verify_for_unit
+            verify_for_unit(target, props['model_check'])
         installed = False
         if props.get('runtime') is not None:
             # Before anything changes: the user space to install must be the module the host runs.
