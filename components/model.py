@@ -77,16 +77,32 @@ def verifier_source() -> bytes:
         return f.read()
 
 
-def run_verify(target, props, full: bool, textfile: bool = False) -> dict:
+def cache_path(directory: str) -> str:
+    return '%s/%s.json' % (CACHE_DIR, hashlib.sha256(directory.encode()).hexdigest()[:16])
+
+
+def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = False) -> dict:
+    """The host-side verification's report. fetch: download what is missing from props['source'] first (the
+    token, a secret, on stdin; each progress line the host prints goes to the pulumi output as it comes)."""
     job = {'dir': props['dir'], 'id': props['id'], 'revision': props['revision'],
            'checksums': props.get('checksums'), 'hash': full,
-           'cache': '%s/%s.json' % (CACHE_DIR, hashlib.sha256(props['dir'].encode()).hexdigest()[:16]),
+           'cache': cache_path(props['dir']),
            'textfile': props.get('textfile') if textfile else None}
-    res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)], stdin=verifier_source())
+    token = ''
+    if fetch and props.get('source'):
+        job.update(source=props['source'], storage=props['storage'])
+        token = props.get('token') or ''
+    res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)],
+                     stdin=token.encode() + b'\n' + verifier_source(), on_stderr_line=_relay if fetch else None)
     try:
         return json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise ModelError('%s: the model verification printed no report: %s' % (target.name, res.stdout[-300:]))
+
+
+def _relay(text: str) -> None:
+    if text.startswith('gpuhost-progress: '):
+        info('model: downloading ' + text[len('gpuhost-progress: '):])
 
 
 def refusal(rep: dict, props: dict) -> str:
@@ -109,7 +125,20 @@ class ModelProvider(ObservedProvider):
 
     def apply(self, props, olds=None):
         target = remote.Target.from_inputs(props['connection'])
-        rep = run_verify(target, props, full=True, textfile=True)
+        fetch = bool(props.get('source'))
+        if fetch:
+            # Only when something is missing or wrong: a quick look (cached sums) decides.
+            quick = run_verify(target, props, full=False)
+            fetch = _broken(quick) or bool(quick.get('dir_missing'))
+        rep = run_verify(target, props, full=True, textfile=True, fetch=fetch)
+        if rep.get('fetch_error'):
+            raise ModelError('%s: the download from %s failed: %s. The serving model and the SGLang unit were not '
+                             'touched; what was downloaded stays in the staging directory and the next `up` resumes' % (
+                                 '%s@%s' % (props['id'], props['revision']), props['source'], rep['fetch_error']))
+        if rep.get('downloaded'):
+            info('model: downloaded %d files (%s; %s resumed from an earlier attempt) from %s, checked, moved into %s'
+                 % (len(rep['downloaded']), human_bytes(rep['downloaded_bytes']), human_bytes(rep['resumed_bytes']),
+                    props['source'], props['dir']))
         info('model: %s; verification read %s in %.1f s' % (line(rep), human_bytes(rep['read_bytes']),
                                                            rep['elapsed_s']))
         if not rep['verified']:
@@ -136,7 +165,9 @@ class ModelProvider(ObservedProvider):
         return self.read_result(id_, outs)
 
     def delete(self, _id, props):
-        pass   # the weights stay: they are the operator's data, not this program's
+        # The weights stay (the operator's data, not this program's); its textfile and cache go.
+        remote.run(remote.Target.from_inputs(props['connection']), 'model_forget.sh',
+                   [props.get('textfile') or TEXTFILE, cache_path(props['dir'])])
 
 
 def _broken(rep) -> bool:
@@ -176,8 +207,10 @@ def verify_for_unit(target, check) -> None:
 
 def model_weights(name, d, connection, model_files=None, opts=None):
     m = d.model
+    token = (model_files or {}).get('token')
     props = {'connection': connection, 'id': m.id, 'revision': m.revision,
-             'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage,
+             'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage, 'source': m.base_url(),
+             'token': pulumi.Output.secret(token) if token else None,
              'checksums': (model_files or {}).get('checksums'), 'verified': True, 'textfile': TEXTFILE,
              **dict.fromkeys(ModelProvider.OUTPUTS)}
     return ModelWeightsResource(ModelProvider(), name, props, opts)

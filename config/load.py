@@ -19,7 +19,7 @@ from grammar import pylock, unidiff
 
 
 SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'),
-                ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'))
+                ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'), ('model', 'token'))
 
 
 # Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
@@ -156,7 +156,7 @@ def model_inputs(d: Deployment, root: str) -> Optional[dict]:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(str(e)) from None
-    return {'checksums': checksums}
+    return {'checksums': checksums, 'token': m.token.get_secret_value() if m.token is not None else None}
 
 
 def fleet_from_pulumi() -> 'Fleet':

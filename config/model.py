@@ -12,10 +12,12 @@ import posixpath
 import re
 from typing import Annotated, Optional
 
-from pydantic import AfterValidator, Field, field_validator
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from config.runtime import RepoPath
-from config.values import Model, Path, grammar, no_control, show
+from config.values import Model, Path, grammar, host_or_ip, no_control, show
 
 ModelId = Annotated[str, grammar(r'^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$', 'a model id (letters, digits, ._-)',
                                  'Qwen3.5-122B-A10B', 96)]
@@ -46,6 +48,43 @@ def revision(value: str) -> str:
 
 Revision = Annotated[str, AfterValidator(revision)]
 
+HF_RE = re.compile(r'^hf://([A-Za-z0-9][A-Za-z0-9._\-]{0,95})/([A-Za-z0-9][A-Za-z0-9._\-]{0,95})(?:@(.+))?$')
+
+
+def model_source(value: str) -> str:
+    """hf://<org>/<repo>[@<revision>], or the http(s) URL of a mirror directory holding the model's files -
+    never with credentials in it (they would sit in plain text in the config, the state and the host's logs)."""
+    no_control(value)
+    if value.startswith('hf://'):
+        m = HF_RE.match(value)
+        if not m or '..' in value:
+            raise ValueError('%s is not hf://<org>/<repo>[@<revision>]; write e.g. hf://Qwen/Qwen3.5-122B-A10B'
+                             % show(value))
+        if m.group(3):
+            revision(m.group(3))
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ('http', 'https') or not parts.netloc:
+        raise ValueError('%s is not a source: write hf://<org>/<repo> (Hugging Face, token in gpuhost:model.token) '
+                         'or the http(s) URL of a mirror directory holding the model\'s files' % show(value))
+    if '@' in parts.netloc or re.search(r'(^|[?&])(token|key|sig|signature|password|access_token)=', parts.query,
+                                        re.I):
+        raise ValueError('holds credentials (user:password@ or a token in the query), which would be stored in '
+                         'plain text in the stack\'s config and state and reach the host\'s process list; give the '
+                         'URL without them and the token as a secret: pulumi config set --secret --path '
+                         'gpuhost:model.token')
+    if parts.query or parts.fragment or any(c in value for c in ' "\'\\<>'):
+        raise ValueError('%s has a query, a fragment or characters a URL does not carry; write the mirror '
+                         'directory\'s URL, e.g. https://mirror.example.internal/models/Qwen3.5-122B-A10B'
+                         % show(value))
+    try:
+        host = parts.hostname or ''
+        parts.port
+    except ValueError:
+        raise ValueError('%s has an invalid port' % show(value)) from None
+    host_or_ip(host)
+    return value.rstrip('/')
+
 # Where a container path must not be: the container's own system (a read-only bind there breaks it).
 SYSTEM_DIRS = ('/', '/bin', '/boot', '/dev', '/etc', '/lib', '/lib64', '/opt', '/proc', '/root', '/run', '/sbin',
                '/sys', '/tmp', '/usr', '/var', '/home', '/srv')
@@ -65,6 +104,26 @@ class ModelWeights(Model):
     checksums: Optional[RepoPath] = Field(None, description='sha256sum-format file in the repository (from the '
                                           'model\'s source): every shard it names is checked against it; read at '
                                           'preview')
+    source: Optional[Annotated[str, AfterValidator(model_source)]] = Field(
+        None, description='Where `up` downloads what is missing from: hf://<org>/<repo> or a mirror\'s http(s) URL '
+                          '(on the host, resumable, into a staging directory, moved into place once verified)')
+    token: Optional[SecretStr] = Field(None, description='Bearer token for the source (a Hugging Face token); a '
+                                       'secret, handed to the host on stdin and kept in a root-only file only while '
+                                       'the download runs')
+
+    @model_validator(mode='after')
+    def _source(self):
+        m = HF_RE.match(self.source or '')
+        if m and m.group(3) and m.group(3) != self.revision:
+            raise ValueError('gpuhost:model.source: %s names revision %s, but gpuhost:model.revision is %s; drop the '
+                             '@<revision> from the source (the revision is gpuhost:model.revision)' % (
+                                 self.source, m.group(3), self.revision))
+        if self.token is not None and self.source is None:
+            raise ValueError('gpuhost:model.token is set but there is no gpuhost:model.source to use it with')
+        if self.token is not None and not (self.source.startswith(('hf://', 'https://'))):
+            raise ValueError('gpuhost:model.token with a plain-http source would cross the network unencrypted; use '
+                             'an https:// mirror, or no token')
+        return self
 
     @field_validator('mount')
     @classmethod
@@ -92,6 +151,13 @@ class ModelWeights(Model):
     def host_dir(self, model_path: str) -> str:
         """Where the model directory is on the host."""
         return posixpath.join(self.storage, self.relative(model_path))
+
+    def base_url(self) -> Optional[str]:
+        """The URL each file of the model is fetched under (<base>/<file>), or None without a source."""
+        m = HF_RE.match(self.source or '')
+        if m:
+            return 'https://huggingface.co/%s/%s/resolve/%s' % (m.group(1), m.group(2), self.revision)
+        return self.source
 
     def mount_entry(self) -> str:
         """The container's mpN value: a bind mount of the host directory (root@pam only)."""

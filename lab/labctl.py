@@ -50,6 +50,7 @@ import container  # noqa: E402
 import ctbase  # noqa: E402
 import hostsim  # noqa: E402
 import labmodel  # noqa: E402
+import mirror  # noqa: E402
 import pyindex  # noqa: E402
 import sglang_wheel  # noqa: E402
 import pvemap  # noqa: E402
@@ -166,6 +167,8 @@ def prepare_model(lab, host):
     sums = labmodel.build(host.path(where.lstrip('/')), model['id'], model['revision'])
     checksums = os.path.join(lab, 'model', '%s.sha256' % model['id'])
     hostsim.write(checksums, sums)
+    # The same files on the lab's mirror (lab/mirror.py), for the download path (gpuhost:model.source).
+    labmodel.build(os.path.join(lab, 'mirror', model['id']), model['id'], model['revision'])
     return {'id': model['id'], 'revision': model['revision'], 'storage': model['storage'], 'dir': where,
             'checksums': checksums}
 
@@ -326,7 +329,19 @@ class Lab(object):
         pve._build_app = lambda: self.with_request_log(build_app())
         await self.start_api()
         await self.start_index()
+        await self.start_mirror()
         self.start_sshd()
+
+    async def start_mirror(self):
+        """The lab's model mirror (lab/mirror.py) beside the package index, serving LAB/mirror/."""
+        from aiohttp import web
+        if not self.info.get('model'):
+            return
+        self.mirror = mirror.Mirror(os.path.join(self.lab, 'mirror'), self.control_path('mirror-requests.log'),
+                                    self.control_path('mirror-down'))
+        self.mirror_runner = web.AppRunner(self.mirror.app(), access_log=None)
+        await self.mirror_runner.setup()
+        await web.TCPSite(self.mirror_runner, self.info['index']['host'], mirror.PORT).start()
 
     async def start_index(self):
         from aiohttp import web

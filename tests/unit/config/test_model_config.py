@@ -75,7 +75,7 @@ def test_the_checksum_file_is_read_from_the_repository_at_preview(tmp_path):
     (tmp_path / 'models' / 'm.sha256').write_text('# from the source\n%s  model-00001-of-00002.safetensors\n'
                                                   '%s *config.json\n' % ('a' * 64, 'B' * 64))
     assert model_inputs(d, str(tmp_path)) == {'checksums': {'model-00001-of-00002.safetensors': 'a' * 64,
-                                                            'config.json': 'b' * 64}}
+                                                            'config.json': 'b' * 64}, 'token': None}
     (tmp_path / 'models' / 'm.sha256').write_text('%s  ../../etc/shadow\n' % ('a' * 64))
     with pytest.raises(config.ConfigError, match=r'gpuhost:model.checksums \(models/m.sha256\), line 1: '):
         model_inputs(d, str(tmp_path))
@@ -83,7 +83,7 @@ def test_the_checksum_file_is_read_from_the_repository_at_preview(tmp_path):
         model_inputs(parse({'checksums': 'models/absent.sha256'}), str(tmp_path))
     refused("gpuhost:model.checksums: '/etc/m.sha256' is not a path inside the repository",
             {'checksums': '/etc/m.sha256'})
-    assert model_inputs(parse({'checksums': None}), str(tmp_path)) == {'checksums': None}
+    assert model_inputs(parse({'checksums': None}), str(tmp_path)) == {'checksums': None, 'token': None}
 
 
 def test_without_a_model_section_nothing_is_mounted():
@@ -91,3 +91,34 @@ def test_without_a_model_section_nothing_is_mounted():
     data.pop('model')
     d = config.parse(data)
     assert d.container_mounts() == {} and d.model is None
+
+
+@pytest.mark.parametrize('source,message', [
+    ('https://user:pw@mirror.example.internal/models/Q', 'gpuhost:model.source: holds credentials'),
+    ('https://mirror.example.internal/models/Q?token=abc', 'gpuhost:model.source: holds credentials'),
+    ('ftp://mirror.example.internal/Q', "gpuhost:model.source: 'ftp://mirror.example.internal/Q' is not a source"),
+    ('hf://Qwen/Qwen3.5-122B-A10B@main', "gpuhost:model.source: 'main' is a branch"),
+    ('hf://Qwen/Qwen3.5-122B-A10B@v2', 'names revision v2, but gpuhost:model.revision is 8177ab06'),
+    ('hf://Qwen/../etc', 'is not hf://<org>/<repo>'),
+])
+def test_bad_sources_are_refused(source, message):
+    refused(message, {'source': source})
+
+
+def test_sources_and_the_urls_files_come_from():
+    rev = lab_data()['model']['revision']
+    assert parse({'source': 'hf://Qwen/Qwen3.5-122B-A10B'}).model.base_url() == \
+        'https://huggingface.co/Qwen/Qwen3.5-122B-A10B/resolve/%s' % rev
+    assert parse({'source': 'hf://Qwen/Qwen3.5-122B-A10B@%s' % rev}).model.base_url().endswith(rev)
+    assert parse({'source': 'http://10.0.0.5:8080/models/Q/'}).model.base_url() == 'http://10.0.0.5:8080/models/Q'
+    refused('gpuhost:model.token is set but there is no gpuhost:model.source', {'token': 'hf_' + 'x' * 30})
+    refused('plain-http source would cross the network unencrypted',
+            {'source': 'http://10.0.0.5/Q', 'token': 'hf_' + 'x' * 30})
+
+
+def test_a_plain_text_token_is_refused():
+    data = {'model': {'token': 'hf_' + 'x' * 30}}
+    with pytest.raises(config.ConfigError, match=r'gpuhost:model.token is set as plain text.*--secret --path '
+                                                 r'gpuhost:model.token'):
+        config.check_secrets(data, lambda key: False, None)
+    config.check_secrets(data, lambda key: True, {('model', 'token')})
