@@ -253,8 +253,8 @@ def remote_size(url, token):
     except urllib.error.HTTPError as e:
         raise FetchError('%s: HTTP %d%s' % (url, e.code, ' (the token is refused or missing)' if e.code in (401, 403)
                                              else ' (no such file at this revision)' if e.code == 404 else ''))
-    except OSError as e:
-        raise FetchError('%s: %s' % (url, getattr(e, 'reason', e)))
+    except (OSError, ValueError) as e:
+        raise FetchError('%s: %s' % (url, getattr(e, 'reason', e) or type(e).__name__))
 
 
 class Progress(object):
@@ -277,6 +277,7 @@ class Progress(object):
 
 def download(url, token, part, size, progress, name):
     """url into part, resuming from what part holds (HTTP Range); returns when part has size bytes."""
+    import http.client
     import urllib.error
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if have > size:
@@ -297,7 +298,7 @@ def download(url, token, part, size, progress, name):
                     progress.add(len(block), name)
     except urllib.error.HTTPError as e:
         raise FetchError('%s: HTTP %d' % (url, e.code))
-    except OSError as e:
+    except (OSError, http.client.HTTPException) as e:
         raise FetchError('%s: the transfer broke off at %s of %s (%s); the next `up` resumes it' % (
             name, human(os.path.getsize(part) if os.path.exists(part) else 0), human(size),
             getattr(e, 'reason', e) or type(e).__name__))
@@ -416,6 +417,8 @@ def main():
             fetched = fetch(job)
         except FetchError as e:
             rep = dict(verify(dict(job, hash=False)), fetch_error=str(e), verified=False)
+            if job.get('textfile'):
+                textfile(job['textfile'], rep)
             sys.stdout.write(json.dumps(rep, sort_keys=True) + '\n')
             return
     rep = verify(job)

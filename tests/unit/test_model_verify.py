@@ -82,3 +82,53 @@ def test_the_textfile_passes_promtool(model, tmp_path):
     assert 'gpuhost_model_verified{model="M",revision="v1"} 1' in text
     res = subprocess.run(['promtool', 'check', 'metrics'], input=text, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.fixture
+def mirror_server(tmp_path, monkeypatch):
+    """lab/mirror.py serving the lab model on 127.0.0.1 (an ephemeral port), in a thread of its own."""
+    import asyncio
+    import threading
+    from aiohttp import web
+    import mirror
+    root = tmp_path / 'mirror'
+    labmodel.build(str(root / 'M'), 'M', 'v1')
+    monkeypatch.setattr(mirror, 'SLOW', {'model-00003-of-00003.safetensors': 40960})   # ~3.5 s
+    m = mirror.Mirror(str(root), str(tmp_path / 'requests.log'), str(tmp_path / 'down'))
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(m.app(), access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, '127.0.0.1', 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    yield {'url': 'http://127.0.0.1:%d/M' % port, 'down': str(tmp_path / 'down'), 'log': str(tmp_path / 'requests.log')}
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def test_a_download_cut_off_midway_is_resumed_and_moved_in_only_when_complete(model, mirror_server, tmp_path):
+    import json
+    import threading
+    storage = tmp_path / 'storage'
+    storage.mkdir()
+    job = dict(model, dir=str(storage / 'M'), storage=str(storage), source=mirror_server['url'])
+    # The source goes away while the slow shard is on its way.
+    timer = threading.Timer(1.5, lambda: open(mirror_server['down'], 'w').close())
+    timer.start()
+    with pytest.raises(mv.FetchError, match=r'model-00003-of-00003.safetensors: the transfer (broke off|ended) at [\d.]+ kB of '
+                                            r'142.4 kB.*the next `up` resumes it'):
+        mv.fetch(job)
+    timer.join()
+    assert not os.path.exists(job['dir']), 'nothing moves into place before everything checks out'
+    part = storage / '.gpuhost-staging' / 'M@v1' / 'model-00003-of-00003.safetensors.part'
+    got = os.path.getsize(part)
+    assert 0 < got < 142376
+    os.unlink(mirror_server['down'])
+    done = mv.fetch(job)
+    assert done['resumed_bytes'] == got and done['downloaded_bytes'] == 142376 - got   # shards 1, 2 were staged
+    with open(mirror_server['log']) as f:
+        ranges = [json.loads(x).get('range') for x in f if 'model-00003' in x and '"GET"' in x]
+    assert ranges[-1] == 'bytes=%d-' % got
+    rep = mv.verify(job)
+    assert rep['verified'] and rep['checked_sums'] == 5
