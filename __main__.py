@@ -8,6 +8,7 @@ import config
 from components import monitoring, outputs, preflight
 from components.container import GpuContainer
 from components.host import ProxmoxHost
+from components.model import model_weights
 from components.sglang import SglangService
 from components.state import OperatorError
 from components.vm import SevSnpVm
@@ -34,7 +35,7 @@ def _preflight_all(fleet, inputs):
     from components.state import describe_unexpected
 
     def one(h):
-        connection, api, _ = inputs[h.index]
+        connection, api = inputs[h.index][:2]
         try:
             preflight.run(h.deployment, connection, api)
         except (config.ConfigError, OperatorError) as e:
@@ -82,14 +83,18 @@ for h in fleet.hosts:
                              gate=gate, fleet_host=fleet_host, rollout=rollout)
     vm = (SevSnpVm(name('vm'), d, api, opts=pulumi.ResourceOptions(depends_on=[host]), fleet_host=fleet_host,
                    connection=connection) if d.vm else None)
+    # The weights on the host, verified (gpuhost:model): the unit depends on them.
+    weights = (model_weights(name('model'), d, connection, inputs[h.index][3],
+                             opts=pulumi.ResourceOptions(depends_on=[host])) if d.model else None)
     service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
-                            fleet_host=fleet_host, runtime_files=inputs[h.index][2])
+                            fleet_host=fleet_host, runtime_files=inputs[h.index][2], model=weights,
+                            model_files=inputs[h.index][3])
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
     # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
     monitoring.host_metrics(name('host-metrics'), d, connection, container, service)
     # After the host's own files: the collector compares the host with them (and one SSH command at a time).
     monitoring.host_collector(name('collector'), d, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
-    built.append((host, container, vm, service))
+    built.append((host, container, vm, service, weights))
 
 if fleet.is_fleet:
     outputs.export_fleet(fleet, built)

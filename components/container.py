@@ -84,6 +84,8 @@ class GpuContainer(pulumi.ComponentResource):
             config['nameserver'] = c.nameserver
         devices = d.container_devices()
         config.update(devices)
+        # The model storage, bind-mounted read-only (gpuhost:model; root@pam only, like devN).
+        config.update(d.container_mounts())
         gpu_devices = {bdf: '/dev/nvidia%d' % i for i, bdf in enumerate(c.gpus)}
         props = {
             'api': api, 'connection': connection, 'node': d.host.node, 'kind': 'lxc', 'vmid': c.vmid,

@@ -198,6 +198,8 @@ def upstream(d, container, service) -> pulumi.Output:
     known at preview (never an output that may be null, which a preview reads as unknown)."""
     s = d.sglang
     unit = [service.unit, s.version, s.unit, d.container.vmid, runtime_declared(d)]
+    if d.model is not None:
+        unit.append([d.model.id, d.model.revision])   # a new revision restarts the unit
     token = pulumi.Output.all(container.identity).apply(lambda a: _digest(list(a) + unit))
     key = getattr(s, 'api_key', None)
     if key is not None:

@@ -15,7 +15,7 @@ def runtime_output(facts, env) -> dict:
             'lock_sha256': f.get('lock_sha256'), 'declared_env': env['id'] if env else None}
 
 
-def host_outputs(d, host, container, vm, service) -> dict:
+def host_outputs(d, host, container, vm, service, weights=None) -> dict:
     """A host's outputs: a one-host stack's top-level outputs, and each entry of a fleet's `hosts`."""
     base = service.endpoint
     out = {
@@ -46,6 +46,12 @@ def host_outputs(d, host, container, vm, service) -> dict:
         'container': {'vmid': d.container.vmid, 'address': d.container.address, 'status': container.status,
                       'gpus': list(d.container.gpus)},
     }
+    if weights is not None:
+        # The weights as the last run (or refresh) verified them on the host (components/model.py).
+        out['model'] = {'id': d.model.id, 'revision': d.model.revision, 'path': d.sglang.model_path,
+                        'host_dir': d.model.host_dir(d.sglang.model_path), 'shards': weights.shards,
+                        'bytes': weights.bytes, 'verified': weights.verified, 'verified_at': weights.verified_at,
+                        'summary': weights.summary}
     if vm is not None:
         # gpu_mappings: each PCI resource mapping's entry for the node as Proxmox has it (address, IDs and IOMMU
         # group recorded), what the VM's hostpci `mapping=` names; {} with gpu_binding: address.
@@ -54,8 +60,8 @@ def host_outputs(d, host, container, vm, service) -> dict:
     return out
 
 
-def export(d, host, container, vm, service):
-    for key, value in host_outputs(d, host, container, vm, service).items():
+def export(d, host, container, vm, service, weights=None):
+    for key, value in host_outputs(d, host, container, vm, service, weights).items():
         pulumi.export(key, value)
 
 

@@ -12,6 +12,7 @@ any resource step runs - so before anything is deleted, replaced or written:
   * what the guests need exists on the Proxmox side: the node (online), the container's storage,
     its OS template, and the bridges;
   * the SGLang unit's name is not one the container already has of its own;
+  * the model storage the container's mount point binds (gpuhost:model.storage) exists on the host;
   * the host runs the nvidia kernel module gpuhost:runtime.nvidia declares (a host driver upgraded under a
     running container stops the run here, before any restart: the container's user space must match it).
 
@@ -280,6 +281,22 @@ def _unit_name(ctx):
                 % (d.sglang.unit, d.container.vmid, out[len('foreign '):], adopt))
 
 
+def _model_storage(ctx):
+    """gpuhost:model.storage exists on the host: the container's mount point needs it (Proxmox finds out only
+    when the container starts, and the container would not start)."""
+    d = ctx.d
+    res = remote.run(remote.Target.from_inputs(ctx.connection), 'check_dir.sh', [d.model.storage], check=False)
+    if res.exit_code != 0:
+        return ('gpuhost:model.storage: %s %s on the host; create it (zfs create -o mountpoint=%s <pool>/models, or '
+                'mkdir -p %s) and put the model there, or fix the path' % (
+                    d.model.storage, 'is not a directory' if 'not-a-directory' in res.stdout else 'does not exist',
+                    d.model.storage, d.model.storage))
+
+
+def _has_model(d):
+    return d.model is not None
+
+
 def _has_vm(d):
     return d.vm is not None
 
@@ -301,6 +318,8 @@ CHECKS = (
     Check('driverctl installed (binds the VM\'s GPUs to vfio-pci)', 'host', _driverctl, applies=_has_vm),
     Check('IOMMU enabled in the firmware', 'host', _iommu, up=False),
     Check('SEV-SNP enabled in the firmware (kvm_amd sev_snp)', 'host', _sev_snp, up=False, applies=_has_vm),
+    Check('the model storage gpuhost:model.storage on the host (the container\'s mount point binds it)', 'host',
+          _model_storage, applies=_has_model),
     Check('the Proxmox API, logged in (gpuhost:host.api)', 'pve', _api, up=False),
     Check('Proxmox VE %d.%d or later (knows devN and amd-sev)' % MIN_PVE, 'pve', _pve_version),
     Check('the node gpuhost:host.node, online', 'pve', _node),

@@ -102,6 +102,9 @@ STEPS = {
     'ct_env_build.sh': ('building a Python environment in container {0}', None),
     'ct_env_link.sh': ('linking {1} to {2} in container {0}', 120),
     'ensure_dir.sh': ('creating the directory {0}', 60),
+    'check_dir.sh': ('checking the directory {0}', 60),
+    'model_verify.sh': ('verifying the model files on the host', None),
+    'model_forget.sh': ('removing the model\'s textfile {0} and verification cache', 60),
     'remove_file.sh': ('removing {0}', 60),
     'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
     'collector_enable.sh': ('enabling {1} and running {0} once', 120),
@@ -202,12 +205,13 @@ def script(name: str) -> str:
 
 
 def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None, check: bool = True,
-        timeout: Optional[float] = None, client=None, lost_detail: str = '') -> Result:
+        timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None) -> Result:
     """Run components/scripts/<name> on the host with args as quoted positional parameters.
 
     Every transport failure becomes ConnectionLost naming the host and the step; a step that does not
     finish in time is stopped and named. Output of a command whose connection dropped is never
-    returned as if it were complete."""
+    returned as if it were complete. on_stderr_line: called with each line of stderr as it arrives (a
+    long step's progress)."""
     import paramiko
     body = script(name)
     command = 'bash -c %s %s %s' % (shlex.quote(body), shlex.quote(name), shlex.join([str(a) for a in args]))
@@ -227,13 +231,18 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
         if stdin is not None:
             chan.sendall(stdin)
         chan.shutdown_write()
-        out, err = [], []
+        out, err, pending = [], [], b''
         deadline = time.monotonic() + limit
         while True:
             if chan.recv_ready():
                 out.append(chan.recv(65536))
             elif chan.recv_stderr_ready():
                 err.append(chan.recv_stderr(65536))
+                if on_stderr_line is not None:
+                    pending += err[-1]
+                    while b'\n' in pending:
+                        one, pending = pending.split(b'\n', 1)
+                        on_stderr_line(one.decode('utf-8', 'replace'))
             elif chan.exit_status_ready():
                 break
             elif chan.closed or not transport.is_active():

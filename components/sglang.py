@@ -238,8 +238,9 @@ class SglangUnitProvider(ObservedProvider):
     # dropins: <unit>.d/*.conf files (systemctl edit) - they change the unit as systemd runs it: none.
     # runtime, env: what the service stands on when the stack declares it (gpuhost:runtime, components/runtime.py):
     # the NVIDIA user space and CUDA versions in the container, and the Python environment (None: not managed).
+    # model: the weights it serves ({id, revision}, gpuhost:model; None: not managed) - a new revision restarts it.
     DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key', 'dropins',
-               'runtime', 'env')
+               'runtime', 'env', 'model')
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it. confirmed_unit:
     # its text, which a failed switch to a new environment puts back; confirmed_envs: the environments
@@ -285,6 +286,11 @@ class SglangUnitProvider(ObservedProvider):
         if before['version'] is None:
             raise ServiceError('container %s is not running, so its SGLang unit cannot be written; start it (pct start %s) '
                                'or check the container step above' % (props['vmid'], props['vmid']))
+        if props.get('model_check'):
+            # Before anything changes: the weights the (re)started unit will load are all there and match
+            # (components/model.py; cached sums, so unchanged shards are not read again).
+            from components.model import verify_for_unit
+            verify_for_unit(target, props['model_check'])
         installed = False
         if props.get('runtime') is not None:
             # Before anything changes: the user space to install must be the module the host runs.
@@ -426,7 +432,8 @@ class SglangUnitProvider(ObservedProvider):
         # apply already wrote it but failed before confirming (the file is then "unchanged") - and
         # when the container was replaced (new uid): it starts from nothing.
         confirmed = olds.get('confirmed') or (remote.sha256_hex(olds['unit']) if olds.get('unit') else None)
-        force = confirmed != remote.sha256_hex(news['unit']) or olds.get('container_uid') != news.get('container_uid')
+        force = confirmed != remote.sha256_hex(news['unit']) or olds.get('container_uid') != news.get('container_uid') \
+            or (news.get('model') is not None and olds.get('model') != news.get('model'))
         previous = None
         if olds.get('confirmed_unit') and olds.get('vmid') == news['vmid'] and \
                 olds.get('container_uid') == news.get('container_uid'):
@@ -481,7 +488,9 @@ def smoke_test(name, d, connection, unit, key, unit_text_declared, container_ide
                            # Declared values (known at preview): a new unit or container runs it again, and so
                            # does a new NVIDIA user space or CUDA (the unit restarts with them).
                            triggers=[remote.sha256_hex(unit_text_declared), container_identity] + (
-                               [json.dumps(runtime.declared(d), sort_keys=True)] if d.runtime else []),
+                               [json.dumps(runtime.declared(d), sort_keys=True)] if d.runtime else []) + (
+                               # A new model revision restarts the unit: it is tested again.
+                               ['%s@%s' % (d.model.id, d.model.revision)] if d.model else []),
                            # An action, replaced (run again) whenever its triggers change: never protected,
                            # whatever its parent is.
                            opts=pulumi.ResourceOptions(parent=unit, depends_on=[unit], protect=False))
@@ -508,8 +517,11 @@ class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
     def __init__(self, name, deployment, connection, container, opts=None, gate=(), rollout=None, fleet_host=None,
-                 runtime_files=None):
-        """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password)."""
+                 runtime_files=None, model=None, model_files=None):
+        """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password).
+        model: the ModelWeights resource (components/model.py) the unit depends on; model_files: what load_stack
+        read for gpuhost:model (checksums)."""
+        from components import model as model_mod
         super().__init__('gpuhost:index:SglangService', name, None, opts)
         d = deployment
         s = d.sglang
@@ -525,6 +537,7 @@ class SglangService(pulumi.ComponentResource):
                      adopt=d.container.adopt,
                      cuda_home=s.cuda_home, runtime=runtime.declared(d), env=self.env,
                      install=runtime.install_inputs(d, runtime_files),
+                     model=model_mod.declared(d), model_check=model_mod.unit_check(d, model_files),
                      # Reaches pip only as a root-only netrc file in the container (ct_env_build.py).
                      index_password=pulumi.Output.secret(password) if password else None,
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))
@@ -535,7 +548,8 @@ class SglangService(pulumi.ComponentResource):
         if fleet_host:
             props['fleet_host'] = fleet_host
         self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
-                                pulumi.ResourceOptions(parent=self, depends_on=[container] + list(gate),
+                                pulumi.ResourceOptions(parent=self, depends_on=[container] + list(gate) +
+                                                       ([model] if model is not None else []),
                                                        protect=d.container.protect))
         self.smoke = smoke_test(name, d, connection, self.service, key, self.unit, container.identity)
         self.resolved = self.service.resolved

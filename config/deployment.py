@@ -19,6 +19,7 @@ from config.container import Container
 from config.errors import format_errors
 from config.host import Host
 from config.iommu import EXTRA_KERNEL_ARGS_MAX, Iommu
+from config.model import ModelWeights
 from config.monitoring import Monitoring
 from config.nvidia import Nvidia
 from config.runtime import CUDA_MIN_DRIVER, Runtime
@@ -38,6 +39,7 @@ class Deployment(Model):
     vm: Optional[Vm] = None
     sglang: Sglang
     runtime: Optional[Runtime] = None
+    model: Optional[ModelWeights] = None
     monitoring: Monitoring = Monitoring()
 
     @model_validator(mode='after')
@@ -82,6 +84,7 @@ class Deployment(Model):
         self._check_iommu()
         self._check_api_auth()
         self._check_runtime()
+        self._check_model()
         try:
             sglang_flags.check(self.sglang.version, self.managed_launch_args(), list(self.sglang.extra_args))
         except sglang_flags.FlagError as e:
@@ -131,6 +134,8 @@ class Deployment(Model):
             root_only.append('amd-sev')
         if self.vm:
             root_only.append('affinity')
+        if self.model is not None:
+            root_only.append('bind mount points (mpN)')
         if api.token_id or api.token_secret:
             raise ValueError('gpuhost:host.api.token_id: %s - Proxmox lets only root@pam with a password ticket set '
                              '%s; an API token, even root\'s, is refused. Remove token_id/token_secret and set '
@@ -166,6 +171,19 @@ class Deployment(Model):
                                  'environments live in envs_dir and venv becomes a link to the current one - give '
                                  'them separate paths, e.g. /opt/sglang/envs and /opt/sglang/venv' % (envs, venv))
 
+    def _check_model(self):
+        m, s = self.model, self.sglang
+        if m is None:
+            return
+        rel = m.relative(s.model_path)
+        if rel is None:
+            raise ValueError('gpuhost:sglang.model_path: %s is not inside the model mount gpuhost:model.mount (%s): '
+                             'the container sees the weights only there; set model_path: %s' % (
+                                 show(s.model_path), m.mount, posixpath.join(m.mount, m.id)))
+        if m.mount == s.venv or s.venv.startswith(m.mount + '/') or s.cuda_home.startswith(m.mount + '/'):
+            raise ValueError('gpuhost:model.mount: %s would hide gpuhost:sglang.venv or cuda_home under the weights; '
+                             'use a path of its own, e.g. /models' % m.mount)
+
     # -------------------------------------------------------------- derived
 
     @property
@@ -183,6 +201,10 @@ class Deployment(Model):
             if guest is not None and not guest.protect:
                 out.append('gpuhost:%s.protect: false - this `up` may delete or replace %s %d and its disk; set it '
                            'back to true afterwards' % (side, side, guest.vmid))
+        if self.model is not None and self.model.writable:
+            out.append('gpuhost:model.writable: true - container %d can write the weights at %s (mp%d without ro=1); '
+                       'SGLang only reads them, and a write there corrupts them for the next start. Set it back to '
+                       'false once done' % (self.container.vmid, self.model.mount, self.model.mp))
         out.extend(sglang_flags.warnings(self.sglang.version, self.launch_args(), self.sglang.environment,
                                          bool(self.sglang.speculative)))
         index = self.runtime.python.index if self.runtime and self.runtime.python else None
@@ -253,6 +275,12 @@ class Deployment(Model):
         container's are /dev/nvidia0..N-1 (checked against /proc/driver/nvidia/gpus at apply)."""
         nodes = ['/dev/nvidia%d' % i for i in range(len(self.container.gpus))] + list(NVIDIA_CONTROL_DEVICES)
         return {'dev%d' % i: '%s,mode=0666' % path for i, path in enumerate(nodes)}
+
+    def container_mounts(self):
+        """mpN entries: the model storage, bind-mounted read-only (gpuhost:model)."""
+        if self.model is None:
+            return {}
+        return {'mp%d' % self.model.mp: self.model.mount_entry()}
 
 
 def parse(data: dict) -> Deployment:

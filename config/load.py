@@ -12,13 +12,14 @@ from typing import Optional
 from config.deployment import Deployment
 from config.errors import _loc, did_you_mean
 from config.fleet import FLEET_KEYS, Fleet, parse_fleet, prefixed
+from config.model import parse_checksums
 from config.runtime import check_password
 from config.values import ConfigError, check_ca, check_private_key, parse_host_key
 from grammar import pylock, unidiff
 
 
 SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'),
-                ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'))
+                ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'), ('model', 'token'))
 
 
 # Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
@@ -140,6 +141,24 @@ def runtime_inputs(d: Deployment, root: str, read_secrets: bool = True) -> Optio
             'index_password': password}
 
 
+def model_inputs(d: Deployment, root: str) -> Optional[dict]:
+    """What gpuhost:model names in the repository, read and checked at preview: the checksum file
+    ({file: sha256}). None without gpuhost:model."""
+    m = d.model
+    if m is None:
+        return None
+    checksums = None
+    if m.checksums is not None:
+        key = 'gpuhost:model.checksums'
+        try:
+            checksums = parse_checksums(read_repo_file(m.checksums, root, key), '%s (%s)' % (key, m.checksums))
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(str(e)) from None
+    return {'checksums': checksums, 'token': m.token.get_secret_value() if m.token is not None else None}
+
+
 def fleet_from_pulumi() -> 'Fleet':
     """The fleet from the running stack's `gpuhost:*` config (secure leaves arrive decrypted and go
     into SecretStr fields; the program hands them to resources only as Pulumi secrets)."""
@@ -169,15 +188,16 @@ def fleet_from_pulumi() -> 'Fleet':
 
 def load_stack(root: str) -> tuple:
     """What the program needs from the running stack's config before it builds anything, for preview
-    and up alike: (fleet, each host's (ssh connection, api, runtime) inputs - the files the config names
-    read and parsed against `root`, the project directory; runtime: runtime_inputs() - and the warnings to
-    show, one line each).
+    and up alike: (fleet, each host's (ssh connection, api, runtime, model) inputs - the files the config
+    names read and parsed against `root`, the project directory; runtime: runtime_inputs(), model:
+    model_inputs() - and the warnings to show, one line each).
     Raises ConfigError with the message the operator sees."""
     fleet = fleet_from_pulumi()
     inputs, warnings = [], {}
     for h in fleet.hosts:
         try:
-            inputs.append(connection_inputs(h.deployment, root) + (runtime_inputs(h.deployment, root),))
+            inputs.append(connection_inputs(h.deployment, root) + (runtime_inputs(h.deployment, root),
+                                                                   model_inputs(h.deployment, root)))
         except ConfigError as e:
             raise (prefixed(e, 'host %s (gpuhost:hosts[%d])' % (h.name, h.index)) if fleet.is_fleet else e)
         for warning in h.deployment.warnings:

@@ -84,6 +84,10 @@ def host_entry(i: int, spec: dict, lab_dir: str) -> dict:
              'runtime': {'python': {'lock': '%s/runtime/sglang.lock' % lab_dir,
                                     'index': {'url': 'http://%s:%d/simple' % (a.get('index', a['pve']), pyindex.PORT),
                                               'password_file': '%s/secrets/index-password' % lab_dir}}}}
+    model = lab_model()
+    if model and model.get('checksums'):
+        # Each host's lab built the same model on its own host storage and wrote its checksum file.
+        entry['model'] = {'checksums': '%s/model/%s.sha256' % (lab_dir, model['id'])}
     kind = topology(i)
     if kind == 'no-vm':
         entry['vm'] = None
@@ -92,6 +96,12 @@ def host_entry(i: int, spec: dict, lab_dir: str) -> dict:
         entry['container']['gpus'] = [g['bdf'] for g in spec['gpus'] if g['numa'] == 0]
         entry['vm'] = {'gpus': [g['bdf'] for g in spec['gpus'] if g['numa'] == 1]}
     return entry
+
+
+def lab_model():
+    """Pulumi.lab.yaml's gpuhost:model (lab/labmodel.py builds it on every lab host), or None."""
+    with open(os.path.join(REPO, 'Pulumi.lab.yaml')) as f:
+        return (yaml.safe_load(f)['config'] or {}).get('gpuhost:model')
 
 
 def shared_config() -> dict:
@@ -110,6 +120,8 @@ def shared_config() -> dict:
     python.pop('lock', None)
     for key in ('url', 'password_file'):
         python['index'].pop(key, None)
+    if cfg.get('gpuhost:model'):
+        cfg['gpuhost:model'].pop('checksums', None)   # each host's lab wrote its own (host_entry)
     return cfg
 
 

@@ -49,6 +49,8 @@ sys.path.insert(0, HERE)
 import container  # noqa: E402
 import ctbase  # noqa: E402
 import hostsim  # noqa: E402
+import labmodel  # noqa: E402
+import mirror  # noqa: E402
 import pyindex  # noqa: E402
 import sglang_wheel  # noqa: E402
 import pvemap  # noqa: E402
@@ -135,7 +137,9 @@ def prepare(lab, spec_path):
     write_secret(os.path.join(lab, 'secrets', 'pve-password'), password)
     write_secret(os.path.join(lab, 'secrets', 'pve-token'), token)
     index = prepare_index(lab, spec)
+    model = prepare_model(lab, host)
     return {
+        'model': model,
         'index': index,
         'ct_base': ctbase.ensure(),
         'spec': spec_path,
@@ -151,6 +155,22 @@ def prepare(lab, spec_path):
         # The simulated SGLang's speed model (docs/bench.md), written into each container it creates.
         'sglang_speed': spec.get('sglang_speed'),
     }
+
+
+def prepare_model(lab, host):
+    """The model Pulumi.lab.yaml declares (gpuhost:model), built on the lab host's model storage (lab/labmodel.py),
+    and its checksum file in LAB/model/<id>.sha256 (the lab stack's gpuhost:model.checksums). None without one."""
+    model, model_path = labmodel.declared(os.path.join(REPO, 'Pulumi.lab.yaml'))
+    if not model or not model_path:
+        return None
+    where = labmodel.host_dir(model, model_path)
+    sums = labmodel.build(host.path(where.lstrip('/')), model['id'], model['revision'])
+    checksums = os.path.join(lab, 'model', '%s.sha256' % model['id'])
+    hostsim.write(checksums, sums)
+    # The same files on the lab's mirror (lab/mirror.py), for the download path (gpuhost:model.source).
+    labmodel.build(os.path.join(lab, 'mirror', model['id']), model['id'], model['revision'])
+    return {'id': model['id'], 'revision': model['revision'], 'storage': model['storage'], 'dir': where,
+            'checksums': checksums}
 
 
 def prepare_index(lab, spec):
@@ -309,7 +329,19 @@ class Lab(object):
         pve._build_app = lambda: self.with_request_log(build_app())
         await self.start_api()
         await self.start_index()
+        await self.start_mirror()
         self.start_sshd()
+
+    async def start_mirror(self):
+        """The lab's model mirror (lab/mirror.py) beside the package index, serving LAB/mirror/."""
+        from aiohttp import web
+        if not self.info.get('model'):
+            return
+        self.mirror = mirror.Mirror(os.path.join(self.lab, 'mirror'), self.control_path('mirror-requests.log'),
+                                    self.control_path('mirror-down'))
+        self.mirror_runner = web.AppRunner(self.mirror.app(), access_log=None)
+        await self.mirror_runner.setup()
+        await web.TCPSite(self.mirror_runner, self.info['index']['host'], mirror.PORT).start()
 
     async def start_index(self):
         from aiohttp import web
@@ -433,6 +465,15 @@ class Lab(object):
                 src = self.host.path('dev', os.path.relpath(dev, '/dev')) if dev.startswith('/dev/') else None
                 if src and os.path.exists(src):
                     out.append((src, dev))
+            elif re.match(r'^mp\d+$', k):
+                # A bind mount point (gpuhost:model's storage): the host directory at mp=, read-only with ro=1, as
+                # LXC mounts it. Only a host directory that exists is bound (Proxmox would refuse the start).
+                parts = str(v).split(',')
+                opts = dict(p.split('=', 1) for p in parts[1:] if '=' in p)
+                src = parts[0].strip()
+                if src.startswith('/') and opts.get('mp') and os.path.isdir(self.host.path(src.lstrip('/'))):
+                    out.append((self.host.path(src.lstrip('/')), opts['mp']) +
+                               (('ro',) if opts.get('ro') in ('1', 'true', 'yes', 'on') else ()))
         return out
 
     def settle(self, timeout=60.0):

@@ -49,6 +49,7 @@ class File(tuple):
 H1 = 'a' * 64
 LOCK = 'pip==23.2.1 --hash=sha256:%s\nsglang==0.5.23 --hash=sha256:%s\n' % (H1, H1)
 R = 'gpuhost:runtime'
+MD = 'gpuhost:model'
 
 
 CASES = [
@@ -337,6 +338,20 @@ CASES = [
      ['gpuhost:host.api.password is set as plain text', 'pulumi config set --secret --path gpuhost:host.api.password']),
     ('plain private key', m(((H, 'ssh', 'private_key_file'), DELETE), ((H, 'ssh', 'private_key'), 'PRIVATE')),
      ['gpuhost:host.ssh.private_key is set as plain text', 'pulumi config set --secret']),
+    # 10. The model (gpuhost:model).
+    ('model path outside the mount', m(((S, 'model_path'), '/opt/models/Qwen3.5-122B-A10B')),
+     ['gpuhost:sglang.model_path', 'is not inside the model mount gpuhost:model.mount (/models)']),
+    ('model revision a branch', m(((MD, 'revision'), 'main')), ['gpuhost:model.revision', 'is a branch, which moves']),
+    ('model revision with a shell', m(((MD, 'revision'), 'v1;id')), ['gpuhost:model.revision', 'is not a commit']),
+    ('model source with credentials', m(((MD, 'source'), 'https://u:pw@mirror.example.internal/Q')),
+     ['gpuhost:model.source: holds credentials']),
+    ('model source with a token in the query', m(((MD, 'source'), 'https://mirror.example.internal/Q?token=abc')),
+     ['gpuhost:model.source: holds credentials']),
+    ('plain model token', m(((MD, 'source'), 'hf://Qwen/Qwen3.5-122B-A10B'), ((MD, 'token'), 'hf_plain0123456789abcdef')),
+     ['gpuhost:model.token is set as plain text', 'pulumi config set --secret --path gpuhost:model.token']),
+    ('model checksums outside the repository', m(((MD, 'checksums'), '../../etc/shadow')),
+     ['gpuhost:model.checksums', 'not a normalised relative path']),
+    ('model mounted over /etc', m(((MD, 'mount'), '/etc')), ['gpuhost:model.mount', 'is a system directory']),
 ]
 
 # Accepted: hostile-looking but harmless; preview succeeds and nothing changes.
@@ -347,7 +362,8 @@ ACCEPTED = [
     ('served name with slash', m(((S, 'served_model_name'), 'Qwen/Qwen3.5-122B-A10B'))),
     ('harmless kernel argument', m(((I, 'extra_kernel_args'), ['pcie_aspm=off', 'amd_iommu=force_isolation']))),
     ('tokenizer environment', m(((S, 'environment'), {'TOKENIZERS_PARALLELISM': 'false'}))),
-    ('hub model id', m(((S, 'model_path'), 'Qwen/Qwen3.5-122B-A10B'))),
+    # A hub id is SGLang's to fetch: no weights on host storage (gpuhost:model names local ones).
+    ('hub model id', m(((S, 'model_path'), 'Qwen/Qwen3.5-122B-A10B'), (('gpuhost:model',), DELETE))),
     ('speculation off', m(((S, 'speculative'), None))),
     ('a wheelhouse instead of an index', m(((R, 'python', 'index'), DELETE), ((R, 'python', 'wheelhouse'), '/root/wheels'))),
     ('a patch', m(((R, 'python', 'patches'), [File('runtime/patches/sm120-fp4.patch',

@@ -31,7 +31,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sglang import __version__, lab_args, lab_runtime
+from sglang import __version__, lab_args, lab_runtime, lab_weights
 
 STARTUP_SECONDS = float(os.environ.get('LAB_SGLANG_STARTUP', '1.0'))
 # Loading also ends as soon as this file exists (in the container): a test that must catch SGLang still
@@ -728,6 +728,10 @@ def main(argv=None):
             sys.exit(fail.get('message') or 'RuntimeError: lab: start-up fails for %s' % json.dumps(fail, sort_keys=True))
     # What the container must give it: the NVIDIA user space at the host module's version, CUDA at CUDA_HOME.
     broken = lab_runtime.problem()
+    if broken:
+        sys.exit(broken)
+    # The weights at --model-path, as SGLang's loader finds them (lab_weights).
+    broken = lab_weights.problem(settings.get('model_path'))
     if broken:
         sys.exit(broken)
     # Lab knob: report (and run with) other resolved values, as an SGLang that silently ignores a flag would.

@@ -120,11 +120,11 @@ def test_the_token_refusal_names_exactly_what_needs_root():
     with pytest.raises(config.ConfigError) as e:
         config.parse(data)
     # Through mappings, hostpciN needs Mapping.Use only; devN, amd-sev and affinity stay root@pam's.
-    assert 'set devN (container GPUs), amd-sev, affinity; an API token' in str(e.value)
+    assert 'set devN (container GPUs), amd-sev, affinity, bind mount points (mpN); an API token' in str(e.value)
     data['vm']['gpu_binding'] = 'address'
     with pytest.raises(config.ConfigError) as e:
         config.parse(data)
-    assert 'set devN (container GPUs), raw hostpciN, amd-sev, affinity; an API token' in str(e.value)
+    assert 'set devN (container GPUs), raw hostpciN, amd-sev, affinity, bind mount points (mpN); an API token' in str(e.value)
 
 
 def test_warnings():
@@ -140,7 +140,7 @@ def test_warnings():
 def test_schema_lists_every_section():
     schema = config.Deployment.model_json_schema()
     assert set(schema['properties']) == {'host', 'iommu', 'nvidia', 'container', 'vm', 'sglang', 'runtime',
-                                          'monitoring'}
+                                          'model', 'monitoring'}
 
 
 def test_an_index_login_over_plain_http_is_warned_unless_on_loopback():

@@ -1,0 +1,216 @@
+"""ModelWeights: the model SGLang serves, as declared, verified state on the host (gpuhost:model).
+
+The weights live on host storage (gpuhost:model.storage, e.g. a ZFS dataset) and reach the container as a
+read-only bind mount point (mpN, components/container.py). This resource verifies the model directory on the
+host with components/scripts/model_verify.py: config.json, model.safetensors.index.json and every shard the
+index names, each shard's size against its own safetensors header, and its sha256 against the checksum file
+kept in the repository (gpuhost:model.checksums). Computed sums are cached on the host by (size, mtime,
+inode), so a verification of unchanged files reads no shard again.
+
+Preview contacts no host (README): `pulumi refresh` (or `preview --refresh`) looks - sizes, headers and cached
+sums, no shard read in full - and says the model's state in one line; a model found not verified is then a
+change, and the `up`'s update (which computes the sums still missing) fails naming the files. The SGLang unit
+depends on this resource and verifies again itself before it writes or restarts anything (verify_for_unit:
+cached, so it reads no shard again), so a missing, short or mismatching shard stops the run before the unit
+is restarted, with or without a refresh: the running service keeps serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pulumi
+from pulumi.dynamic import CreateResult, Resource, UpdateResult
+
+from components import remote
+from components.monitoring import TEXTFILE_DIR
+from components.state import ObservedProvider, OperatorError, info, warn
+
+CACHE_DIR = '/var/lib/gpuhost/model-verify'
+TEXTFILE = TEXTFILE_DIR + '/gpuhost-model.prom'
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class ModelError(OperatorError):
+    pass
+
+
+def human_bytes(n) -> str:
+    n = float(n or 0)
+    for unit in ('B', 'kB', 'MB', 'GB', 'TB'):
+        if n < 1000 or unit == 'TB':
+            return ('%d %s' % (n, unit)) if unit == 'B' else ('%.1f %s' % (n, unit))
+        n /= 1000.0
+
+
+def line(rep: dict) -> str:
+    """The model's state in one line: "Qwen3.5-122B-A10B@<rev>: 39/39 shards, 244.1 GB, verified"."""
+    name = '%s@%s' % (rep.get('id'), rep.get('revision'))
+    if rep.get('dir_missing'):
+        return '%s: %s' % (name, rep['problems'][0])
+    complete = rep['present'] - len(rep['short'])
+    parts = ['%d/%d shards' % (complete, rep['shards']), human_bytes(rep['bytes'])]
+    if rep['verified']:
+        state = 'verified'
+        if rep.get('checked_sums'):
+            state += ' (%d sha256, %s of shards read)' % (rep['checked_sums'], human_bytes(rep['read_bytes']))
+        else:
+            state += ' (sizes; %s of shards read)' % human_bytes(rep['read_bytes'])
+        parts.append(state)
+    else:
+        for key, what in (('missing', 'missing'), ('short', 'short'), ('long', 'too long'),
+                          ('mismatch', 'sha256 mismatch'), ('unreadable', 'not world-readable (the unprivileged '
+                                                                         'container cannot read them)')):
+            if rep.get(key):
+                parts.append('%d %s: %s' % (len(rep[key]), what, ', '.join(rep[key][:5]) +
+                                            (', ...' if len(rep[key]) > 5 else '')))
+        if rep.get('unhashed'):
+            parts.append('%d sha256 to compute' % len(rep['unhashed']))
+        parts += rep.get('problems') or []
+    return '%s: %s' % (name, ', '.join(parts))
+
+
+def verifier_source() -> bytes:
+    with open(os.path.join(HERE, 'scripts', 'model_verify.py'), 'rb') as f:
+        return f.read()
+
+
+def cache_path(directory: str) -> str:
+    return '%s/%s.json' % (CACHE_DIR, hashlib.sha256(directory.encode()).hexdigest()[:16])
+
+
+def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = False) -> dict:
+    """The host-side verification's report. fetch: download what is missing from props['source'] first (the
+    token, a secret, on stdin; each progress line the host prints goes to the pulumi output as it comes)."""
+    job = {'dir': props['dir'], 'id': props['id'], 'revision': props['revision'],
+           'checksums': props.get('checksums'), 'hash': full,
+           'cache': cache_path(props['dir']),
+           'textfile': props.get('textfile') if textfile else None}
+    token = ''
+    if fetch and props.get('source'):
+        job.update(source=props['source'], storage=props['storage'])
+        token = props.get('token') or ''
+    res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)],
+                     stdin=token.encode() + b'\n' + verifier_source(), on_stderr_line=_relay if fetch else None)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ModelError('%s: the model verification printed no report: %s' % (target.name, res.stdout[-300:]))
+
+
+def _relay(text: str) -> None:
+    if text.startswith('gpuhost-progress: '):
+        info('model: downloading ' + text[len('gpuhost-progress: '):])
+
+
+def refusal(rep: dict, props: dict) -> str:
+    return ('%s. The SGLang unit was not touched: the running service keeps serving. Put the files named in %s on '
+            'the host (from the model\'s source at revision %s), or fix gpuhost:model / the checksum file, and '
+            're-run' % (line(rep), props['dir'], props['revision']))
+
+
+class ModelProvider(ObservedProvider):
+    # What is declared: the model, its revision, its directory on the host, its checksums - and that it is
+    # verified. The report's facts are outputs.
+    DESIRED = ('id', 'revision', 'dir', 'checksums', 'verified')
+    OUTPUTS = ('report', 'verified_at', 'shards', 'bytes', 'summary')
+
+    def observed(self, props, rep) -> dict:
+        return {'verified': bool(rep['verified']), 'report': {k: rep.get(k) for k in (
+                    'shards', 'present', 'bytes', 'missing', 'short', 'long', 'mismatch', 'unreadable', 'unhashed',
+                    'problems', 'checked_sums')},
+                'shards': rep['shards'], 'bytes': rep['bytes'], 'summary': line(rep)}
+
+    def apply(self, props, olds=None):
+        target = remote.Target.from_inputs(props['connection'])
+        fetch = bool(props.get('source'))
+        if fetch:
+            # Only when something is missing or wrong: a quick look (cached sums) decides.
+            quick = run_verify(target, props, full=False)
+            fetch = _broken(quick) or bool(quick.get('dir_missing'))
+        rep = run_verify(target, props, full=True, textfile=True, fetch=fetch)
+        if rep.get('fetch_error'):
+            raise ModelError('%s: the download from %s failed: %s. The serving model and the SGLang unit were not '
+                             'touched; what was downloaded stays in the staging directory and the next `up` resumes' % (
+                                 '%s@%s' % (props['id'], props['revision']), props['source'], rep['fetch_error']))
+        if rep.get('downloaded'):
+            info('model: downloaded %d files (%s; %s resumed from an earlier attempt) from %s, checked, moved into %s'
+                 % (len(rep['downloaded']), human_bytes(rep['downloaded_bytes']), human_bytes(rep['resumed_bytes']),
+                    props['source'], props['dir']))
+        info('model: %s; verification read %s in %.1f s' % (line(rep), human_bytes(rep['read_bytes']),
+                                                           rep['elapsed_s']))
+        if not rep['verified']:
+            raise ModelError(refusal(rep, props))
+        outs = dict(props, **self.observed(props, rep))
+        same = olds and olds.get('report') == outs['report'] and olds.get('dir') == props['dir'] and \
+            olds.get('revision') == props['revision'] and olds.get('verified_at')
+        outs['verified_at'] = olds['verified_at'] if same else utc_now()
+        return outs
+
+    def create(self, props):
+        return CreateResult('model:%s' % props['dir'], self.apply(props))
+
+    def update(self, _id, olds, news):
+        return UpdateResult(self.apply(news, olds))
+
+    def read(self, id_, props):
+        target = remote.Target.from_inputs(props['connection'])
+        rep = run_verify(target, props, full=False)
+        (info if rep['verified'] else warn)('model: %s' % line(rep))
+        outs = dict(props, **self.observed(props, rep))
+        if rep['unhashed'] and not _broken(rep):
+            outs['verified'] = props.get('verified')   # sums not computed yet: a refresh does not read 244 GB
+        return self.read_result(id_, outs)
+
+    def delete(self, _id, props):
+        # The weights stay (the operator's data, not this program's); its textfile and cache go.
+        remote.run(remote.Target.from_inputs(props['connection']), 'model_forget.sh',
+                   [props.get('textfile') or TEXTFILE, cache_path(props['dir'])])
+
+
+def _broken(rep) -> bool:
+    return bool(rep['problems'] or rep['missing'] or rep['short'] or rep['long'] or rep['mismatch'] or
+                rep['unreadable'])
+
+
+def utc_now() -> str:
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+class ModelWeightsResource(Resource, module='gpuhost', name='ModelWeights'):
+    """The model directory on the host, verified (ModelProvider)."""
+
+
+def declared(d):
+    """What the SGLang unit needs to know of the model: which one it serves (a new revision restarts it)."""
+    return {'id': d.model.id, 'revision': d.model.revision} if d.model else None
+
+
+def unit_check(d, model_files=None):
+    """What the SGLang unit verifies before it restarts (not compared: the model resource owns the state)."""
+    if d.model is None:
+        return None
+    return {'id': d.model.id, 'revision': d.model.revision, 'dir': d.model.host_dir(d.sglang.model_path),
+            'checksums': (model_files or {}).get('checksums')}
+
+
+def verify_for_unit(target, check) -> None:
+    """Before the SGLang unit is written or restarted: the weights it will load are complete (cached sums: no
+    shard is read again unless it changed). Raises ModelError naming the files; nothing was changed."""
+    rep = run_verify(target, check, full=True)
+    if not rep['verified']:
+        raise ModelError(refusal(rep, check))
+
+
+def model_weights(name, d, connection, model_files=None, opts=None):
+    m = d.model
+    token = (model_files or {}).get('token')
+    props = {'connection': connection, 'id': m.id, 'revision': m.revision,
+             'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage, 'source': m.base_url(),
+             'token': pulumi.Output.secret(token) if token else None,
+             'checksums': (model_files or {}).get('checksums'), 'verified': True, 'textfile': TEXTFILE,
+             **dict.fromkeys(ModelProvider.OUTPUTS)}
+    return ModelWeightsResource(ModelProvider(), name, props, opts)

@@ -1,0 +1,185 @@
+"""gpuhost:model - the weights SGLang serves: where they live on the host (a directory, e.g. a ZFS dataset's
+mountpoint), how the container sees them (a Proxmox bind mount point, mpN, read-only), and which model and
+revision they are - verified against the model's own files (config.json, model.safetensors.index.json and
+every shard it names, with sizes; sha256 from a checksum file kept in the repository) before every start
+(components/model.py).
+
+Optional: without gpuhost:model the operator provides gpuhost:sglang.model_path in the container by hand."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Annotated, Optional
+
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+
+from config.runtime import RepoPath
+from config.values import Model, Path, grammar, host_or_ip, no_control, show
+
+ModelId = Annotated[str, grammar(r'^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$', 'a model id (letters, digits, ._-)',
+                                 'Qwen3.5-122B-A10B', 96)]
+
+# Names that move: a deployment names what it verified, so a branch is not a revision.
+MOVING = ('main', 'master', 'head', 'latest', 'dev', 'develop', 'trunk', 'stable', 'nightly')
+
+
+def revision(value: str) -> str:
+    """A commit (40 lowercase hex digits) or a tag; never a branch (it moves) or an abbreviated commit."""
+    no_control(value)
+    if re.match(r'^[0-9a-f]{40}$', value):
+        return value
+    if re.match(r'^[0-9a-fA-F]{40}$', value):
+        raise ValueError('%s is a commit in capitals; git and the hub write it in lowercase: %s' % (
+            show(value), value.lower()))
+    if re.match(r'^[0-9a-fA-F]{7,39}$', value) and not re.match(r'^\d+$', value):
+        raise ValueError('%s looks like an abbreviated commit; give all 40 hex digits (git rev-parse %s, or the '
+                         'commit on the model page\'s "Files and versions")' % (show(value), value))
+    if value.lower() in MOVING:
+        raise ValueError('%s is a branch, which moves; give the commit (40 hex digits) or a tag the weights were '
+                         'published under, e.g. v1.0' % show(value))
+    if not re.match(r'^[A-Za-z0-9][A-Za-z0-9._+\-]{0,127}$', value) or '..' in value or value.endswith('.lock'):
+        raise ValueError('%s is not a commit (40 lowercase hex digits) or a tag (letters, digits, ._+-); write e.g. '
+                         'v1.0 or the commit\'s 40 hex digits' % show(value))
+    return value
+
+
+Revision = Annotated[str, AfterValidator(revision)]
+
+HF_RE = re.compile(r'^hf://([A-Za-z0-9][A-Za-z0-9._\-]{0,95})/([A-Za-z0-9][A-Za-z0-9._\-]{0,95})(?:@(.+))?$')
+
+
+def model_source(value: str) -> str:
+    """hf://<org>/<repo>[@<revision>], or the http(s) URL of a mirror directory holding the model's files -
+    never with credentials in it (they would sit in plain text in the config, the state and the host's logs)."""
+    no_control(value)
+    if value.startswith('hf://'):
+        m = HF_RE.match(value)
+        if not m or '..' in value:
+            raise ValueError('%s is not hf://<org>/<repo>[@<revision>]; write e.g. hf://Qwen/Qwen3.5-122B-A10B'
+                             % show(value))
+        if m.group(3):
+            revision(m.group(3))
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ('http', 'https') or not parts.netloc:
+        raise ValueError('%s is not a source: write hf://<org>/<repo> (Hugging Face, token in gpuhost:model.token) '
+                         'or the http(s) URL of a mirror directory holding the model\'s files' % show(value))
+    if '@' in parts.netloc or re.search(r'(^|[?&])(token|key|sig|signature|password|access_token)=', parts.query,
+                                        re.I):
+        raise ValueError('holds credentials (user:password@ or a token in the query), which would be stored in '
+                         'plain text in the stack\'s config and state and reach the host\'s process list; give the '
+                         'URL without them and the token as a secret: pulumi config set --secret --path '
+                         'gpuhost:model.token')
+    if parts.query or parts.fragment or any(c in value for c in ' "\'\\<>'):
+        raise ValueError('%s has a query, a fragment or characters a URL does not carry; write the mirror '
+                         'directory\'s URL, e.g. https://mirror.example.internal/models/Qwen3.5-122B-A10B'
+                         % show(value))
+    try:
+        host = parts.hostname or ''
+        parts.port
+    except ValueError:
+        raise ValueError('%s has an invalid port' % show(value)) from None
+    host_or_ip(host)
+    return value.rstrip('/')
+
+# Where a container path must not be: the container's own system (a read-only bind there breaks it).
+SYSTEM_DIRS = ('/', '/bin', '/boot', '/dev', '/etc', '/lib', '/lib64', '/opt', '/proc', '/root', '/run', '/sbin',
+               '/sys', '/tmp', '/usr', '/var', '/home', '/srv')
+
+
+class ModelWeights(Model):
+    id: ModelId = Field(description='The model, as its files and the preview line name it: Qwen3.5-122B-A10B')
+    revision: Revision = Field(description='The commit (40 hex digits) or tag of the weights on the host')
+    storage: Path = Field(description='The directory on the host that holds the model directories (e.g. a ZFS '
+                                      'dataset\'s mountpoint, /rpool/models); must exist before `up`')
+    mount: Path = Field('/models', description='Where the container sees gpuhost:model.storage; '
+                                               'gpuhost:sglang.model_path must be inside it')
+    mp: int = Field(0, ge=0, le=255, description='The N of the container\'s mpN key for the mount')
+    writable: bool = Field(False, description='Mount read-write (ro=0). Refused unless set: SGLang only reads the '
+                                              'weights, and a container that can write them can corrupt them for '
+                                              'the next start')
+    checksums: Optional[RepoPath] = Field(None, description='sha256sum-format file in the repository (from the '
+                                          'model\'s source): every shard it names is checked against it; read at '
+                                          'preview')
+    source: Optional[Annotated[str, AfterValidator(model_source)]] = Field(
+        None, description='Where `up` downloads what is missing from: hf://<org>/<repo> or a mirror\'s http(s) URL '
+                          '(on the host, resumable, into a staging directory, moved into place once verified)')
+    token: Optional[SecretStr] = Field(None, description='Bearer token for the source (a Hugging Face token); a '
+                                       'secret, handed to the host on stdin and kept in a root-only file only while '
+                                       'the download runs')
+
+    @model_validator(mode='after')
+    def _source(self):
+        m = HF_RE.match(self.source or '')
+        if m and m.group(3) and m.group(3) != self.revision:
+            raise ValueError('gpuhost:model.source: %s names revision %s, but gpuhost:model.revision is %s; drop the '
+                             '@<revision> from the source (the revision is gpuhost:model.revision)' % (
+                                 self.source, m.group(3), self.revision))
+        if self.token is not None and self.source is None:
+            raise ValueError('gpuhost:model.token is set but there is no gpuhost:model.source to use it with')
+        if self.token is not None and not (self.source.startswith(('hf://', 'https://'))):
+            raise ValueError('gpuhost:model.token with a plain-http source would cross the network unencrypted; use '
+                             'an https:// mirror, or no token')
+        return self
+
+    @field_validator('mount')
+    @classmethod
+    def _mount(cls, v):
+        if v in SYSTEM_DIRS or any(v == d or v.startswith(d + '/') for d in ('/proc', '/sys', '/dev', '/etc', '/usr',
+                                                                               '/bin', '/sbin', '/lib', '/boot')):
+            raise ValueError('%s is a system directory of the container; mount the weights on a path of their own, '
+                             'e.g. /models' % show(v))
+        return v
+
+    @field_validator('storage')
+    @classmethod
+    def _storage(cls, v):
+        if v in SYSTEM_DIRS or v in ('/etc/pve', '/var/lib/vz'):
+            raise ValueError('%s is a system directory of the host; give the directory (or ZFS dataset mountpoint) '
+                             'that holds the models, e.g. /rpool/models' % show(v))
+        return v
+
+    def relative(self, model_path: str) -> Optional[str]:
+        """model_path's part below the mount, or None when it is not inside it."""
+        if not model_path.startswith(self.mount.rstrip('/') + '/'):
+            return None
+        return posixpath.relpath(model_path, self.mount)
+
+    def host_dir(self, model_path: str) -> str:
+        """Where the model directory is on the host."""
+        return posixpath.join(self.storage, self.relative(model_path))
+
+    def base_url(self) -> Optional[str]:
+        """The URL each file of the model is fetched under (<base>/<file>), or None without a source."""
+        m = HF_RE.match(self.source or '')
+        if m:
+            return 'https://huggingface.co/%s/%s/resolve/%s' % (m.group(1), m.group(2), self.revision)
+        return self.source
+
+    def mount_entry(self) -> str:
+        """The container's mpN value: a bind mount of the host directory (root@pam only)."""
+        return '%s,mp=%s,ro=%d' % (self.storage, self.mount, 0 if self.writable else 1)
+
+
+def parse_checksums(text: str, key: str) -> dict:
+    """sha256sum's format: "<64 hex>  <file>" (or " *<file>"), one a line; # comments and blank lines allowed.
+    Returns {file: sha256}. Raises ValueError naming the line."""
+    out = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith('#'):
+            continue
+        m = re.match(r'^([0-9a-fA-F]{64}) [ *]([^/\x00-\x1f][^\x00-\x1f]*)$', s)
+        name = m.group(2) if m else ''
+        if not m or '/' in name or name in ('.', '..'):
+            raise ValueError('%s, line %d: %s is not "<sha256>  <file name>" (sha256sum\'s output for a file of the '
+                             'model directory)' % (key, n, show(s, 60)))
+        if name in out:
+            raise ValueError('%s, line %d: %s is listed twice' % (key, n, name))
+        out[name] = m.group(1).lower()
+    if not out:
+        raise ValueError('%s: no checksums in it (sha256sum\'s lines, "<sha256>  <file>")' % key)
+    return out

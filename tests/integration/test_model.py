@@ -1,0 +1,147 @@
+"""The model as declared, verified state (gpuhost:model), with the real CLI and a real container on one lab: from
+an empty lab (the model not on the host, an interrupted download's first 20,000 bytes in the staging directory)
+one `up` downloads the tiny real safetensors model (lab/labmodel.py) from the lab's mirror (lab/mirror.py, one
+slow shard: the progress line shows), resuming the partial file with an HTTP range, checks it, moves it into place,
+mounts the storage read-only into the container (mp0) and serves, with no hand step; a second `up` changes
+nothing, and a refresh reads no shard again (the cache); a shard cut short out of band stops the next `up`
+before the unit restarts - with or without a refresh first - and the service keeps serving; the simulated SGLang
+refuses a missing shard with SGLang's message; the repaired shard lets the change through."""
+
+import json
+import os
+import re
+import urllib.request
+
+import pytest
+
+STACK = 'model'
+MODEL = 'Qwen3.5-122B-A10B'
+SHARD = 'model-00002-of-00003.safetensors'
+
+
+def health(lab):
+    url = 'http://%s:30000/health' % lab.spec['addresses']['container']
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status
+
+
+def shard_path(lab, name=SHARD):
+    return lab.host.path('var', 'lib', 'gpuhost-models', MODEL, name)
+
+
+def model_lines(out):
+    return [line for line in out.splitlines() if 'model: %s@' % MODEL in line]
+
+
+SLOW = 'model-00003-of-00003.safetensors'   # lab/mirror.py's slow shard
+
+
+def mirror_requests(lab):
+    try:
+        with open(lab.control('mirror-requests.log')) as f:
+            return [json.loads(line) for line in f]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture(scope='module')
+def cfg(lab):
+    cfg = lab.stack_config()
+    cfg['gpuhost:model']['source'] = 'http://%s:8089/%s' % (lab.spec['addresses']['pve'], MODEL)
+    lab.write_stack(STACK, cfg)
+    return cfg
+
+
+def test_first_up_downloads_mounts_verifies_and_serves(lab, cfg):
+    import shutil
+    shutil.rmtree(lab.host.path('var', 'lib', 'gpuhost-models', MODEL))
+    with open(os.path.join(lab.dir, 'mirror', MODEL, SLOW), 'rb') as f:
+        slow = f.read()
+    staging = lab.host.path('var', 'lib', 'gpuhost-models', '.gpuhost-staging',
+                            '%s@%s' % (MODEL, cfg['gpuhost:model']['revision']))
+    os.makedirs(staging)
+    with open(os.path.join(staging, SLOW + '.part'), 'wb') as f:
+        f.write(slow[:20000])    # what an interrupted download left
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = res.stdout + res.stderr
+    progress = [line for line in out.splitlines() if 'model: downloading ' in line]
+    # At the start, at least every 10 s during the slow shard, at the end: bytes, share, rate, ETA.
+    assert any(re.search(r'model: downloading %s@\w+: [\d.]+ kB of 284\.6 kB \(\d+%%\), [\d.]+ kB/s, ETA \d+m\d\ds - %s'
+                         % (re.escape(MODEL), SLOW), line) for line in progress), progress
+    assert 'model: downloaded 5 files (264.6 kB; 20.0 kB resumed from an earlier attempt)' in out, progress
+    ranges = [r for r in mirror_requests(lab) if r['path'].endswith(SLOW) and r.get('method') == 'GET']
+    assert [r['range'] for r in ranges] == ['bytes=20000-'] and ranges[0]['status'] == 206
+    lines = model_lines(out)
+    assert lines and re.search(r'%s@8177ab06040c16b2ac6d81b49f000d8e8f4f969e: 3/3 shards, 284\.6 kB, verified '
+                               r'\(5 sha256, ' % re.escape(MODEL), lines[-1]), lines
+    assert not os.listdir(staging)
+    assert health(lab) == 200
+    ct = lab.node().lxc(200).config.get()
+    assert ct['mp0'] == '/var/lib/gpuhost-models,mp=/models,ro=1'
+    # The container reads the weights and cannot write them.
+    seen = lab.ct_exec(['cat', '/models/%s/config.json' % MODEL]).stdout
+    assert json.loads(seen)['model_type'] == 'qwen3_moe'
+    assert lab.ct_exec(['touch', '/models/%s/x' % MODEL], check=False).returncode != 0
+    out = lab.outputs(STACK)['model']
+    assert (out['id'], out['shards'], out['bytes'], out['verified']) == (MODEL, 3, 284592, True)
+    assert re.match(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$', out['verified_at'])
+    with open(lab.host.path('var', 'lib', 'prometheus', 'node-exporter', 'gpuhost-model.prom')) as f:
+        prom = f.read()
+    assert 'gpuhost_model_verified{model="%s",revision="8177ab06040c16b2ac6d81b49f000d8e8f4f969e"} 1' % MODEL in prom
+    assert 'state="expected"} 3' in prom and 'gpuhost_model_size_bytes{' in prom
+
+
+def test_second_up_changes_nothing_and_a_refresh_reads_no_shard(lab, cfg):
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', stack=STACK)
+    assert re.search(r'\b\d+ unchanged\b', res.stdout) and ' to update' not in res.stdout and \
+        ' updated' not in res.stdout, res.stdout[-3000:]
+    res = lab.pulumi('refresh', '--yes', stack=STACK)
+    lines = model_lines(res.stdout + res.stderr)
+    assert lines and 'verified (5 sha256, 0 B of shards read)' in lines[0], lines
+    assert lab.unit_starts() == starts
+
+
+def test_a_shard_cut_short_stops_the_restart_and_the_service_keeps_serving(lab, cfg):
+    path = shard_path(lab)
+    size = os.path.getsize(path)
+    # The operator's own weights (no source): a new unit, which the up would restart.
+    changed = json.loads(json.dumps(cfg))
+    del changed['gpuhost:model']['source']
+    changed['gpuhost:sglang']['environment']['LAB_MODEL_TEST'] = '1'
+    lab.write_stack(STACK, changed)
+    os.truncate(path, size - 1000)
+    starts = lab.unit_starts()
+    # Without a refresh: the unit's own check, before it writes or restarts anything.
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert '1 short: %s (%d of %d bytes)' % (SHARD, size - 1000, size) in out, \
+        [line for line in out.splitlines() if 'error' in line or 'short' in line]
+    assert 'The SGLang unit was not touched: the running service keeps serving' in out
+    assert lab.unit_starts() == starts and health(lab) == 200
+    assert 'LAB_MODEL_TEST' not in lab.ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
+    # A refresh shows it; the next up stops at the model itself.
+    res = lab.pulumi('refresh', '--yes', stack=STACK)
+    assert any('2/3 shards' in line and '1 short: %s' % SHARD in line
+               for line in model_lines(res.stdout + res.stderr)), res.stdout[-3000:]
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    assert res.returncode != 0 and '1 short: %s' % SHARD in res.stdout + res.stderr
+    assert lab.unit_starts() == starts and health(lab) == 200
+    # The simulated SGLang, started by hand on a directory missing the shard, refuses as SGLang does.
+    os.rename(path, path + '.away')
+    run = lab.ct_exec(['env', 'CUDA_HOME=/usr/local/cuda-13.0', '/opt/sglang/venv/bin/python', '-m',
+                       'sglang.launch_server', '--model-path', '/models/%s' % MODEL, '--port', '30999'], check=False)
+    assert run.returncode == 1 and 'references 1 shard file(s) that are not on disk: %s. Incomplete download?' \
+        % SHARD in run.stderr, run.stderr
+    os.rename(path + '.away', path)
+    # With the source declared again, the up downloads the shard anew, checks it, moves it in, and the change goes
+    # through with one restart.
+    changed['gpuhost:model']['source'] = cfg['gpuhost:model']['source']
+    lab.write_stack(STACK, changed)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'model: downloaded 1 files (50.5 kB; 0 B resumed from an earlier attempt)' in res.stdout + res.stderr
+    assert os.path.getsize(path) == size
+    assert health(lab) == 200 and lab.unit_starts() == starts + 1
+    assert 'LAB_MODEL_TEST' in lab.ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
+    assert lab.outputs(STACK)['model']['verified'] is True
