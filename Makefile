@@ -4,10 +4,13 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
+.PHONY: up check test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
 
-up:            ## set up everything, start the lab, `pulumi up` the lab stack, print its outputs (FLEET=N: N hosts)
-	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up)
+up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
+	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
+
+check:         ## read-only: every prerequisite of STACK's hosts with ✓/✗ and the fix (exit 1 if one is missing; STACK=lab starts the lab)
+	@tools/run.sh check $(STACK)
 
 test:          ## the whole test suite (unit, component, integration against the lab)
 	@tools/run.sh test
@@ -21,8 +24,8 @@ lab:           ## start the lab (simulated host + fakepve) unless running; HOSTS
 lab-down:      ## stop the lab (and the fleet lab) and wipe its state
 	@tools/run.sh lab-down
 
-preview:       ## pulumi preview --diff of STACK (prod needs PULUMI_CONFIG_PASSPHRASE)
-	@tools/run.sh preview $(STACK)
+preview:       ## pulumi preview --diff of STACK with the policy pack, contacting no host (other than lab: PULUMI_CONFIG_PASSPHRASE(_FILE))
+	@tools/run.sh preview $(STACK) $(ARGS)
 
 render:        ## write every file STACK would put on its hosts into OUT, contacting nothing
 	@tools/run.sh render $(STACK) $(OUT)
@@ -42,5 +45,5 @@ bench-serve:   ## load-test STACK's endpoint with AIPerf (VARIANTS=off,nextn1,..
 bootstrap:
 	@tools/bootstrap.sh
 
-clean: lab-down
-	rm -rf .venv .state .pulumi-home render
+clean: lab-down  ## stop the lab; remove .venv, .pulumi-home, render/ and the lab stacks' state (other stacks' state in .state stays)
+	@tools/clean.sh

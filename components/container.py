@@ -91,7 +91,7 @@ class GpuContainer(pulumi.ComponentResource):
             'api': api, 'connection': connection, 'node': d.host.node, 'kind': 'lxc', 'vmid': c.vmid,
             'create': {'ostemplate': c.ostemplate, 'rootfs': '%s:%d' % (c.storage, c.rootfs_gb),
                        'unprivileged': int(c.unprivileged)},
-            'config': config, 'start': True, 'protect': c.protect, 'service': service_props(d),
+            'config': config, 'start': True, 'protect': c.protect, 'adopt': c.adopt, 'service': service_props(d),
             'raw_lxc': raw_lxc_lines(d),
             'gpu_devices': gpu_devices,
             **dict.fromkeys(pve.PveGuestProvider.OUTPUTS),

@@ -24,14 +24,14 @@ import re
 import time
 
 import pulumi
-from pulumi.dynamic import Resource
+from pulumi.dynamic import CheckResult, Resource
 
 from components import remote
 from components.host_state import assignment, reboot_reasons
 from grammar import cmdline
 from grammar.gpu import BLACKWELL_IDS
-from components.sglang import service_props
-from components.state import ObservedProvider, OperatorError, warn
+from components.sglang import changed_lines, service_props
+from components.state import ObservedProvider, OperatorError, info, warn
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
@@ -202,6 +202,17 @@ def read_facts(target: remote.Target, files=(), pci=()) -> remote.HostFacts:
     return remote.parse_facts(remote.run(target, 'host_facts.sh', list(files) + list(pci)).stdout)
 
 
+POST_STEPS = {'initramfs': 'update-initramfs -u -k all', 'boot-systemd': 'proxmox-boot-tool refresh',
+              'boot-grub': 'update-grub', 'none': None}
+
+
+def adopting(olds, news) -> bool:
+    """A host resource of a deployment being adopted (gpuhost:container.adopt or gpuhost:vm.adopt) that the
+    stack does not hold yet: its check says at preview what `up` will do to what the host already has.
+    (Host resources never fail on what exists: they read before they write, so they need no switch.)"""
+    return not olds and bool(news.get('adopt')) and isinstance(news.get('connection'), dict)
+
+
 # ------------------------------------------------------------------- providers
 
 class KernelCmdlineProvider(ObservedProvider):
@@ -262,6 +273,21 @@ class KernelCmdlineProvider(ObservedProvider):
                                  '(%s): %s' % (facts.boot, facts.configured))
         return out
 
+    def check(self, olds, news):
+        if adopting(olds, news):
+            facts = read_facts(remote.Target.from_inputs(news['connection']), [SYSTEMD_BOOT_FILE, GRUB_FILE])
+            plan = plan_cmdline(facts, news['ensure_args'], news['policy'])
+            if not plan:
+                info('host-kernel-cmdline: the configured kernel command line already carries what is declared: '
+                     'adopted as it is')
+            else:
+                info('host-kernel-cmdline: `up` edits %s: %s, then runs %s; the kernel runs it from the next reboot '
+                     '(reboot_required says so)' % (
+                         SYSTEMD_BOOT_FILE if facts.boot == 'systemd-boot' else GRUB_FILE,
+                         '; '.join('%s -> %s' % (k, v) for k, v in sorted(plan.items())),
+                         'proxmox-boot-tool refresh' if facts.boot == 'systemd-boot' else 'update-grub'))
+        return CheckResult(news, [])
+
     def current(self, props):
         facts = read_facts(remote.Target.from_inputs(props['connection']), [SYSTEMD_BOOT_FILE, GRUB_FILE])
         found = cmdline.dangers(cmdline.split(facts.configured), props['policy'])
@@ -299,6 +325,21 @@ class HostFileProvider(ObservedProvider):
 
     def resource_id(self, props):
         return props['path']
+
+    def check(self, olds, news):
+        if adopting(olds, news):
+            current = self.observe(remote.Target.from_inputs(news['connection']), news)
+            post = POST_STEPS.get(news['post'])
+            if current['content'] == news['content']:
+                info('host file %s: exists with the declared content: adopted as it is' % news['path'])
+            elif current['content'] is None:
+                info('host file %s: absent - `up` writes it%s' % (
+                    news['path'], ', then runs %s' % post if post else ''))
+            else:
+                info('host file %s: exists and differs - `up` replaces it%s. The lines that change:\n    %s' % (
+                    news['path'], ', then runs %s' % post if post else '',
+                    '\n    '.join(changed_lines(current['content'], news['content']))))
+        return CheckResult(news, [])
 
     def current(self, props):
         return self.observe(remote.Target.from_inputs(props['connection']), props)
@@ -359,6 +400,15 @@ class VfioProvider(ObservedProvider):
 
     def resource_id(self, props):
         return 'vfio-' + props['driver']
+
+    def check(self, olds, news):
+        if adopting(olds, news):
+            observed = self.observe(read_facts(remote.Target.from_inputs(news['connection'])), news)
+            todo = [b for b in news['devices'] if b not in observed['devices']]
+            info('host-vfio: %s' % ('`up` binds the VM\'s GPU%s %s to %s by PCI address (driverctl)' % (
+                's' if len(todo) > 1 else '', ', '.join(todo), news['driver']) if todo else
+                'the VM\'s GPUs are bound to %s already: adopted as they are' % news['driver']))
+        return CheckResult(news, [])
 
     def current(self, props):
         facts = read_facts(remote.Target.from_inputs(props['connection']))
@@ -469,6 +519,8 @@ class ProxmoxHost(pulumi.ComponentResource):
         super().__init__('gpuhost:index:ProxmoxHost', name, None, opts)
         d = deployment
         child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
+        # A deployment being adopted: preview says what `up` does to what the host has (never compared).
+        adopt = bool(d.container.adopt or (d.vm and d.vm.adopt))
         inventory = [g.model_dump() for g in d.host.gpus]
         blackwell = sorted(BLACKWELL_IDS)
         ensure = d.iommu.kernel_args()
@@ -477,17 +529,18 @@ class ProxmoxHost(pulumi.ComponentResource):
 
         self.kernel = KernelCmdline(KernelCmdlineProvider(), '%s-kernel-cmdline' % name, {
             'connection': connection, 'ensure_args': ensure, 'dangerous_args': [], 'policy': policy,
-            'inventory': inventory, 'blackwell_ids': blackwell}, child,
+            'inventory': inventory, 'blackwell_ids': blackwell, 'adopt': adopt}, child,
             outputs=KernelCmdlineProvider.OUTPUTS)
         self.nvidia = HostFile(HostFileProvider(), '%s-nvidia-options' % name, {
             'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
             'content': modprobe_content(d.nvidia.dma_remap_peer_mmio), 'inventory': inventory,
-            'blackwell_ids': blackwell}, child, outputs=HostFileProvider.OUTPUTS)
+            'blackwell_ids': blackwell, 'adopt': adopt}, child, outputs=HostFileProvider.OUTPUTS)
         self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
             'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
             'container_devices': list(d.container.gpus), 'container_vmid': d.container.vmid,
             'modprobe_conflicts': [], 'dma_remap_peer_mmio': d.nvidia.dma_remap_peer_mmio,
-            'inventory': inventory, 'blackwell_ids': blackwell, **({'fleet_host': fleet_host} if fleet_host else {})},
+            'inventory': inventory, 'blackwell_ids': blackwell, 'adopt': adopt,
+            **({'fleet_host': fleet_host} if fleet_host else {})},
             child, outputs=VfioProvider.OUTPUTS)
         resources = [self.kernel, self.nvidia, self.vfio]
         expect = host_expect(d)

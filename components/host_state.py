@@ -43,6 +43,11 @@ class HostFacts:
     modprobe: list = dataclasses.field(default_factory=list)  # [(file, 'lineno:line')] about GPU modules
     nvidia_module: Optional[str] = None                        # /sys/module/nvidia/version (None: not loaded)
     pci: dict = dataclasses.field(default_factory=dict)       # address asked for -> remote.PciDevice or None
+    # Prerequisites the program cannot install (read by host_facts.sh, checked by components/preflight.py):
+    driverctl: Optional[str] = None                            # its path on root's PATH (None: not installed)
+    iommu_groups: Optional[int] = None                         # entries of /sys/kernel/iommu_groups (0: IOMMU off)
+    kvm_amd: dict = dataclasses.field(default_factory=dict)    # /sys/module/kvm_amd/parameters: sev, sev_snp -> Y/N
+    devnodes: dict = dataclasses.field(default_factory=dict)   # /dev path asked for -> is a character device
 
     def running_args(self):
         return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]

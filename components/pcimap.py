@@ -134,7 +134,7 @@ def verify(mid: str, spec: dict, entry: Optional[dict], dev: Optional[remote.Pci
 def stop_message(mid: str, spec: dict, finding: Finding, vmid) -> str:
     """The whole story for the operator: what was found, what Proxmox would say, what to do."""
     return ('%s%s.%s Stopping before any change: VM %s is not started. To recover: find where the VM\'s GPUs are '
-            'now (lspci -nn -d 10de: and /sys/bus/pci/devices/<address>/numa_node on the host), put their addresses '
+            'now (lspci -D -nn -d 10de: and /sys/bus/pci/devices/<address>/numa_node on the host), put their addresses '
             'into gpuhost:host.gpus and gpuhost:vm.gpus and check the vfio-pci overrides (driverctl list-overrides: '
             'an override by address binds whatever sits there now), then re-run - the mappings are rewritten for '
             'the new addresses. If the device at %s is the VM\'s GPU after all (only its IOMMU group or subsystem '

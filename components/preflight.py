@@ -16,10 +16,22 @@ any resource step runs - so before anything is deleted, replaced or written:
   * the host runs the nvidia kernel module gpuhost:runtime.nvidia declares (a host driver upgraded under a
     running container stops the run here, before any restart: the container's user space must match it).
 
+and, what the host must already have (the program installs none of it): the nvidia kernel module loaded with
+the device nodes the container's devN entries name, driverctl (when there is a VM), a Proxmox VE release that
+knows devN and amd-sev.
+
+Each is one Check; `up` runs those marked `up` in order and stops at the first failure (run()), `make check`
+(tools/check.py) runs every one, read-only, and lists them all (report()). A few are for `make check` only:
+IOMMU and SEV-SNP enabled in the firmware - `up` itself may be what turns them on (it removes amd_iommu=off
+and the like from the kernel command line and reboots), so refusing it for them would refuse the fix.
+
 Each failure is one ConfigError-like message naming the config key, what was found and what to do.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
 
 from components import host as host_mod
 from components import pcimap, pve, remote, runtime
@@ -32,109 +44,324 @@ class PreflightError(OperatorError):
     pass
 
 
+# devN (pve-container) and amd-sev (qemu-server) are refused as unknown keys by older releases; the API the
+# program is tested against (the lab's fakepve schema) is 9.0's.
+MIN_PVE = (9, 0)
+
+
 def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> list:
     return [b for b in container_gpus if facts.gpus.get(b) is not None and
             (facts.gpus[b].driver == 'vfio-pci' or facts.overrides.get(b) == 'vfio-pci')]
 
 
-def check_host(d, connection: dict, api: dict = None) -> remote.HostFacts:
-    target = remote.Target.from_inputs(connection)
-    by_mapping = bool(d.vm and d.vm.mapping_ids())
-    # The devices at the VM's GPU addresses, whatever they are, for its resource mappings: same SSH command.
-    facts = host_mod.read_facts(target, pci=list(d.vm.gpus) if by_mapping else [])
-    host_mod.check_identity(facts, sorted(BLACKWELL_IDS))
+class Context:
+    """What the checks read, each read once: the host's facts (one SSH command) and the Proxmox API."""
+
+    def __init__(self, d, connection: dict, api: dict):
+        self.d, self.connection, self.api = d, connection, api
+        self._facts = None
+        self._pve = {}
+
+    @property
+    def by_mapping(self):
+        return bool(self.d.vm and self.d.vm.mapping_ids())
+
+    def facts(self) -> remote.HostFacts:
+        if self._facts is None:
+            d = self.d
+            # The devices at the VM's GPU addresses, whatever they are, for its resource mappings, and the
+            # device nodes the container's devN entries name: the same SSH command.
+            self._facts = host_mod.read_facts(remote.Target.from_inputs(self.connection),
+                                              files=device_nodes(d),
+                                              pci=list(d.vm.gpus) if self.by_mapping else [])
+        return self._facts
+
+    def pve(self, key, what, path_fn, **kwargs):
+        if key not in self._pve:
+            with pve.client(self.api) as prox:
+                self._pve[key] = pve.api_call(what, path_fn(prox), read=True, **kwargs)
+        return self._pve[key]
+
+    def nodes(self):
+        return {n.get('node'): n for n in self.pve('nodes', 'listing the cluster\'s nodes', lambda p: p.nodes.get)}
+
+    def storages(self):
+        node = self.d.host.node
+        return {s.get('storage'): s for s in self.pve('storage', 'listing the storages of %s' % node,
+                                                      lambda p: p.nodes(node).storage.get)}
+
+
+def device_nodes(d) -> list:
+    from grammar.pve import split_props
+    return [split_props(v)[0] or split_props(v)[1].get('path') for _, v in sorted(d.container_devices().items())]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    title: str                                  # what must hold, as `make check` lists it
+    where: str                                  # 'host' (SSH) or 'pve' (the API)
+    fn: Callable                                # (Context) -> None, or the problem (what was found, what to do)
+    up: bool = True                             # also stops `up` (else `make check` only)
+    applies: Callable = lambda d: True
+
+
+# ------------------------------------------------------------------ the host (one SSH command)
+
+def _ssh(ctx):
+    ctx.facts()
+
+
+def _api(ctx):
+    ctx.nodes()
+
+
+def _identity(ctx):
+    try:
+        host_mod.check_identity(ctx.facts(), sorted(BLACKWELL_IDS))
+    except host_mod.HostStateError as e:
+        return str(e)
+
+
+def _inventory(ctx):
+    d, facts = ctx.d, ctx.facts()
     problems = host_mod.inventory_problems(facts, [g.model_dump() for g in d.host.gpus])
     # A renumbered bus shows in the inventory too (an address missing, a NUMA node that differs); what it means
     # for the VM - Proxmox's mapping check, a container GPU or a non-GPU device at a VM address - comes first.
-    stops = pcimap.preflight_problems(d, api, facts) if by_mapping and api is not None else []
+    stops = pcimap.preflight_problems(d, ctx.api, facts) if ctx.by_mapping and ctx.api is not None else []
     if stops:
-        raise PreflightError('\n'.join(stops) + (
-            '\nThe host does not match the config either:\n  - ' + '\n  - '.join(problems) if problems else ''))
+        return '\n'.join(stops) + (
+            '\nThe host does not match the config either:\n  - ' + '\n  - '.join(problems) if problems else '')
     if problems:
-        raise PreflightError('the host does not match the config:\n  - ' + '\n  - '.join(problems))
-    on_vfio = container_gpus_on_vfio(facts, list(d.container.gpus))
+        return 'the host does not match the config:\n  - ' + '\n  - '.join(problems)
+
+
+def _vfio(ctx):
+    on_vfio = container_gpus_on_vfio(ctx.facts(), list(ctx.d.container.gpus))
     if on_vfio:
-        raise PreflightError(host_mod.vfio_recovery(on_vfio, d.container.vmid))
-    conflicts = host_mod.modprobe_conflicts(facts, d.nvidia.dma_remap_peer_mmio)
+        return host_mod.vfio_recovery(on_vfio, ctx.d.container.vmid)
+
+
+def _modprobe(ctx):
+    conflicts = host_mod.modprobe_conflicts(ctx.facts(), ctx.d.nvidia.dma_remap_peer_mmio)
     if conflicts:
-        raise PreflightError(host_mod.modprobe_stop(conflicts))
-    if d.runtime is not None and d.runtime.nvidia is not None and facts.nvidia_module != d.runtime.nvidia.version:
-        raise PreflightError(runtime.host_driver_message(d.runtime.nvidia.version, facts.nvidia_module))
-    return facts
+        return host_mod.modprobe_stop(conflicts)
 
 
-def check_proxmox(d, api: dict) -> None:
-    node = d.host.node
-    with pve.client(api) as prox:
-        nodes = pve.api_call('listing the cluster\'s nodes', prox.nodes.get, read=True)
-        names = {n.get('node'): n for n in nodes}
-        if node not in names:
-            raise PreflightError('gpuhost:host.node: %r is not a node of the Proxmox cluster at %s (nodes: %s); fix '
-                                 'the node name (hostname -s on the host)' % (node, api['host'],
-                                                                             ', '.join(sorted(names)) or 'none'))
-        if names[node].get('status') not in (None, 'online'):
-            raise PreflightError('gpuhost:host.node: node %s is %s; bring it back (or wait for it) and re-run'
-                                 % (node, names[node].get('status')))
-        n = prox.nodes(node)
-        stores = {s.get('storage'): s for s in pve.api_call('listing the storages of %s' % node, n.storage.get, read=True)}
-        c = d.container
-        need = [(c.storage, 'rootdir', 'gpuhost:container.storage')]
-        tmpl_store = c.ostemplate.split(':', 1)[0]
-        need.append((tmpl_store, 'vztmpl', 'gpuhost:container.ostemplate'))
-        for sid, content, key in need:
-            s = stores.get(sid)
-            if s is None:
-                raise PreflightError('%s: storage %r does not exist on node %s (storages: %s)' % (
-                    key, sid, node, ', '.join(sorted(stores))))
-            if str(s.get('active', 1)) not in ('1', 'True', 'true'):
-                raise PreflightError('%s: storage %r is not active on node %s; activate it and re-run' % (key, sid, node))
-            if content not in str(s.get('content', content)).split(','):
-                raise PreflightError('%s: storage %r does not hold %s content on node %s (it has: %s)' % (
-                    key, sid, content, node, s.get('content')))
-        vols = pve.api_call('listing the templates on %s' % tmpl_store, n.storage(tmpl_store).content.get,
-                            content='vztmpl', read=True)
-        if c.ostemplate not in {v.get('volid') for v in vols}:
-            raise PreflightError('gpuhost:container.ostemplate: %s is not on storage %s of node %s (templates there: %s);'
-                                 ' download it (pveam download %s <template>) or fix the name' % (
-                                     c.ostemplate, tmpl_store, node,
-                                     ', '.join(sorted(v.get('volid') for v in vols)) or 'none', tmpl_store))
-        bridges = {i.get('iface') for i in pve.api_call('listing the network of %s' % node, n.network.get,
-                                                        type='any_bridge', read=True)
-                   if i.get('type') in ('bridge', 'OVSBridge')}
-        for key, bridge in (('gpuhost:container.bridge', c.bridge),) + (
-                (('gpuhost:vm.bridge', d.vm.bridge),) if d.vm else ()):
-            if bridge not in bridges:
-                raise PreflightError('%s: bridge %r does not exist on node %s (bridges: %s)' % (
-                    key, bridge, node, ', '.join(sorted(b for b in bridges if b)) or 'none'))
+def _nvidia_loaded(ctx):
+    d, facts = ctx.d, ctx.facts()
+    if facts.nvidia_module is None:
+        return ('the nvidia kernel module is not loaded (no /sys/module/nvidia): install the NVIDIA driver on the host '
+                '(the open kernel module, NVIDIA-Linux-x86_64-<version>.run --kernel-module-type=open%s) and load it '
+                '(modprobe nvidia nvidia-uvm; nvidia-smi lists the GPUs)' % (
+                    ', version %s as gpuhost:runtime.nvidia.version says' % d.runtime.nvidia.version
+                    if d.runtime is not None and d.runtime.nvidia is not None else ''))
+    missing = [p for p in device_nodes(d) if not facts.devnodes.get(p)]
+    if missing:
+        return ('device nodes missing on the host: %s (the container\'s devN entries point at them). Load nvidia-uvm '
+                '(modprobe nvidia-uvm) and create the nodes (nvidia-smi; nvidia-modprobe -u -c0)' % ', '.join(missing))
 
 
-def check_unit_name(d, connection: dict) -> None:
+def _nvidia_version(ctx):
+    d, facts = ctx.d, ctx.facts()
+    # Not loaded at all: _nvidia_loaded says so (and what to install).
+    if facts.nvidia_module is not None and facts.nvidia_module != d.runtime.nvidia.version:
+        return runtime.host_driver_message(d.runtime.nvidia.version, facts.nvidia_module)
+
+
+def _driverctl(ctx):
+    if ctx.facts().driverctl is None:
+        return ('driverctl is not installed on the host (it binds the VM\'s GPUs to vfio-pci by PCI address, so '
+                'the binding survives reboots): apt install driverctl')
+
+
+def _iommu(ctx):
+    if not ctx.facts().iommu_groups:
+        return ('the host has no IOMMU groups (/sys/kernel/iommu_groups is empty): the IOMMU is off. Enable it in the '
+                'firmware (AMD: IOMMU and SVM in the BIOS setup; Intel: VT-d) and reboot; if the kernel command line '
+                'holds amd_iommu=off or intel_iommu=off, `up` removes it')
+
+
+def _sev_snp(ctx):
+    kvm = ctx.facts().kvm_amd
+    if not kvm:
+        return ('kvm_amd is not loaded (no /sys/module/kvm_amd/parameters): the VM needs an AMD host with '
+                'virtualization (SVM) enabled in the firmware; modprobe kvm_amd')
+    if kvm.get('sev_snp', 'N') not in ('Y', '1'):
+        return ('SEV-SNP is off (/sys/module/kvm_amd/parameters/sev_snp: %s, sev: %s): enable SEV, SEV-ES and SEV-SNP '
+                'in the firmware (BIOS setup: SEV-SNP support, SNP memory coverage, a nonzero SEV-ES ASID space) and '
+                'reboot; without it the VM with amd-sev type=snp does not start (or set gpuhost:vm.sev: off)'
+                % (kvm.get('sev_snp', 'absent'), kvm.get('sev', 'absent')))
+
+
+# ---------------------------------------------------------------------------- Proxmox (the API)
+
+def _pve_version(ctx):
+    v = ctx.pve('version', 'reading the Proxmox VE version', lambda p: p.version.get)
+    text = str(v.get('version') or v.get('release') or '')
+    try:
+        have = tuple(int(x) for x in text.split('.')[:2])
+    except ValueError:
+        have = None
+    if have is None or have < MIN_PVE:
+        return ('Proxmox VE %s at %s: the program needs %d.%d or later (it sets devN on the container and amd-sev on '
+                'the VM, which older releases refuse as unknown keys); upgrade the host (pve%dto%d, apt full-upgrade)'
+                % (text or '(unknown)', ctx.api['host'], MIN_PVE[0], MIN_PVE[1], MIN_PVE[0] - 1, MIN_PVE[0]))
+
+
+def _node(ctx):
+    node, names = ctx.d.host.node, ctx.nodes()
+    if node not in names:
+        return ('gpuhost:host.node: %r is not a node of the Proxmox cluster at %s (nodes: %s); fix the node name '
+                '(hostname -s on the host)' % (node, ctx.api['host'], ', '.join(sorted(names)) or 'none'))
+    if names[node].get('status') not in (None, 'online'):
+        return 'gpuhost:host.node: node %s is %s; bring it back (or wait for it) and re-run' % (
+            node, names[node].get('status'))
+
+
+def _storage_problem(ctx, sid, content, key):
+    node, stores = ctx.d.host.node, ctx.storages()
+    s = stores.get(sid)
+    if s is None:
+        return '%s: storage %r does not exist on node %s (storages: %s)' % (key, sid, node, ', '.join(sorted(stores)))
+    if str(s.get('active', 1)) not in ('1', 'True', 'true'):
+        return '%s: storage %r is not active on node %s; activate it and re-run' % (key, sid, node)
+    if content not in str(s.get('content', content)).split(','):
+        return '%s: storage %r does not hold %s content on node %s (it has: %s)' % (key, sid, content, node,
+                                                                                  s.get('content'))
+
+
+def _storage(ctx):
+    return _storage_problem(ctx, ctx.d.container.storage, 'rootdir', 'gpuhost:container.storage')
+
+
+def _template(ctx):
+    c, node = ctx.d.container, ctx.d.host.node
+    tmpl_store = c.ostemplate.split(':', 1)[0]
+    problem = _storage_problem(ctx, tmpl_store, 'vztmpl', 'gpuhost:container.ostemplate')
+    if problem:
+        return problem
+    vols = ctx.pve('templates', 'listing the templates on %s' % tmpl_store,
+                   lambda p: p.nodes(node).storage(tmpl_store).content.get, content='vztmpl')
+    if c.ostemplate not in {v.get('volid') for v in vols}:
+        return ('gpuhost:container.ostemplate: %s is not on storage %s of node %s (templates there: %s); download it '
+                '(pveam update; pveam download %s %s) or fix the name' % (
+                    c.ostemplate, tmpl_store, node, ', '.join(sorted(v.get('volid') for v in vols)) or 'none',
+                    tmpl_store, c.ostemplate.split('/', 1)[-1]))
+
+
+def _bridges(ctx):
+    d, node = ctx.d, ctx.d.host.node
+    bridges = {i.get('iface') for i in ctx.pve('network', 'listing the network of %s' % node,
+                                                lambda p: p.nodes(node).network.get, type='any_bridge')
+               if i.get('type') in ('bridge', 'OVSBridge')}
+    for key, bridge in (('gpuhost:container.bridge', d.container.bridge),) + (
+            (('gpuhost:vm.bridge', d.vm.bridge),) if d.vm else ()):
+        if bridge not in bridges:
+            return '%s: bridge %r does not exist on node %s (bridges: %s)' % (
+                key, bridge, node, ', '.join(sorted(b for b in bridges if b)) or 'none')
+
+
+def _unit_name(ctx):
     """gpuhost:sglang.unit names a unit of this program's, or a free name: never one the container has
-    of its own (ssh.service, a vendor unit...), which writing ours would override and destroy would delete."""
+    of its own (ssh.service, a vendor unit...), which writing ours would override and destroy would delete.
+    An adopted container's own /etc/systemd/system/<unit> is the SGLang unit being taken over: allowed."""
+    d = ctx.d
     props = service_props(d)
-    out = remote.run(remote.Target.from_inputs(connection), 'ct_unit_owner.sh',
+    out = remote.run(remote.Target.from_inputs(ctx.connection), 'ct_unit_owner.sh',
                      [d.container.vmid, d.sglang.unit, props['unit_path']]).stdout.strip()
+    if out == 'foreign %s' % props['unit_path'] and d.container.adopt:
+        return   # the container is adopted with the unit it runs: that file is the unit to take over (README)
     if out.startswith('foreign '):
-        raise PreflightError('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang '
-                             'unit under that name would replace it. Choose another name, e.g. sglang-qwen.service'
-                             % (d.sglang.unit, d.container.vmid, out[len('foreign '):]))
+        own = out == 'foreign %s' % props['unit_path']
+        adopt = ('. If it is the SGLang unit of a deployment made before this program, take the container in with '
+                 'it as they run: gpuhost:container.adopt: true (README, "Adopting a running deployment"); '
+                 'otherwise choose another name' if own else '. Choose another name, e.g. sglang-qwen.service')
+        return ('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang '
+                'unit under that name would replace it%s'
+                % (d.sglang.unit, d.container.vmid, out[len('foreign '):], adopt))
 
 
-def check_model_storage(d, connection: dict) -> None:
+def _model_storage(ctx):
     """gpuhost:model.storage exists on the host: the container's mount point needs it (Proxmox finds out only
     when the container starts, and the container would not start)."""
-    if d.model is None:
-        return
-    res = remote.run(remote.Target.from_inputs(connection), 'check_dir.sh', [d.model.storage], check=False)
+    d = ctx.d
+    res = remote.run(remote.Target.from_inputs(ctx.connection), 'check_dir.sh', [d.model.storage], check=False)
     if res.exit_code != 0:
-        raise PreflightError('gpuhost:model.storage: %s %s on the host; create it (zfs create -o mountpoint=%s '
-                             '<pool>/models, or mkdir -p %s) and put the model there, or fix the path' % (
-                                 d.model.storage, 'is not a directory' if 'not-a-directory' in res.stdout else
-                                 'does not exist', d.model.storage, d.model.storage))
+        return ('gpuhost:model.storage: %s %s on the host; create it (zfs create -o mountpoint=%s <pool>/models, or '
+                'mkdir -p %s) and put the model there, or fix the path' % (
+                    d.model.storage, 'is not a directory' if 'not-a-directory' in res.stdout else 'does not exist',
+                    d.model.storage, d.model.storage))
+
+
+def _has_model(d):
+    return d.model is not None
+
+
+def _has_vm(d):
+    return d.vm is not None
+
+
+def _pins_nvidia(d):
+    return d.runtime is not None and d.runtime.nvidia is not None
+
+
+# In `up`'s order: what the host is first (a wrong host stops everything), then what it must have, then Proxmox.
+CHECKS = (
+    Check('SSH to the host, its host key the pinned one (gpuhost:host.ssh)', 'host', _ssh, up=False),
+    Check('no Blackwell GPU in an identity IOMMU domain', 'host', _identity),
+    Check('the GPUs of gpuhost:host.gpus at their addresses (and the VM\'s PCI mappings)', 'host', _inventory),
+    Check('no container GPU bound to vfio-pci', 'host', _vfio),
+    Check('no modprobe configuration that undoes the GPU settings', 'host', _modprobe),
+    Check('NVIDIA kernel driver loaded, with the device nodes the container uses', 'host', _nvidia_loaded),
+    Check('the host\'s nvidia module is gpuhost:runtime.nvidia.version', 'host', _nvidia_version,
+          applies=_pins_nvidia),
+    Check('driverctl installed (binds the VM\'s GPUs to vfio-pci)', 'host', _driverctl, applies=_has_vm),
+    Check('IOMMU enabled in the firmware', 'host', _iommu, up=False),
+    Check('SEV-SNP enabled in the firmware (kvm_amd sev_snp)', 'host', _sev_snp, up=False, applies=_has_vm),
+    Check('the model storage gpuhost:model.storage on the host (the container\'s mount point binds it)', 'host',
+          _model_storage, applies=_has_model),
+    Check('the Proxmox API, logged in (gpuhost:host.api)', 'pve', _api, up=False),
+    Check('Proxmox VE %d.%d or later (knows devN and amd-sev)' % MIN_PVE, 'pve', _pve_version),
+    Check('the node gpuhost:host.node, online', 'pve', _node),
+    Check('the container\'s storage gpuhost:container.storage', 'pve', _storage),
+    Check('the container template gpuhost:container.ostemplate downloaded', 'pve', _template),
+    Check('the bridges gpuhost:container.bridge / gpuhost:vm.bridge', 'pve', _bridges),
+    Check('the SGLang unit name is not one of the container\'s own', 'host', _unit_name),
+)
 
 
 def run(d, connection: dict, api: dict) -> None:
-    check_host(d, connection, api)
-    check_model_storage(d, connection)
-    check_proxmox(d, api)
-    check_unit_name(d, connection)
+    """`up`'s preflight: the first failing check stops the run, before any resource step."""
+    ctx = Context(d, connection, api)
+    for check in CHECKS:
+        if check.up and check.applies(d):
+            problem = check.fn(ctx)
+            if problem:
+                raise PreflightError(problem)
+
+
+@dataclasses.dataclass
+class Result:
+    check: Check
+    problem: Optional[str] = None             # None: it holds
+    skipped: Optional[str] = None             # why it was not checked (its side unreachable)
+
+
+def report(d, connection: dict, api: dict) -> list:
+    """Every check, read-only, none stopping the others: a Result each. When SSH or the API cannot be
+    reached (the first check of each side), the checks on that side are skipped."""
+    ctx = Context(d, connection, api)
+    out, down = [], {}
+    for check in CHECKS:
+        if not check.applies(d):
+            continue
+        if check.where in down:
+            out.append(Result(check, skipped=down[check.where]))
+            continue
+        try:
+            out.append(Result(check, problem=check.fn(ctx)))
+        except OperatorError as e:
+            out.append(Result(check, problem=str(e)))
+            if check.fn in (_ssh, _api):
+                down[check.where] = 'no connection' if check.fn is _ssh else 'no API session'
+    return out

@@ -11,6 +11,13 @@ restart (QEMU hostpciN, ...) are reported in `pending` and treated as applied.
 Raw `lxc.*` lines (CPU pinning) cannot be set through the API: they are written into
 /etc/pve/lxc/<vmid>.conf over SSH (compare-and-swap on the file's hash, atomic replace), and the
 container is rebooted through the API when they change while it runs.
+
+Adoption (gpuhost:container.adopt / gpuhost:vm.adopt): a guest that already runs with the config's vmid
+is taken into the stack by create() instead of being made - read, refused if it is not the declared guest
+(absent, another name) or differs in what only a new guest could change, then brought to the declared
+state by update(). check() says at preview what that means - adoption is the one case in which a preview
+reads the host, and only for what the stack does not hold yet. (Pulumi's `import` option cannot serve: the
+engine's Read on import carries no properties, so the dynamic-provider host cannot load the provider.)
 """
 
 from __future__ import annotations
@@ -22,10 +29,10 @@ import threading
 import time
 import uuid
 
-from pulumi.dynamic import CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, Resource, UpdateResult
 
 from components import remote
-from components.state import ObservedProvider, OperatorError, warn
+from components.state import ObservedProvider, OperatorError, info, warn
 from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
 
 
@@ -162,6 +169,10 @@ ADVICE = (
     ('offline', 'the node is offline; bring it back, then re-run'),
     ('no route to host', 'the node is unreachable from the API node; check the cluster network, then re-run'),
     ('does not exist', 'it is gone on the Proxmox side; `pulumi refresh` updates the state'),
+    ('already exists', 'a guest with this vmid runs on the host but this stack does not hold it. To take it in as it '
+                       'is (nothing recreated; preview shows what `up` would change), set adopt: true in its section '
+                       '(gpuhost:container or gpuhost:vm) - README, "Adopting a running deployment"; if it holds '
+                       'nothing, remove it instead (pct destroy / qm destroy)'),
 )
 
 
@@ -237,6 +248,75 @@ def wait_task(prox, node: str, upid, what: str, timeout: float = 600.0) -> None:
         text = str(status.get('exitstatus'))
         tip = advice(text)
         raise PveError('%s failed: %s%s' % (what, text, '; ' + tip if tip else ''))
+
+
+# --------------------------------------------------------------------- adoption
+
+# Template file name -> the ostype Proxmox records for a container made from it (PVE detects it from the
+# unpacked system; the file name says the same for the templates `pveam` offers).
+OSTYPES = ('debian', 'ubuntu', 'devuan', 'alpine', 'archlinux', 'centos', 'fedora', 'opensuse', 'gentoo', 'nixos')
+SIZE_UNITS = {'K': 1.0 / (1024 * 1024), 'M': 1.0 / 1024, 'G': 1.0, 'T': 1024.0}
+
+
+def template_ostype(template: str):
+    name = str(template).rsplit('/', 1)[-1].lower()
+    return next((o for o in OSTYPES if name.startswith(o)), None)
+
+
+def size_gb(text):
+    """'8G', '200G', '512M', '1T' -> GB (float); None if unreadable."""
+    text = str(text or '').strip().upper()
+    if not text:
+        return None
+    unit = text[-1] if text[-1] in SIZE_UNITS else 'G'
+    try:
+        return float(text.rstrip('KMGT')) * SIZE_UNITS[unit]
+    except ValueError:
+        return None
+
+
+def refusals(props: dict, actual: dict) -> list:
+    """What keeps a running guest from being adopted as the config declares it: its identity (the name
+    differs - a vmid typo must not take over another guest) and the keys Proxmox cannot change in place
+    (an adoption never replaces). One sentence each, with the config key to set."""
+    out = []
+    lxc = props['kind'] == 'lxc'
+    side = 'container' if lxc else 'vm'
+    name_key = 'hostname' if lxc else 'name'
+    want_name, have_name = props['config'].get(name_key), actual.get(name_key)
+    if want_name is not None and have_name != want_name:
+        out.append('its %s is %s, the config declares %s (gpuhost:%s.%s) - is gpuhost:%s.vmid the right guest? If it '
+                   'is, rename it first (%s set %s --%s %s)' % (
+                       name_key, have_name or '(none)', want_name, side, name_key, side, 'pct' if lxc else 'qm',
+                       props['vmid'], name_key, want_name))
+    if not lxc:
+        return out
+    create = props.get('create') or {}
+    if 'unprivileged' in create and int(actual.get('unprivileged') or 0) != int(create['unprivileged']):
+        out.append('it is %s, the config declares %s (gpuhost:container.unprivileged: %s)' % (
+            'unprivileged' if int(actual.get('unprivileged') or 0) else 'privileged',
+            'unprivileged' if int(create['unprivileged']) else 'privileged',
+            'false' if int(actual.get('unprivileged') or 0) == 0 else 'true'))
+    if create.get('rootfs'):
+        first, sub = split_props(actual.get('rootfs') or '')
+        have_storage = (first or sub.get('volume') or '').split(':', 1)[0]
+        have_gb = size_gb(sub.get('size'))
+        want_storage, _, want_gb = create['rootfs'].partition(':')
+        if have_storage and have_storage != want_storage:
+            out.append('its root disk is on storage %s, the config declares %s (gpuhost:container.storage: %s)' % (
+                have_storage, want_storage, have_storage))
+        if have_gb is not None and abs(have_gb - float(want_gb)) > 1e-9:
+            out.append('its root disk is %s GB, the config declares %s GB (gpuhost:container.rootfs_gb: %s)' % (
+                ('%g' % have_gb), want_gb, ('%d' % have_gb) if have_gb.is_integer() else 'its size in GB'))
+    want_os, have_os = template_ostype(create.get('ostemplate', '')), actual.get('ostype')
+    if want_os and have_os in OSTYPES and have_os != want_os:
+        out.append('it runs %s, gpuhost:container.ostemplate is a %s template (use the template it was made from)' % (
+            have_os, want_os))
+    return out
+
+
+def show(value) -> str:
+    return '(unset)' if value is None else str(value)
 
 
 # --------------------------------------------------------------------- provider
@@ -378,7 +458,78 @@ class PveGuestProvider(ObservedProvider):
         upid = api_call('%s %s' % (action, self.label(props)), getattr(g.status, action).post)
         wait_task(prox, props['node'], upid, '%s %s' % (action, self.label(props)))
 
+    # -- adoption (gpuhost:<side>.adopt): a guest that already runs, taken into the stack as it is
+
+    def check(self, olds, news):
+        """At preview and up, for a guest the stack does not hold yet with adopt set: read it and say what
+        adopting it means - or refuse, before anything runs. Pulumi's own `import` cannot do this for a
+        dynamic provider (the engine's Read on import carries no properties, so the provider host cannot
+        even load this class: pulumi/pulumi#16175); create() does the adoption instead."""
+        if olds:
+            # Adoption is for a guest the stack does not hold yet. One it holds is never adopted again: a
+            # replacement (protect: false) creates a new guest - and never takes over another guest at a new vmid.
+            return CheckResult(dict(news, adopt=False), [])
+        if news.get('adopt') and isinstance(news.get('api'), dict):
+            with client(news['api']) as prox:
+                plan = self.adoption(prox, news)
+            info('%s: exists - adopted into the stack as it is, not created (gpuhost:%s.adopt). %s' % (
+                self.label(news), 'container' if news['kind'] == 'lxc' else 'vm',
+                '`up` changes: %s%s.' % ('; '.join(plan['changes']), plan['power']) if plan['changes'] else
+                'It matches the declared state%s.' % (plan['power'] or ': `up` changes nothing on it')))
+        return CheckResult(news, [])
+
+    def adoption(self, prox, props) -> dict:
+        """{'observed': the guest as observe() reads it, 'changes': ['key have -> want', ...] that `up` makes,
+        'power': what it does to the guest's power state, as words}. Raises PveError when the guest cannot be
+        adopted: absent, another guest's name, or a difference only a new guest could make."""
+        side = 'container' if props['kind'] == 'lxc' else 'vm'
+        g = self.guest(prox, props)
+        try:
+            actual, _ = merge_pending(api_call('reading %s' % self.label(props), g.pending.get, read=True))
+        except PveError as e:
+            if not gone(e):
+                raise
+            raise PveError('gpuhost:%s.adopt: there is no %s %s on %s to adopt; check gpuhost:%s.vmid and '
+                           'gpuhost:host.node, or remove adopt to create it' % (
+                               side, 'container' if side == 'container' else 'VM', props['vmid'], props['node'],
+                               side)) from None
+        refused = refusals(props, actual)
+        if refused:
+            raise PveError('%s: not adopted - %s. Nothing was changed; adopting never replaces a guest.' % (
+                self.label(props), '; '.join(refused)))
+        observed = self.observe(prox, props)
+        to_set, _ = changes(props['config'], actual, ())
+        what = ['%s %s -> %s' % (k, show(actual.get(k)), v) for k, v in sorted(to_set.items())]
+        raw = {k: v for k, v in (props.get('raw_lxc') or {}).items() if observed['raw_lxc'].get(k) != v}
+        what += ['%s %s -> %s' % (k, show(observed['raw_lxc'].get(k)), v) for k, v in sorted(raw.items())]
+        running = observed['status'] == 'running'
+        power = ''
+        if props['start'] and not running:
+            power = ', then starts it'
+        elif not props['start'] and running:
+            power = ', then stops it'
+        elif raw and running:
+            power = ', then reboots it (raw lxc.* lines take effect only at start)'
+        return {'observed': observed, 'changes': what, 'power': power}
+
     def create(self, props):
+        if props.get('adopt'):
+            return self.adopt(props)
+        return self.make(props)
+
+    def adopt(self, props):
+        """The guest exists: checked again (the host may have changed since the preview), then brought to the
+        declared state by the same path as any update - never recreated."""
+        with client(props['api']) as prox:
+            plan = self.adoption(prox, props)
+        result = self.update(str(props['vmid']), {'pid': plan['observed'].get('pid'), 'config': {}}, props)
+        info('%s: adopted into the stack%s%s' % (
+            self.label(props), '; changed %s' % '; '.join(plan['changes']) if plan['changes'] else ', unchanged',
+            plan['power'].replace('then starts', 'started').replace('then stops', 'stopped')
+            .replace('then reboots', 'rebooted')))
+        return CreateResult(str(props['vmid']), result.outs)
+
+    def make(self, props):
         with client(props['api']) as prox:
             node = prox.nodes(props['node'])
             coll = getattr(node, props['kind'])

@@ -375,6 +375,14 @@ def parse_facts(text: str) -> HostFacts:
             facts.modprobe.append((fields[0], '\t'.join(fields[1:])))
         elif kind == 'pending':
             facts.pending[fields[0]] = fields[1] if len(fields) > 1 else '?'
+        elif kind == 'driverctl':
+            facts.driverctl = rest.strip() or None
+        elif kind == 'iommu_groups':
+            facts.iommu_groups = int(rest) if rest.strip().isdigit() else None
+        elif kind == 'kvm_amd':
+            facts.kvm_amd[fields[0]] = fields[1].strip() if len(fields) > 1 else ''
+        elif kind == 'devnode':
+            facts.devnodes[fields[0]] = len(fields) > 1 and fields[1] == 'c'
         elif kind == 'pci':
             facts.pci[fields[0]] = None if len(fields) < 7 else PciDevice(
                 fields[0], fields[1].lower(), None if fields[2] == '-' else fields[2].lower(), fields[3],

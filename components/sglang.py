@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 import pulumi
-from pulumi.dynamic import CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, Resource, UpdateResult
 
 from components import remote, runtime
 from grammar import systemd
@@ -149,6 +149,14 @@ def resolved(info: dict) -> dict:
 def mismatches(expected: dict, got: dict) -> list:
     return ['%s: unit asked for %s, SGLang resolved %s' % (k, v, got.get(k))
             for k, v in expected.items() if got.get(k) != v]
+
+
+def changed_lines(old: str, new: str, limit: int = 16) -> list:
+    """The lines of a file that change ('-old', '+new'), for an adoption's preview; at most `limit`."""
+    import difflib
+    lines = [line for line in difflib.unified_diff((old or '').splitlines(), new.splitlines(), lineterm='', n=0)
+             if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+    return lines[:limit] + (['... %d more changed lines' % (len(lines) - limit)] if len(lines) > limit else [])
 
 
 def service_props(d) -> dict:
@@ -379,6 +387,37 @@ class SglangUnitProvider(ObservedProvider):
                     name, old_rt.get(key) or 'none', new_rt[key], news['install'][key]['installer']))
         return result
 
+    def check(self, olds, news):
+        """With the container adopted (gpuhost:container.adopt), at preview and up while the stack does not
+        hold the unit yet: the unit already in the container is read and what `up` does to it said - the
+        lines of the unit that change, the drop-ins it removes, and whether it restarts (once at most: the
+        create below is the usual apply, which reads the unit and its drop-ins first)."""
+        if olds:
+            return CheckResult(dict(news, adopt=False), [])   # held by the stack: never adopted again
+        if news.get('adopt') and isinstance(news.get('connection'), dict) and isinstance(news.get('unit'), str):
+            info('sglang-unit: %s' % self.adoption(remote.Target.from_inputs(news['connection']), news))
+        return CheckResult(news, [])
+
+    def adoption(self, target, props) -> str:
+        facts = self.facts(target, props)
+        where = '%s in container %s' % (props['unit_name'], props['vmid'])
+        if facts.get('ct') != 'running':
+            return '%s: the container is %s; the unit is written once it runs' % (where, facts.get('ct'))
+        have = facts.get('unit_text')
+        if have is None:
+            return '%s: no unit there yet - `up` writes it and starts it' % where
+        lines = changed_lines(have, props['unit'])
+        dropins = facts.get('dropins') or []
+        if not lines and not dropins:
+            state = facts.get('ActiveState')
+            return '%s exists and is the declared unit: adopted as it is, not restarted%s' % (
+                where, '' if state == 'active' else ' (started: it is %s)' % state)
+        todo = (['rewrites the unit file'] if lines else []) + (
+            ['removes the drop-in%s %s (copies kept in the container)' % (
+                '' if len(dropins) == 1 else 's', ', '.join(dropins))] if dropins else [])
+        shown = '. The unit\'s lines that change:\n    %s' % '\n    '.join(lines) if lines else ''
+        return '%s exists - adopted; `up` %s, then restarts it once%s' % (where, ' and '.join(todo), shown)
+
     def create(self, props):
         return CreateResult('%s/%s' % (props['vmid'], props['unit_name']), self.apply(props))
 
@@ -495,6 +534,7 @@ class SglangService(pulumi.ComponentResource):
                      api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],
+                     adopt=d.container.adopt,
                      cuda_home=s.cuda_home, runtime=runtime.declared(d), env=self.env,
                      install=runtime.install_inputs(d, runtime_files),
                      model=model_mod.declared(d), model_check=model_mod.unit_check(d, model_files),

@@ -243,9 +243,9 @@ def only(d: dict, keys: Iterable) -> dict:
 def _wrap(cls):
     """Numbers normalised and operator errors unframed on every provider entry point; the arguments
     carrying properties: create(props), update(id, olds, news), read(id, props), delete(id, props),
-    diff(id, olds, news)."""
+    diff(id, olds, news), check(olds, news)."""
     for name, positions in (('create', {0}), ('update', {1, 2}), ('read', {1}), ('delete', {1}),
-                            ('diff', {1, 2})):
+                            ('diff', {1, 2}), ('check', {0, 1})):
         fn = cls.__dict__.get(name)
         if fn is not None and not getattr(fn, '__wrapped_by_numbers__', False):
             setattr(cls, name, _normalising(fn, positions))

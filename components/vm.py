@@ -82,6 +82,7 @@ class SevSnpVm(pulumi.ComponentResource):
             depends.append(self.mappings)
         props = {'api': api, 'connection': None, 'node': d.host.node, 'kind': 'qemu', 'vmid': d.vm.vmid,
                  'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {}, 'protect': d.vm.protect,
+                 'adopt': d.vm.adopt,
                  'guard_gpus': list(d.container.gpus), 'gpu_binding': d.vm.gpu_binding,
                  **dict.fromkeys(pve.PveGuestProvider.OUTPUTS), **fleet}
         self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props,

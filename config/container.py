@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 from pydantic import AfterValidator, Field
 
-from config.values import (PROTECT_DOC, Bdf, Bridge, DnsName, Model, StorageId, Template, VmId, ipv4, ipv4_interface,
-                           nameservers)
+from config.values import (ADOPT_DOC, PROTECT_DOC, Bdf, Bridge, DnsName, Model, StorageId, Template, VmId, ipv4,
+                           ipv4_interface, nameservers)
 
 
 class Container(Model):
@@ -32,6 +32,7 @@ class Container(Model):
     nameserver: Optional[Annotated[str, AfterValidator(nameservers)]] = None
     onboot: bool = True
     protect: bool = Field(True, description=PROTECT_DOC)
+    adopt: bool = Field(False, description=ADOPT_DOC)
 
     @property
     def address(self):

@@ -49,11 +49,12 @@ class Deployment(Model):
         if self.vm and self.vm.vmid == self.container.vmid:
             raise ValueError('gpuhost:vm.vmid: %d is the container\'s vmid too; each guest needs its own (e.g. vm.vmid: '
                              '%d)' % (self.vm.vmid, self.container.vmid + 100))
-        bind = ipaddress.ip_address(self.sglang.host)
+        bind = ipaddress.ip_address(self.sglang_host)
         if not bind.is_unspecified and bind != ipaddress.ip_address(self.container.address):
             raise ValueError('gpuhost:sglang.host: %s is not the container\'s address (gpuhost:container.ip: %s): %s, '
                              'while /health, the smoke test and monitoring reach SGLang at %s. Use %s (the container\'s '
-                             'own address only) or 0.0.0.0 (all of its addresses)' % (
+                             'own address only: leave gpuhost:sglang.host out) or 0.0.0.0 (all of its addresses, with the '
+                             'policy opt-in allow_public_bind)' % (
                                  self.sglang.host, self.container.ip,
                                  'SGLang would answer only inside the container' if bind.is_loopback else
                                  'SGLang could not listen there (the restart would fail)',
@@ -68,7 +69,7 @@ class Deployment(Model):
                 gpu = host.gpu(addr)
                 if gpu is None:
                     raise ValueError('gpuhost:%s.gpus: %s is not in gpuhost:host.gpus; add it to the inventory '
-                                     '(address, numa, id as lspci -nn shows) or fix the address' % (side, addr))
+                                     '(address, numa, id as lspci -D -nn -d 10de: shows) or fix the address' % (side, addr))
                 if gpu.numa != guest.numa:
                     raise ValueError('gpuhost:%s.gpus: %s sits on NUMA node %d but the %s is placed on NUMA node %d;'
                                      ' give it to the other side or change gpuhost:%s.numa' % (
@@ -219,6 +220,12 @@ class Deployment(Model):
         return out
 
     @property
+    def sglang_host(self) -> str:
+        """Where SGLang listens: gpuhost:sglang.host, by default the container's own address (private, as the
+        policy pack's sglang-private-bind wants, and where /health and monitoring reach it)."""
+        return self.sglang.host or self.container.address
+
+    @property
     def p2p_disabled(self):
         """Translated IOMMU: GPU peer-to-peer DMA does not work, so NCCL must not try it."""
         return self.iommu.domain != 'identity'
@@ -227,7 +234,7 @@ class Deployment(Model):
         """The flags this program sets (a list, never a string); extra_args may not touch them."""
         s = self.sglang
         args = ['--model-path', s.model_path, '--served-model-name', s.served_model_name,
-                '--host', s.host, '--port', str(s.port), '--tp-size', str(s.tp),
+                '--host', self.sglang_host, '--port', str(s.port), '--tp-size', str(s.tp),
                 '--mem-fraction-static', repr(s.mem_fraction_static), '--enable-metrics']
         spec = s.speculative
         if spec:

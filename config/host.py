@@ -67,7 +67,7 @@ class Api(Model):
 class GpuInfo(Model):
     address: Bdf = Field(description='PCI address, 0000:01:00.0 (lowercase hex)')
     numa: int = Field(ge=0, le=63)
-    id: PciId = Field(description='vendor:device as `lspci -nn` shows it, 10de:2bb5')
+    id: PciId = Field(description='vendor:device as `lspci -D -nn -d 10de:` shows it, 10de:2bb5')
 
 
 class Host(Model):
@@ -77,7 +77,8 @@ class Host(Model):
     api: Api
     gpus: list[GpuInfo] = Field(min_length=1, description='The host\'s GPU inventory; checked against the host '
                                                           'on every up')
-    numa_cpus: dict[int, CpuList] = Field(description='Host CPUs of each NUMA node, "0-31,64-95"')
+    numa_cpus: dict[int, CpuList] = Field(description='Host CPUs of each NUMA node, "0-31,64-95" as the host '
+                                                   'lists them (cat /sys/devices/system/node/node<N>/cpulist)')
     reboot: Literal['never', 'when-required'] = Field(
         'never', description='when-required: reboot the host after a change that needs it, wait for SSH '
                              'and re-read the facts. Off by default: a reboot stops every guest')
@@ -92,7 +93,7 @@ class Host(Model):
             for cpu in sorted(cpus_of(v[node])):
                 if cpu in seen:
                     raise ValueError('CPU %d is listed for NUMA node %d and node %d; each CPU belongs to one node '
-                                     '(lscpu -p=CPU,NODE on the host)' % (cpu, seen[cpu], node))
+                                     '(cat /sys/devices/system/node/node<N>/cpulist on the host)' % (cpu, seen[cpu], node))
                 seen[cpu] = node
         return v
 

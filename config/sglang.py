@@ -50,7 +50,10 @@ class Sglang(Model):
     served_model_name: str = 'qwen3.5-122b-a10b'
     tp: int = Field(4, ge=1, le=64)
     port: int = Field(30000, ge=1, le=65535)
-    host: Annotated[str, AfterValidator(bind_address)] = '0.0.0.0'
+    host: Optional[Annotated[str, AfterValidator(bind_address)]] = Field(
+        None, description='The address SGLang listens on; default: the container\'s own (gpuhost:container.ip), the '
+                          'one /health, monitoring and clients reach. 0.0.0.0 or :: (all of its addresses) only with '
+                          'the stack\'s policy opt-in (sglang-private-bind: allow_public_bind)')
     mem_fraction_static: float = 0.75
     speculative: Optional[Speculative] = Speculative(num_steps=1, eagle_topk=1, num_draft_tokens=2)
     mamba_radix_cache_strategy: Optional[Literal['auto', 'no_buffer', 'extra_buffer', 'extra_buffer_lazy']] = None

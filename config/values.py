@@ -133,7 +133,7 @@ def cpus_of(value: str) -> set:
         if hi < lo:
             raise ValueError('%s: range %s runs backwards; write %d-%d' % (show(value), part, hi, lo))
         if hi >= 16384:
-            raise ValueError('%s: CPU %d is beyond any host; read the list with lscpu -p=CPU,NODE' % (show(value), hi))
+            raise ValueError('%s: CPU %d is beyond any host; read the list with cat /sys/devices/system/node/node<N>/cpulist' % (show(value), hi))
         both = out & set(range(lo, hi + 1))
         if both:
             raise ValueError('%s names CPU %d twice; give each CPU once' % (show(value), min(both)))
@@ -240,7 +240,8 @@ FilePath = Annotated[str, grammar(r'^[^\x00-\x1f\x7f]+$', 'a file path', '~/.ssh
 CpuList = Annotated[str, AfterValidator(cpu_list)]
 
 
-Bdf = Annotated[str, grammar(BDF_RE.pattern, 'a PCI address (domain:bus:device.function, lowercase hex)',
+Bdf = Annotated[str, grammar(BDF_RE.pattern, 'a PCI address as `lspci -D` shows it (domain:bus:device.function, '
+                                              'lowercase hex)',
                              '0000:01:00.0', 12)]
 
 
@@ -256,15 +257,20 @@ MappingPrefix = Annotated[str, grammar(r'^[A-Za-z][A-Za-z0-9_\-]*$', 'a Proxmox 
                                        'then letters, digits, "-" or "_")', 'gpuhost-300-gpu', 60)]
 
 
+KEY_TYPE_RE = re.compile(r'^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.\-]+)$')
+
+
 def parse_host_key(value: str) -> str:
-    """'type base64 [comment]' -> 'type base64', checked as paramiko will use it when pinning."""
+    """'type base64 [comment]' -> 'type base64', checked as paramiko will use it when pinning. The line as
+    ssh-keyscan prints it (and known_hosts holds it), 'host type base64', is taken too: the host field goes."""
     import base64
     import binascii
     no_control(value)
     parts = value.split()
+    if len(parts) >= 3 and not KEY_TYPE_RE.match(parts[0]) and KEY_TYPE_RE.match(parts[1]):
+        parts = parts[1:]   # ssh-keyscan's "<host> <type> <key>" (or "[host]:port ...", a hashed |1|... name)
     fix = 'give the host\'s "ssh-ed25519 AAAA..." line (ssh-keyscan -t ed25519 <host>, verified on the console)'
-    if len(parts) < 2 or not re.match(r'^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.\-]+)$',
-                                      parts[0]):
+    if len(parts) < 2 or not KEY_TYPE_RE.match(parts[0]):
         raise ValueError('%s is not a public key line; %s' % (show(value, 60), fix))
     try:
         blob = base64.b64decode(parts[1], validate=True)
@@ -318,6 +324,11 @@ def check_ca(pem: str, key: str) -> None:
         raise ConfigError('%s: not a PEM certificate (-----BEGIN CERTIFICATE----- ...); copy '
                           '/etc/pve/pve-root-ca.pem from the host' % key)
 
+
+ADOPT_DOC = ('Take the guest that already runs with this vmid on host.node into the stack as it is, instead of '
+             'creating one (a deployment made before this program): preview names it and every difference `up` will '
+             'converge; a difference Proxmox cannot change in place is refused. Only while the stack does not hold '
+             'the guest yet; harmless afterwards')
 
 PROTECT_DOC = ('Pulumi protect: while true, a change that would delete or replace this guest (and its disk) is '
                'refused at preview. Set false for one `pulumi up` to allow it')

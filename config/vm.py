@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from config.values import PROTECT_DOC, Bdf, Bridge, DnsName, MappingPrefix, Model, VmId, show
+from config.values import ADOPT_DOC, PROTECT_DOC, Bdf, Bridge, DnsName, MappingPrefix, Model, VmId, show
 from grammar.pve import CONFIGID_RE
 
 GPU_BINDING_DOC = (
@@ -37,6 +37,7 @@ class Vm(Model):
     bridge: Bridge = 'vmbr0'
     start: bool = True
     protect: bool = Field(True, description=PROTECT_DOC)
+    adopt: bool = Field(False, description=ADOPT_DOC)
     gpu_binding: Literal['mapping', 'address'] = Field('mapping', description=GPU_BINDING_DOC)
     gpu_mapping_prefix: Optional[MappingPrefix] = Field(
         None, description='Mapping ids are <prefix><N> for hostpciN (default prefix gpuhost-<vmid>-gpu); mapping '

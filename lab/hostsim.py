@@ -9,6 +9,7 @@ the real paths are, and bind-mounted over them inside the SSH server's private m
   /sys/kernel/iommu_groups/<n>/{type,devices/<bdf>}
   /sys/bus/pci/devices/<bdf>/aer_dev_{correctable,nonfatal,fatal}   (the kernel's AER counters)
   /sys/module/nvidia/version                              (the loaded module)
+  /sys/module/kvm_amd/parameters/{sev,sev_es,sev_snp}     (Y: enabled in the firmware and KVM; the spec's sev_snp)
   /proc/cmdline, /proc/driver/nvidia/params               (the *running* state)
   LAB/host/log/kernel.jsonl                               the kernel log, every boot's (journald's part:
                                                           what `journalctl --dmesg` shows, lab/faketools.py)
@@ -112,6 +113,7 @@ class Host(object):
             write(self.path('etc/gpuhost-lab-grub-root'), root_args + '\n')
         driver = spec.get('nvidia_version', NVIDIA_VERSION)
         self.set_nvidia_module(driver)
+        self.set_sev_snp(spec.get('sev_snp', True))
         self.add_artifact(nvidia_installer_name(driver), nvidia_installer(driver))
         cuda = spec.get('cuda_version', CUDA_VERSION)
         self.add_artifact(cuda_installer_name(cuda, driver), cuda_installer(cuda))
@@ -134,6 +136,12 @@ class Host(object):
         for name, major, minor in nodes:
             if not os.path.exists(self.path('dev', name)):
                 os.mknod(self.path('dev', name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+    def set_sev_snp(self, on):
+        """SEV, SEV-ES and SEV-SNP as kvm_amd reports them: on when the firmware enables them (a test turns them off
+        as an operator's BIOS setup would leave them)."""
+        for name in ('sev', 'sev_es', 'sev_snp'):
+            write(self.path('sys/module/kvm_amd/parameters', name), 'Y\n' if on else 'N\n')
 
     def set_nvidia_module(self, version):
         """The nvidia kernel module the host runs: /sys/module/nvidia/version and /proc/driver/nvidia/version

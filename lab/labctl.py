@@ -581,6 +581,7 @@ class Lab(object):
           start_error: [vmid, message|null]  the guest's start task fails with message
           fail: [fail() kwargs, ...]         as pve-fail.json
           index_down: bool                   the package index closes every connection unanswered (lab/pyindex.py)
+          pve_version: "8.1.4"               the Proxmox VE version /version reports (an older release's)
           clear_failures: true               forget every fail()
           reset: true                        all of the above back to a healthy cluster
         """
@@ -656,6 +657,8 @@ class Lab(object):
             pve.failures = {}
         elif name == 'index_down':
             self.index.down = bool(value)
+        elif name == 'pve_version':
+            pve.version, pve.release_version = str(value), '.'.join(str(value).split('.')[:2])
         elif name == 'reset':
             self.pve_reset()
         else:
@@ -681,6 +684,7 @@ class Lab(object):
         pve.time_scale = 0
         pve.lock_wait = healthy.lock_wait
         pve.ticket_ttl = healthy.ticket_ttl
+        pve.version, pve.release_version = healthy.version, healthy.release_version
         self.index.down = False
         pve.failures = {}
         for key in pve.ct_secs:

@@ -316,14 +316,14 @@ class Lab(object):
 
     # -- the CLI
 
-    def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None):
+    def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None, input=None):
         """Run the real CLI in the project copy (an `up` from a bare container installs everything SGLang
         needs: README, "The first `up` on a bare host")."""
         argv = ['pulumi'] + list(args)
         if stack:
             argv += ['--stack', stack]
         res = subprocess.run(argv, cwd=cwd or self.project, env=dict(self.env, **(env or {})), capture_output=True,
-                             text=True, timeout=timeout)
+                             text=True, timeout=timeout, input=input)
         if list(args[:2]) == ['stack', 'rm']:
             # Whichever stack went (even halfway, on failure), write_stack creates it again.
             _stacks(self).clear()
@@ -681,25 +681,7 @@ class Lab(object):
 
     def host_digest(self):
         """A hash of everything the simulated host holds (files, links, device bindings)."""
-        h = hashlib.sha256()
-        root = os.path.join(self.dir, 'host')
-        paths = []
-        # os.walk does not follow the sysfs-style symlinks (they form cycles, as in real sysfs).
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-            paths += [os.path.join(dirpath, n) for n in filenames + [d for d in os.listdir(dirpath)
-                                                                    if os.path.islink(os.path.join(dirpath, d))]]
-        for path in sorted(set(paths)):
-            rel = os.path.relpath(path, root)
-            if rel.startswith(('log', 'var', 'dev')):
-                continue
-            h.update(rel.encode())
-            if os.path.islink(path):
-                h.update(b'->' + os.readlink(path).encode())
-            elif os.path.isfile(path):
-                with open(path, 'rb') as f:
-                    h.update(f.read())
-        return h.hexdigest()
+        return tree_digest(os.path.join(self.dir, 'host'), skip=('log', 'var', 'dev'), dirs=False)
 
     def api(self):
         import proxmoxer
@@ -917,3 +899,26 @@ def max_overlap(intervals) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def tree_digest(root, skip=(), dirs=True):
+    """A hash of every file, link and (dirs) directory under root, with contents (symlinked directories
+    are not followed: sysfs-style links form cycles, as in real sysfs); paths starting with an entry of
+    skip are left out. What "untouched" means in a test."""
+    h = hashlib.sha256()
+    paths = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if d not in links]
+        paths += [os.path.join(dirpath, n) for n in filenames + links + (dirnames if dirs else [])]
+    for path in sorted(set(paths)):
+        rel = os.path.relpath(path, root)
+        if skip and rel.startswith(tuple(skip)):
+            continue
+        h.update(rel.encode() + b'\0')
+        if os.path.islink(path):
+            h.update(b'->' + os.readlink(path).encode())
+        elif os.path.isfile(path):
+            with open(path, 'rb') as f:
+                h.update(f.read())
+    return h.hexdigest()

@@ -392,7 +392,7 @@ def stack_target(stack):
     outputs = stack.outputs()
     missing = [k for k in ('openai_base_url', 'metrics_url', 'server_info_url') if k not in outputs]
     if missing:
-        raise BenchError('stack %s has no %s output: deploy it first (make up / pulumi up --stack %s)' % (
+        raise BenchError('stack %s has no %s output: deploy it first (make up STACK=%s)' % (
             stack.name, ', '.join(missing), stack.name))
     sglang = _config_tree(stack)
     base = outputs['openai_base_url'].value

@@ -239,11 +239,13 @@ log "command: $command_bin"
 tools/install-command-plugin.sh "$PULUMI_HOME" "$command_bin"
 
 # Everything Pulumi keeps (plugins, credentials, workspace settings) stays in the project's
-# working area; state goes to a local file backend, never a cloud service.
+# working area. State goes where PULUMI_BACKEND_URL says when the operator set it (S3, Azure Blob, GCS,
+# Pulumi Cloud, a shared file path - decided when .env.sh is sourced), else to the checkout's own file
+# backend, .state (README, "Where state lives").
 cat > "$root/.env.sh" <<ENV
 export PATH=$(printf %q "$venv/bin:$bindir"):\$PATH
 export PULUMI_HOME=$(printf %q "$root/.pulumi-home")
-export PULUMI_BACKEND_URL=$(printf %q "file://$root/.state")
+export PULUMI_BACKEND_URL=\${PULUMI_BACKEND_URL:-$(printf %q "file://$root/.state")}
 export PULUMI_SKIP_UPDATE_CHECK=true
 export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=false
@@ -251,7 +253,7 @@ export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=false
 export GPUHOST_COMMAND_VERSION=$COMMAND_VERSION
 export GPUHOST_COMMAND_PROVIDER=$(printf %q "$command_bin")
 ENV
-mkdir -p "$root/.state"
 # shellcheck disable=SC1091
 . "$root/.env.sh"
+case "$PULUMI_BACKEND_URL" in file://"$root"/.state) mkdir -p "$root/.state" ;; esac
 log "ready: pulumi $(pulumi version) at $(command -v pulumi), command $COMMAND_VERSION in $PULUMI_HOME"

@@ -29,7 +29,7 @@ stack_env() {
     export PULUMI_CONFIG_PASSPHRASE=$LAB_PASSPHRASE
     unset PULUMI_CONFIG_PASSPHRASE_FILE
   elif [ -z "${PULUMI_CONFIG_PASSPHRASE:-}${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
-    echo "run: stack $1 has secure: values; set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE" >&2
+    echo "run: stack $1 has secure: values; set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE (the committed prod example: PULUMI_CONFIG_PASSPHRASE=gpuhost-prod-example)" >&2
     exit 2
   fi
 }
@@ -49,13 +49,36 @@ policy_args() {
   fi
 }
 
-# deploy_lab STACK FRESH: `pulumi up` a lab stack; FRESH=True when every simulated host was just started
-# (no container, VM or host changes yet), so any earlier state of the stack is stale and goes first.
-deploy_lab() {
+# A lab that was just started (every simulated host new: new host keys, no container, VM or host change yet)
+# makes any earlier state of its stack stale: it goes, whichever target started the lab (make lab, check, up),
+# or the next `up --refresh` would read the new hosts with the old ones' pinned keys and fail.
+forget_stack() {
   stack_env "$1"
-  if [ "$2" = True ]; then
-    pulumi stack rm --yes --force --preserve-config "$1" >/dev/null 2>&1 || true
+  pulumi stack rm --yes --force --preserve-config "$1" >/dev/null 2>&1 || true
+}
+
+# start_lab [show]: start the lab unless it runs (show: print what labctl says about it).
+start_lab() {
+  local info
+  info=$(python -m lab.labctl up)
+  if [ "${1:-}" = show ]; then echo "$info"; fi
+  if [ "$(python -c 'import json,sys; print(json.load(sys.stdin)["started"])' <<<"$info")" = True ]; then
+    forget_stack lab
   fi
+}
+
+# start_fleet N [show]
+start_fleet() {
+  local info
+  info=$(python -m lab.fleet up --hosts "$1")
+  if [ "${2:-}" = show ]; then echo "$info"; fi
+  if [ "$(python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["started"]) == len(d["hosts"]))' <<<"$info")" = True ]; then
+    forget_stack lab-fleet
+  fi
+}
+
+# deploy_lab STACK: `pulumi up` a lab stack.
+deploy_lab() {
   select_stack "$1"
   policy_args "$1"
   # --refresh: reconcile with what the hosts run now (a reboot, a hand edit) before planning. A new container
@@ -69,10 +92,20 @@ shift || true
 case "$cmd" in
   up)
     deps
-    started=$(python -m lab.labctl up | python -c 'import json,sys; print(json.load(sys.stdin)["started"])')
-    deploy_lab lab "$started"
+    stack=${1:-lab}
+    shift || true
+    if [ "$stack" = lab ]; then
+      start_lab
+      deploy_lab lab
+    else
+      # A real host: no lab. The same way in as the lab's - the policy pack, --refresh (reconcile with what the
+      # host runs now before planning) - and the plan is shown for the operator to confirm (ARGS=--yes: not).
+      select_stack "$stack"
+      policy_args "$stack"
+      pulumi up --refresh --diff "${policy[@]}" "$@"
+    fi
     echo
-    echo "Stack outputs (lab):"
+    echo "Stack outputs ($stack):"
     pulumi stack output --json
     echo
     pulumi stack output --json | python -m tools.fleet_summary
@@ -80,8 +113,8 @@ case "$cmd" in
   up-fleet)
     deps
     n=${1:?hosts}
-    fresh=$(python -m lab.fleet up --hosts "$n" | python -c 'import json,sys; d=json.load(sys.stdin); print(len(d["started"]) == len(d["hosts"]))')
-    deploy_lab lab-fleet "$fresh"
+    start_fleet "$n"
+    deploy_lab lab-fleet
     echo
     echo "Fleet ($n hosts, stack lab-fleet; every output: pulumi stack output --json --stack lab-fleet):"
     pulumi stack output --json | python -m tools.fleet_summary
@@ -96,14 +129,25 @@ case "$cmd" in
     ;;
   lab)
     deps
-    if [ -n "${1:-}" ]; then python -m lab.fleet up --hosts "$1"; else python -m lab.labctl up; fi
+    if [ -n "${1:-}" ]; then start_fleet "$1" show; else start_lab show; fi
     ;;
   lab-down) deps; python -m lab.labctl down; python -m lab.fleet down >/dev/null ;;
   preview)
     deps
+    stack=${1:?stack}
+    shift
+    select_stack "$stack"
+    policy_args "$stack"
+    pulumi preview --diff "${policy[@]}" "$@"
+    ;;
+  check)
+    deps
+    # The lab stack's host is the lab: started unless running (its config names the lab's generated keys).
+    if [ "${1:?stack}" = lab ]; then start_lab; fi
+    # Read-only on the hosts (components/preflight.py); selecting the stack only creates it in the backend
+    # when it is new (a first day's Pulumi.<stack>.yaml), as `make preview` does.
     select_stack "${1:?stack}"
-    policy_args "$1"
-    pulumi preview --diff "${policy[@]}"
+    python -m tools.check "$1"
     ;;
   render)
     deps
@@ -127,5 +171,5 @@ case "$cmd" in
     # Every variant's `up` runs with the same policy pack as `make up`.
     python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
     ;;
-  *) echo "usage: tools/run.sh up|up-fleet N|test|lab [N]|lab-down|preview STACK|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
+  *) echo "usage: tools/run.sh up [STACK [flags]]|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK [flags]|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac

@@ -61,6 +61,17 @@ if command -v driverctl >/dev/null; then
     if [ -n "$bdf" ]; then echo "override${tab}${bdf}${tab}${drv}"; fi
   done
 fi
+# What the program needs and cannot install: driverctl (binds the VM's GPUs by address), an IOMMU (no groups:
+# off in the firmware or on the command line), SEV/SEV-SNP as kvm_amd reports them (firmware and kernel).
+if command -v driverctl >/dev/null; then echo "driverctl${tab}$(command -v driverctl)"; fi
+groups=0
+for g in /sys/kernel/iommu_groups/*; do if [ -e "$g" ]; then groups=$((groups + 1)); fi; done
+echo "iommu_groups${tab}${groups}"
+for p in sev sev_snp; do
+  if [ -r "/sys/module/kvm_amd/parameters/$p" ]; then
+    echo "kvm_amd${tab}${p}${tab}$(head -n 1 "/sys/module/kvm_amd/parameters/$p" | oneline)"
+  fi
+done
 # modprobe's configuration from every directory it reads, except this program's own files: lines about
 # the GPU modules (vfio-pci ids=, blacklists, install overrides, nvidia options) that decide the next boot.
 for f in /etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/local/lib/modprobe.d/*.conf /lib/modprobe.d/*.conf \
@@ -70,8 +81,8 @@ for f in /etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/local/lib/modprobe.d
   { grep -nE '^[[:space:]]*(options|blacklist|install)[[:space:]]+(nvidia|vfio|pci[-_]stub)' "$f" || true; } |
     while IFS= read -r line; do echo "modprobe${tab}${f}${tab}$(printf '%s' "$line" | oneline)"; done
 done
-# Arguments: absolute paths of files (their hash, and whether a follow-up step is pending) and PCI
-# addresses (whatever device sits there, GPU or not: what a PCI resource mapping is checked against).
+# Arguments: absolute paths of files (their hash, and whether a follow-up step is pending), device nodes
+# (/dev/...: whether each is a character device) and PCI addresses (whatever device sits there, GPU or not: what a PCI resource mapping is checked against).
 pci_re='^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$'
 for f in "$@"; do
   if [[ $f =~ $pci_re ]]; then
@@ -88,6 +99,9 @@ for f in "$@"; do
     echo "pci${tab}${f}${tab}${vendor#0x}:${device#0x}${tab}${sub}${tab}${class}${tab}${numa}${tab}${driver}${tab}${group}"
     continue
   fi
+  case "$f" in
+    /dev/*) if [ -c "$f" ]; then echo "devnode${tab}${f}${tab}c"; else echo "devnode${tab}${f}${tab}-"; fi; continue ;;
+  esac
   if [ -f "$f" ]; then echo "file${tab}${f}${tab}$(sha256sum "$f" | cut -d' ' -f1)"; else echo "file${tab}${f}${tab}-"; fi
   # put_file.sh's marker: written, but its follow-up step (boot refresh, initramfs) never finished.
   marker="$(dirname "$f")/.gpuhost-pending.$(basename "$f")"

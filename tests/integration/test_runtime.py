@@ -12,6 +12,8 @@ import urllib.request
 
 import pytest
 
+from tests.lablib import tree_digest
+
 STACK = 'runtime'
 OLD, NEW = '0.5.19', '0.5.23'   # lab SGLang versions whose real parser is cached (their lab tables)
 UNIT = 'etc/systemd/system/sglang-qwen.service'
@@ -69,18 +71,7 @@ def server_version(lab):
 
 def tree(path):
     """Every file, link and directory under path, with content: what "untouched" means for environments."""
-    h = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(path)):
-        dirs.sort()
-        for name in sorted(dirs + files):
-            p = os.path.join(root, name)
-            h.update(os.path.relpath(p, path).encode() + b'\0')
-            if os.path.islink(p):
-                h.update(b'->' + os.readlink(p).encode())
-            elif os.path.isfile(p):
-                with open(p, 'rb') as f:
-                    h.update(f.read())
-    return h.hexdigest()
+    return tree_digest(path)
 
 
 def service_state(lab):

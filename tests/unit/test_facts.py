@@ -78,3 +78,17 @@ def test_parse_tolerates_a_gpu_without_iommu_group_and_a_path_with_spaces():
     g = f.gpus['0000:01:00.0']
     assert (g.numa, g.driver, g.group, g.group_type) == (-1, None, None, None)
     assert f.files == {'/etc/odd dir/$x;y.conf': None}
+
+
+def test_the_prerequisites_host_facts_reads():
+    """What `make check` and up's preflight decide from: driverctl's path, the IOMMU groups, kvm_amd's SEV
+    parameters and whether each device node the container names is a character device."""
+    t = '\t'
+    facts = remote.parse_facts('\n'.join([
+        'driverctl%s/usr/sbin/driverctl' % t, 'iommu_groups%s97' % t, 'kvm_amd%ssev%sY' % (t, t),
+        'kvm_amd%ssev_snp%sN' % (t, t), 'devnode%s/dev/nvidia0%sc' % (t, t), 'devnode%s/dev/nvidia-uvm%s-' % (t, t)]))
+    assert facts.driverctl == '/usr/sbin/driverctl' and facts.iommu_groups == 97
+    assert facts.kvm_amd == {'sev': 'Y', 'sev_snp': 'N'}
+    assert facts.devnodes == {'/dev/nvidia0': True, '/dev/nvidia-uvm': False}
+    bare = remote.parse_facts('iommu_groups%s0\n' % t)
+    assert bare.driverctl is None and bare.iommu_groups == 0 and bare.kvm_amd == {} and bare.devnodes == {}

@@ -323,6 +323,23 @@ def test_without_a_host_flag_sglang_listens_on_its_default_loopback():
     assert run(rules.PRIVATE_BIND, unit_res((' --host 0.0.0.0', ''))) == []
 
 
+def test_the_default_bind_is_the_containers_own_address_and_passes_the_rule():
+    """gpuhost:sglang.host left out (the lab stack sets 0.0.0.0 with its opt-in): SGLang binds the container's own
+    address, gpuhost:container.ip's, which sglang-private-bind accepts without any policy config."""
+    import copy
+    import config
+    from tests.unit.config.test_config import lab_data
+    data = copy.deepcopy(lab_data())
+    del data['sglang']['host']
+    d = config.parse(data)
+    text = sglang.unit_text(d)
+    assert ' --host 127.0.0.4 --port 30000 ' in text
+    unit = res('SglangUnit', 'sglang-unit', connection=CONN, unit=text, version='0.5.23', vmid=200.0,
+               unit_name='sglang-qwen.service', endpoint='http://127.0.0.4:30000',
+               launch_args=sglang.flag_groups(d.launch_args()))
+    assert run(rules.PRIVATE_BIND, unit) == []
+
+
 # ------------------------------------------------------------------------- the unit itself
 
 @pytest.mark.parametrize('sub,why', [

@@ -44,3 +44,47 @@ def test_raw_lines_replace_only_managed_keys_and_stay_out_of_snapshots():
     assert parse_raw(new) == {'lxc.apparmor.profile': 'unconfined', 'lxc.cgroup2.cpuset.cpus': '0-31,64-95'}
     assert new.endswith('\n[snap1]\nlxc.cgroup2.cpuset.cpus: 9\n')
     assert with_raw(new, {'lxc.cgroup2.cpuset.cpus': '0-31,64-95'}) == new
+
+
+# Adoption (gpuhost:<side>.adopt): what keeps a running guest from being taken in as declared.
+CT = {'kind': 'lxc', 'vmid': 200, 'config': {'hostname': 'sglang'},
+      'create': {'ostemplate': 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst', 'rootfs': 'local-lvm:200',
+                 'unprivileged': 1}}
+RUNNING = {'hostname': 'sglang', 'unprivileged': 1, 'ostype': 'debian',
+           'rootfs': 'local-lvm:vm-200-disk-0,size=200G'}
+
+
+def test_a_guest_as_declared_can_be_adopted():
+    from components.pve import refusals
+    assert refusals(CT, RUNNING) == []
+    assert refusals(dict(CT, kind='qemu', config={'name': 'sev'}), {'name': 'sev'}) == []
+
+
+def test_each_difference_a_new_guest_would_need_is_named_with_its_key():
+    from components.pve import refusals
+    running = dict(RUNNING, hostname='web', unprivileged=0, ostype='ubuntu', rootfs='fast:vm-200-disk-0,size=8G')
+    out = refusals(CT, running)
+    assert len(out) == 5, out
+    assert 'its hostname is web, the config declares sglang (gpuhost:container.hostname)' in out[0]
+    assert 'pct set 200 --hostname sglang' in out[0]
+    assert out[1] == 'it is privileged, the config declares unprivileged (gpuhost:container.unprivileged: false)'
+    assert out[2] == 'its root disk is on storage fast, the config declares local-lvm (gpuhost:container.storage: fast)'
+    assert out[3] == 'its root disk is 8 GB, the config declares 200 GB (gpuhost:container.rootfs_gb: 8)'
+    assert out[4].startswith('it runs ubuntu, gpuhost:container.ostemplate is a debian template')
+    vm = refusals(dict(CT, kind='qemu', vmid=300, config={'name': 'sev'}), {'name': 'other'})
+    assert vm == ['its name is other, the config declares sev (gpuhost:vm.name) - is gpuhost:vm.vmid the right '
+                  'guest? If it is, rename it first (qm set 300 --name sev)']
+
+
+def test_sizes_and_templates_as_proxmox_writes_them():
+    from components.pve import size_gb, template_ostype
+    assert [size_gb(s) for s in ('8G', '512M', '1T', '200', '', 'x')] == [8.0, 0.5, 1024.0, 200.0, None, None]
+    assert template_ostype('local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst') == 'ubuntu'
+    assert template_ostype('local:vztmpl/custom.tar.zst') is None
+
+
+def test_a_guest_the_stack_holds_is_never_adopted_again():
+    # Its check (no host contacted) turns adopt off: a later replacement creates, never takes over a guest.
+    from components.pve import PveGuestProvider
+    olds = {'kind': 'lxc', 'vmid': 200, 'adopt': True}
+    assert PveGuestProvider().check(olds, dict(olds, vmid=201)).inputs['adopt'] is False

@@ -1,0 +1,82 @@
+"""tools/run.sh, as `make up|preview STACK=<stack>` call it: every stack gets the policy pack (and `up` --refresh);
+only the lab stack starts the lab. The CLI and the lab are stand-ins that record how they were called."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PULUMI = '''#!/bin/bash
+echo "pulumi $*" >> "$CALLS"
+case "$*" in "stack output --json"*) echo '{}' ;; esac
+'''
+PYTHON = '''#!/bin/bash
+case "$1 $2" in
+  "-m lab.labctl") echo "lab $*" >> "$CALLS"; echo '{"started": false}' ;;
+  "-m tools.fleet_summary") cat >/dev/null ;;
+  *) exec python3 "$@" ;;
+esac
+'''
+
+
+# run.sh installs the lab's packages first when they are missing: not in a unit test.
+LAB_PACKAGES = pytest.mark.skipif(not (os.path.exists('/usr/sbin/sshd') and shutil.which('systemd-nspawn')
+                                       and shutil.which('mmdebstrap')), reason='the lab\'s packages are not installed')
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    root = tmp_path / 'checkout'
+    (root / 'tools').mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, 'tools', 'run.sh'), root / 'tools' / 'run.sh')
+    shutil.copytree(os.path.join(REPO, 'policy'), root / 'policy')
+    (root / 'tools' / 'bootstrap.sh').write_text('#!/bin/bash\n')
+    bin_ = tmp_path / 'bin'
+    bin_.mkdir()
+    for name, text in (('pulumi', PULUMI), ('python', PYTHON)):
+        (bin_ / name).write_text(text)
+    for p in [root / 'tools' / 'run.sh', root / 'tools' / 'bootstrap.sh', bin_ / 'pulumi', bin_ / 'python']:
+        p.chmod(0o755)
+    (root / '.env.sh').write_text('export PATH=%s:$PATH\n' % bin_)
+    return root, tmp_path / 'calls'
+
+
+def run(checkout, *args, **env):
+    root, calls = checkout
+    e = dict(os.environ, CALLS=str(calls), **env)
+    for k in ('PULUMI_CONFIG_PASSPHRASE', 'PULUMI_CONFIG_PASSPHRASE_FILE'):
+        if k not in env:
+            e.pop(k, None)
+    res = subprocess.run([str(root / 'tools' / 'run.sh')] + list(args), env=e, capture_output=True, text=True)
+    return res, calls.read_text().splitlines() if calls.exists() else []
+
+
+@LAB_PACKAGES
+def test_up_of_a_real_stack_attaches_the_pack_refreshes_and_starts_no_lab(checkout):
+    res, calls = run(checkout, 'up', 'prod', '--yes', PULUMI_CONFIG_PASSPHRASE='x')
+    assert res.returncode == 0, res.stderr
+    assert not any(c.startswith('lab ') for c in calls), calls
+    up = next(c for c in calls if c.startswith('pulumi up'))
+    assert '--refresh' in up.split() and '--policy-pack policy' in up and up.endswith('--yes'), up
+
+
+@LAB_PACKAGES
+def test_up_of_the_lab_starts_the_lab_and_attaches_the_pack_with_its_config(checkout):
+    res, calls = run(checkout, 'up')
+    assert res.returncode == 0, res.stderr
+    assert calls[0] == 'lab -m lab.labctl up', calls
+    up = next(c for c in calls if c.startswith('pulumi up'))
+    assert '--refresh' in up.split() and '--policy-pack policy --policy-pack-config policy/config.lab.json' in up, up
+
+
+@LAB_PACKAGES
+def test_preview_of_a_real_stack_attaches_the_pack_and_asks_for_the_passphrase(checkout):
+    res, calls = run(checkout, 'preview', 'prod')
+    assert res.returncode == 2 and 'PULUMI_CONFIG_PASSPHRASE=gpuhost-prod-example' in res.stderr
+    res, calls = run(checkout, 'preview', 'prod', PULUMI_CONFIG_PASSPHRASE='gpuhost-prod-example')
+    assert res.returncode == 0, res.stderr
+    assert any(c.startswith('pulumi preview --diff --policy-pack policy') for c in calls), calls
+    assert not any(c.startswith('lab ') for c in calls), calls

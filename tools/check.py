@@ -1,0 +1,104 @@
+"""make check STACK=<name>: every prerequisite of the stack's hosts, read-only, each with a ✓ or a ✗ and the fix.
+
+    python -m tools.check prod          (in the project directory; PULUMI_CONFIG_PASSPHRASE(_FILE) set)
+
+What is checked is what `up` checks before any step (components/preflight.py, the same code), plus what only
+matters later and `up` cannot refuse for (IOMMU and SEV-SNP in the firmware). It contacts each host over SSH
+with the pinned host key and its Proxmox API, and changes nothing on either: one read-only SSH command
+(host_facts.sh), one more to look for the unit name in the container (ct_unit_owner.sh), and API GETs.
+
+The stack's config is read the way the program gets it - `pulumi config --show-secrets`, secure values
+decrypted with the stack's passphrase - and no secret is ever printed. Exit status: 0 when everything holds,
+1 when something is missing, 2 when the config itself is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import config  # noqa: E402
+from components import preflight  # noqa: E402
+from components.state import OperatorError, describe_unexpected  # noqa: E402
+
+OK, BAD, SKIP = '\u2713', '\u2717', '-'
+
+
+def stack_config(stack: str, project: str) -> dict:
+    """The stack's `gpuhost:*` config as the program receives it (secure leaves decrypted)."""
+    res = subprocess.run(['pulumi', 'config', '--json', '--show-secrets', '--stack', stack], cwd=project,
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise config.ConfigError('reading the config of stack %s: %s' % (stack, res.stderr.strip()[-2000:]))
+    keys = json.loads(res.stdout or '{}')
+    config.check_namespaces(list(keys))
+    data = {}
+    for key, entry in keys.items():
+        ns, _, name = key.partition(':')
+        if ns != 'gpuhost':
+            continue
+        raw = entry.get('value')
+        try:
+            data[name] = json.loads(raw)
+        except (TypeError, ValueError):
+            data[name] = raw
+    return data
+
+
+def host_lines(results) -> list:
+    lines = []
+    for r in results:
+        if r.skipped:
+            lines.append('  %s %s (not checked: %s)' % (SKIP, r.check.title, r.skipped))
+        elif r.problem:
+            lines.append('  %s %s' % (BAD, r.check.title))
+            lines += ['      ' + line for line in r.problem.splitlines()]
+        else:
+            lines.append('  %s %s' % (OK, r.check.title))
+    return lines
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print('usage: python -m tools.check STACK', file=sys.stderr)
+        return 2
+    stack, project = argv[0], os.getcwd()
+    try:
+        fleet = config.parse_fleet(stack_config(stack, project))
+        hosts = [(h, config.connection_inputs(h.deployment, project)) for h in fleet.hosts]
+    except (config.ConfigError, OperatorError) as e:
+        print('check: stack %s: %s' % (stack, e), file=sys.stderr)
+        return 2
+    missing = 0
+    for h, (connection, api) in hosts:
+        d = h.deployment
+        print('%shost %s (ssh %s@%s:%d, Proxmox API %s:%d, node %s):' % (
+            '' if not fleet.is_fleet else '[%s] ' % h.name, d.host.address, connection['user'], connection['host'],
+            connection['port'], api['host'], api['port'], d.host.node))
+        try:
+            results = preflight.report(d, connection, api)
+        except Exception as e:  # noqa: BLE001 - never frames for the operator
+            print('  %s %s' % (BAD, describe_unexpected(e)))
+            missing += 1
+            continue
+        print('\n'.join(host_lines(results)))
+        missing += sum(1 for r in results if r.problem or r.skipped)
+    print()
+    if missing:
+        print('%d prerequisite%s missing or not checked; nothing was changed. Fix them (each ✗ says how) and run '
+              'make check STACK=%s again.' % (missing, '' if missing == 1 else 's', stack))
+        return 1
+    print('Every prerequisite holds; nothing was changed. Next: make preview STACK=%s, then make up STACK=%s.'
+          % (stack, stack))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
