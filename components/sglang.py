@@ -23,6 +23,7 @@ from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
 from components.state import ObservedProvider, OperatorError, info, warn
+from components.state import info as note   # where apply's `info` is SGLang's /server_info
 
 
 class ServiceError(OperatorError):
@@ -351,7 +352,7 @@ class SglangUnitProvider(ObservedProvider):
             from components.model import cache_path
             remote.run(target, 'model_remove.sh', [props['model_check']['storage'], old_model['dir'],
                                                    cache_path(old_model['dir'])])
-            info('sglang-unit: %s serves revision %s; the previous revision %s was removed from the host (%s)' % (
+            note('sglang-unit: %s serves revision %s; the previous revision %s was removed from the host (%s)' % (
                 props['unit_name'], props['model']['revision'], old_model['revision'], old_model['dir']))
         after = self.observe(target, props)
         after.pop('sha256', None)
