@@ -194,6 +194,7 @@ def unit_check(d, model_files=None):
     if d.model is None:
         return None
     return {'id': d.model.id, 'revision': d.model.revision, 'dir': d.model.host_dir(d.sglang.model_path),
+            'storage': d.model.storage,
             'checksums': (model_files or {}).get('checksums')}
 
 

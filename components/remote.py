@@ -105,6 +105,7 @@ STEPS = {
     'check_dir.sh': ('checking the directory {0}', 60),
     'model_verify.sh': ('verifying the model files on the host', None),
     'model_forget.sh': ('removing the model\'s textfile {0} and verification cache', 60),
+    'model_remove.sh': ('removing the previous model revision\'s directory {1}', 300),
     'remove_file.sh': ('removing {0}', 60),
     'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
     'collector_enable.sh': ('enabling {1} and running {0} once', 120),

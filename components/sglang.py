@@ -23,6 +23,7 @@ from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
 from components.state import ObservedProvider, OperatorError, info, warn
+from components.state import info as note   # where apply's `info` is SGLang's /server_info
 
 
 class ServiceError(OperatorError):
@@ -139,7 +140,7 @@ def server_info(endpoint: str, api_key=None) -> dict:
 def resolved(info: dict) -> dict:
     keys = ('speculative_algorithm', 'speculative_num_steps', 'speculative_eagle_topk',
             'speculative_num_draft_tokens', 'tp_size', 'served_model_name', 'mem_fraction_static',
-            'mamba_radix_cache_strategy', 'version')
+            'mamba_radix_cache_strategy', 'version', 'model_path')
     out = {k: info.get(k) for k in keys}
     states = info.get('internal_states') or [{}]
     out['avg_spec_accept_length'] = states[0].get('avg_spec_accept_length') if states else None
@@ -330,6 +331,10 @@ class SglangUnitProvider(ObservedProvider):
         restart = 'yes' if changed or force_restart or installed else 'no'
         switching = bool(props.get('env') and previous and previous.get('unit') and
                          previous.get('env_id') != props['env']['id'])
+        # A new model revision: the unit names the new revision's directory (config/model.py); the previous
+        # revision's directory stays on the host until the new one has served, so it can be put back.
+        old_model = model_switch(props, previous)
+        switching = switching or bool(old_model)
         try:
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
@@ -342,6 +347,13 @@ class SglangUnitProvider(ObservedProvider):
             confirmed_envs = runtime.confirmed_history(props['env']['id'], (previous or {}).get('envs'),
                                                        props['install']['python']['keep'])
             runtime.finish(target, props, confirmed_envs)
+        if old_model:
+            # The new revision served (/health, /server_info): the previous one's directory goes.
+            from components.model import cache_path
+            remote.run(target, 'model_remove.sh', [props['model_check']['storage'], old_model['dir'],
+                                                   cache_path(old_model['dir'])])
+            note('sglang-unit: %s serves revision %s; the previous revision %s was removed from the host (%s)' % (
+                props['unit_name'], props['model']['revision'], old_model['revision'], old_model['dir']))
         after = self.observe(target, props)
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
@@ -352,11 +364,23 @@ class SglangUnitProvider(ObservedProvider):
         """The unit failed after switching to a new environment: the previous confirmed unit is written back
         and restarted (its environment is still there: pruning runs only after a success), checked, and the
         run fails saying so. Raises."""
-        envs_dir = props['install']['python']['envs_dir']
-        old_id = runtime.env_of_unit(previous['unit'], envs_dir)
-        old_env = posixpath.join(envs_dir, old_id) if old_id else props['venv']
-        what = ('%s with the new environment %s (SGLang %s) failed its check: %s' % (
-            props['unit_name'], props['env']['path'], props['env']['sglang'], error))
+        old_model = model_switch(props, previous)
+        if props.get('env') is not None:
+            envs_dir = props['install']['python']['envs_dir']
+            old_id = runtime.env_of_unit(previous['unit'], envs_dir)
+            old_env = posixpath.join(envs_dir, old_id) if old_id else props['venv']
+        else:
+            old_env = props['venv']
+        new = []
+        if props.get('env') is not None and previous.get('env_id') != props['env']['id']:
+            new.append('the new environment %s (SGLang %s)' % (props['env']['path'], props['env']['sglang']))
+        if old_model:
+            new.append('the new model revision %s (%s)' % (props['model']['revision'], props['model_check']['dir']))
+        what = '%s with %s failed its check: %s' % (props['unit_name'], ' and '.join(new), error)
+        back = 'environment %s' % old_env + (', model revision %s (%s)' % (old_model['revision'], old_model['dir'])
+                                              if old_model else '')
+        kept = ' and '.join((['the new environment'] if len(new) > 1 or not old_model else []) +
+                            (['the new revision\'s weights (the previous revision\'s too)'] if old_model else []))
         try:
             remote.ct_put_file(target, props['vmid'], props['unit_path'], previous['unit'],
                                expected=remote.sha256_hex(props['unit']))
@@ -364,14 +388,16 @@ class SglangUnitProvider(ObservedProvider):
             old = dict(props, expect=previous.get('expect'), version=previous.get('version') or '?')
             verify_serving(target, old, lambda: self.observe(target, props)['active'])
         except (ServiceError, remote.RemoteError) as e:
-            raise ServiceError('%s. Putting the previous unit back (environment %s) failed too: %s. Check the service in '
+            raise ServiceError('%s. Putting the previous unit back (%s) failed too: %s. Check the service in '
                                'container %s (journalctl -u %s) and re-run' % (
-                                   what, old_env, e, props['vmid'], props['unit_name'])) from None
-        raise ServiceError('%s. Rolled back: container %s runs the previous unit again - environment %s, SGLang %s - '
-                           'and it serves (/health and /server_info checked). This run failed; the new environment '
-                           'stays on disk until the next successful `up` removes it. Fix what failed (the lock, the '
-                           'patches or gpuhost:sglang.version) and re-run' % (
-                               what, props['vmid'], old_env, previous.get('version') or '?')) from None
+                                   what, back, e, props['vmid'], props['unit_name'])) from None
+        raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - '
+                           'and it serves (/health and /server_info checked). This run failed; %s stay%s on disk '
+                           'until the next successful `up`. Fix what failed (%s) and re-run' % (
+                               what, props['vmid'], back, previous.get('version') or '?', kept,
+                               '' if ' and ' in kept else 's',
+                               'gpuhost:model.revision or the weights at its source' if old_model and len(new) == 1
+                               else 'the lock, the patches or gpuhost:sglang.version')) from None
 
     def diff(self, id_, olds, news):
         result = super().diff(id_, olds, news)
@@ -380,6 +406,12 @@ class SglangUnitProvider(ObservedProvider):
             info('sglang-unit: the Python environment changes: %s. It is built beside the running one as %s, then the '
                  'unit switches to it (one restart; the previous one is put back if SGLang fails its check)' % (
                      runtime.describe_change(olds.get('env'), news['env']), news['env']['path']))
+        if news.get('model') and olds.get('model') and olds['model'] != news['model']:
+            info('sglang-unit: the model revision changes: %s@%s -> %s@%s. Its weights are downloaded and verified beside '
+                 'the serving ones (%s), then the unit switches to them (one restart; the previous revision is put back '
+                 'if SGLang fails its check, and its directory is removed once the new one serves)' % (
+                     olds['model'].get('id'), olds['model'].get('revision'), news['model']['id'],
+                     news['model']['revision'], (news.get('model_check') or {}).get('dir')))
         old_rt, new_rt = olds.get('runtime') or {}, news.get('runtime') or {}
         for key, name in (('nvidia', 'NVIDIA user space'), ('cuda', 'CUDA toolkit')):
             if new_rt.get(key) and old_rt.get(key) != new_rt.get(key):
@@ -439,7 +471,8 @@ class SglangUnitProvider(ObservedProvider):
                 olds.get('container_uid') == news.get('container_uid'):
             previous = {'unit': olds['confirmed_unit'], 'envs': olds.get('confirmed_envs'),
                         'env_id': (olds.get('confirmed_envs') or [None])[0], 'expect': olds.get('expect'),
-                        'version': olds.get('version')}
+                        'version': olds.get('version'), 'model': olds.get('model'),
+                        'model_dir': (olds.get('model_check') or {}).get('dir')}
         return UpdateResult(self.apply(news, force_restart=force, previous=previous))
 
     def read(self, id_, props):
@@ -462,6 +495,17 @@ class SglangUnitProvider(ObservedProvider):
     def delete(self, _id, props):
         target = remote.Target.from_inputs(props['connection'])
         remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
+
+
+def model_switch(props, previous):
+    """The previous revision ({revision, dir}) when this apply switches the unit to another model revision, else
+    None."""
+    model, old = props.get('model'), (previous or {}).get('model')
+    if not (model and old and previous.get('unit') and previous.get('model_dir')) or old == model:
+        return None
+    if previous['model_dir'] == (props.get('model_check') or {}).get('dir'):
+        return None
+    return {'revision': old.get('revision'), 'dir': previous['model_dir']}
 
 
 def utc_now() -> str:
@@ -530,7 +574,11 @@ class SglangService(pulumi.ComponentResource):
         self.endpoint = service_props(d)['endpoint']
         key = s.api_key.get_secret_value() if s.api_key else None
         password = (runtime_files or {}).get('index_password')
-        props = dict(service_props(d), expect=expected_speculation(d), connection=connection,
+        expect = expected_speculation(d)
+        if d.model:
+            # The weights it loaded are the declared revision's (a switch of revision is checked, not assumed).
+            expect['model_path'] = d.model.container_dir(s.model_path)
+        props = dict(service_props(d), expect=expect, connection=connection,
                      api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],

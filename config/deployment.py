@@ -233,7 +233,9 @@ class Deployment(Model):
     def managed_launch_args(self):
         """The flags this program sets (a list, never a string); extra_args may not touch them."""
         s = self.sglang
-        args = ['--model-path', s.model_path, '--served-model-name', s.served_model_name,
+        # With gpuhost:model: the declared revision's own directory (config/model.py container_dir).
+        model_path = self.model.container_dir(s.model_path) if self.model else s.model_path
+        args = ['--model-path', model_path, '--served-model-name', s.served_model_name,
                 '--host', self.sglang_host, '--port', str(s.port), '--tp-size', str(s.tp),
                 '--mem-fraction-static', repr(s.mem_fraction_static), '--enable-metrics']
         spec = s.speculative

@@ -149,8 +149,15 @@ class ModelWeights(Model):
         return posixpath.relpath(model_path, self.mount)
 
     def host_dir(self, model_path: str) -> str:
-        """Where the model directory is on the host."""
-        return posixpath.join(self.storage, self.relative(model_path))
+        """Where this revision's directory is on the host: <storage>/<model_path below the mount>@<revision>. One
+        directory per revision, so a new revision is downloaded beside the one serving, and the unit names the
+        revision it loads (container_dir): a revision change is a unit change, and putting the previous unit
+        back after a failed start puts the previous weights back with it."""
+        return '%s@%s' % (posixpath.join(self.storage, self.relative(model_path)), self.revision)
+
+    def container_dir(self, model_path: str) -> str:
+        """The same directory as the container sees it: the unit's --model-path."""
+        return '%s@%s' % (model_path.rstrip('/'), self.revision)
 
     def base_url(self) -> Optional[str]:
         """The URL each file of the model is fetched under (<base>/<file>), or None without a source."""

@@ -121,4 +121,4 @@ def declared(pulumi_yaml):
 
 def host_dir(model, model_path):
     rel = posixpath.relpath(model_path, model.get('mount', '/models'))
-    return posixpath.join(model['storage'], rel)
+    return '%s@%s' % (posixpath.join(model['storage'], rel), model['revision'])   # config/model.py host_dir

@@ -16,6 +16,7 @@ import pytest
 
 STACK = 'model'
 MODEL = 'Qwen3.5-122B-A10B'
+REV = '8177ab06040c16b2ac6d81b49f000d8e8f4f969e'   # Pulumi.lab.yaml's gpuhost:model.revision
 SHARD = 'model-00002-of-00003.safetensors'
 
 
@@ -25,8 +26,20 @@ def health(lab):
         return r.status
 
 
+def model_dir(lab, revision=REV):
+    """A revision's directory on the lab host (config/model.py host_dir: <storage>/<model>@<revision>)."""
+    return lab.host.path('var', 'lib', 'gpuhost-models', '%s@%s' % (MODEL, revision))
+
+
 def shard_path(lab, name=SHARD):
-    return lab.host.path('var', 'lib', 'gpuhost-models', MODEL, name)
+    return os.path.join(model_dir(lab), name)
+
+
+def served_model_path(lab):
+    """The --model-path the running SGLang loaded, as it reports it (/get_model_info)."""
+    url = 'http://%s:30000/get_model_info' % lab.spec['addresses']['container']
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read().decode())['model_path']
 
 
 def model_lines(out):
@@ -54,7 +67,7 @@ def cfg(lab):
 
 def test_first_up_downloads_mounts_verifies_and_serves(lab, cfg):
     import shutil
-    shutil.rmtree(lab.host.path('var', 'lib', 'gpuhost-models', MODEL))
+    shutil.rmtree(model_dir(lab))
     with open(os.path.join(lab.dir, 'mirror', MODEL, SLOW), 'rb') as f:
         slow = f.read()
     staging = lab.host.path('var', 'lib', 'gpuhost-models', '.gpuhost-staging',
@@ -79,9 +92,10 @@ def test_first_up_downloads_mounts_verifies_and_serves(lab, cfg):
     ct = lab.node().lxc(200).config.get()
     assert ct['mp0'] == '/var/lib/gpuhost-models,mp=/models,ro=1'
     # The container reads the weights and cannot write them.
-    seen = lab.ct_exec(['cat', '/models/%s/config.json' % MODEL]).stdout
+    seen = lab.ct_exec(['cat', '/models/%s@%s/config.json' % (MODEL, REV)]).stdout
     assert json.loads(seen)['model_type'] == 'qwen3_moe'
-    assert lab.ct_exec(['touch', '/models/%s/x' % MODEL], check=False).returncode != 0
+    assert lab.ct_exec(['touch', '/models/%s@%s/x' % (MODEL, REV)], check=False).returncode != 0
+    assert served_model_path(lab) == '/models/%s@%s' % (MODEL, REV)
     out = lab.outputs(STACK)['model']
     assert (out['id'], out['shards'], out['bytes'], out['verified']) == (MODEL, 3, 284592, True)
     assert re.match(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$', out['verified_at'])
@@ -131,7 +145,7 @@ def test_a_shard_cut_short_stops_the_restart_and_the_service_keeps_serving(lab, 
     # The simulated SGLang, started by hand on a directory missing the shard, refuses as SGLang does.
     os.rename(path, path + '.away')
     run = lab.ct_exec(['env', 'CUDA_HOME=/usr/local/cuda-13.0', '/opt/sglang/venv/bin/python', '-m',
-                       'sglang.launch_server', '--model-path', '/models/%s' % MODEL, '--port', '30999'], check=False)
+                       'sglang.launch_server', '--model-path', '/models/%s@%s' % (MODEL, REV), '--port', '30999'], check=False)
     assert run.returncode == 1 and 'references 1 shard file(s) that are not on disk: %s. Incomplete download?' \
         % SHARD in run.stderr, run.stderr
     os.rename(path + '.away', path)
@@ -145,3 +159,71 @@ def test_a_shard_cut_short_stops_the_restart_and_the_service_keeps_serving(lab, 
     assert health(lab) == 200 and lab.unit_starts() == starts + 1
     assert 'LAB_MODEL_TEST' in lab.ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
     assert lab.outputs(STACK)['model']['verified'] is True
+
+
+def mirror_revision(lab, revision, edit=None):
+    """The lab model at another revision (other weights: lab/labmodel.py seeds them with it) on the lab's mirror,
+    its config.json changed by `edit` if given, and its checksum file beside the lab's; returns (source, checksums)
+    as the stack names them."""
+    import hashlib
+    from lab import labmodel
+    files = labmodel.files(MODEL, revision)
+    if edit:
+        files['config.json'] = (json.dumps(edit(json.loads(files['config.json'])), indent=2) + '\n').encode()
+    name = '%s-%s' % (MODEL, revision)
+    os.makedirs(os.path.join(lab.dir, 'mirror', name), exist_ok=True)
+    sums = []
+    for fname, data in sorted(files.items()):
+        with open(os.path.join(lab.dir, 'mirror', name, fname), 'wb') as f:
+            f.write(data)
+        sums.append('%s  %s\n' % (hashlib.sha256(data).hexdigest(), fname))
+    with open(os.path.join(lab.dir, 'model', '%s.sha256' % name), 'w') as f:
+        f.write(''.join(sums))
+    return 'http://%s:8089/%s' % (lab.spec['addresses']['pve'], name), '.lab/model/%s.sha256' % name
+
+
+def at_revision(lab, cfg, revision, edit=None):
+    changed = json.loads(json.dumps(cfg))
+    changed['gpuhost:sglang']['environment']['LAB_MODEL_TEST'] = '1'   # as the test before left it
+    source, sums = mirror_revision(lab, revision, edit)
+    changed['gpuhost:model'].update(revision=revision, source=source, checksums=sums)
+    lab.write_stack(STACK, changed)
+
+
+def test_a_new_revision_is_downloaded_beside_the_old_and_switched_to_with_one_restart(lab, cfg):
+    at_revision(lab, cfg, 'v2')
+    res = lab.pulumi('preview', '--diff', stack=STACK)
+    out = res.stdout + res.stderr
+    assert 'the model revision changes: %s@%s -> %s@v2' % (MODEL, REV, MODEL) in out, out[-3000:]
+    assert '--model-path /models/%s@v2' % MODEL in out
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, [line for line in out.splitlines() if 'error' in line.lower()]
+    # Downloaded and verified into its own directory while the old revision served; then one restart.
+    assert 'model: downloaded 5 files' in out and 'moved into /var/lib/gpuhost-models/%s@v2' % MODEL in out
+    assert lab.unit_starts() == starts + 1 and health(lab) == 200
+    assert served_model_path(lab) == '/models/%s@v2' % MODEL
+    # The old revision's directory went once the new one served.
+    assert 'the previous revision %s was removed from the host' % REV in out
+    assert os.path.isdir(model_dir(lab, 'v2')) and not os.path.exists(model_dir(lab))
+    assert lab.outputs(STACK)['model']['revision'] == 'v2'
+
+
+def test_a_revision_sglang_refuses_is_rolled_back_and_the_old_one_keeps_serving(lab, cfg):
+    # Weights SGLang will not load: an architecture it does not implement (checksums match: verified, then refused).
+    at_revision(lab, cfg, 'v3', edit=lambda c: dict(c, architectures=['Qwen9MoeForCausalLM']))
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'with the new model revision v3 (/var/lib/gpuhost-models/%s@v3) failed its check' % MODEL in out, out[-3000:]
+    assert 'Rolled back: container 200 runs the previous unit again' in out and \
+        'model revision v2 (/var/lib/gpuhost-models/%s@v2)' % MODEL in out
+    # Started on the new revision (refused), then on the old one again; it serves the old weights.
+    assert lab.unit_starts() == starts + 2 and health(lab) == 200
+    assert served_model_path(lab) == '/models/%s@v2' % MODEL
+    journal = lab.ct_exec(['journalctl', '--no-pager', '-u', 'sglang-qwen.service']).stdout
+    assert "Model architectures ['Qwen9MoeForCausalLM'] are not supported for now" in journal
+    # Both revisions stay on the host until a revision serves.
+    assert os.path.isdir(model_dir(lab, 'v2')) and os.path.isdir(model_dir(lab, 'v3'))

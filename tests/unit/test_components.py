@@ -106,7 +106,9 @@ def test_guests_and_service():
         assert maps.inputs['guard'] == {'gpus': list(d.container.gpus), 'numa': 0} and maps.inputs['vm_numa'] == 1
         assert maps.inputs['node'] == 'pve-lab' and maps.inputs['connection'] == CONN
         assert unit['expect'] == {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1,
-                                  'speculative_eagle_topk': 1, 'speculative_num_draft_tokens': 2}
+                                  'speculative_eagle_topk': 1, 'speculative_num_draft_tokens': 2,
+                                  # the declared revision's directory: what SGLang must report it loaded
+                                  'model_path': '/models/Qwen3.5-122B-A10B@' + d.model.revision}
         assert 'NCCL_P2P_DISABLE=1' in unit['unit']
         assert r['container-lxc'].custom and r['sglang-unit'].typ == 'pulumi-python:dynamic/gpuhost:SglangUnit'
     return pulumi.Output.all(ct.status, vm.status, svc.active).apply(check)

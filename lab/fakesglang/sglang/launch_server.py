@@ -621,6 +621,10 @@ def make_handler(settings, engine, started, metrics_on, api_key=None):
                 # SGLang reports the average only once speculative decoding has run.
                 info['internal_states'] = [{'avg_spec_accept_length': avg} if avg is not None else {}]
                 return self.send(200, info)
+            if path == '/get_model_info':
+                # As SGLang's: the --model-path it loaded (and the tokenizer's, the same directory here).
+                return self.send(200, {'model_path': settings['model_path'], 'tokenizer_path': settings['model_path'],
+                                       'is_generation': True, 'weight_version': 'default'})
             if path == '/v1/models':
                 return self.send(200, {'object': 'list', 'data': [
                     {'id': settings['served_model_name'], 'object': 'model', 'created': int(started),

@@ -29,7 +29,9 @@ def refused(message, model=None, **sglang):
 def test_the_lab_model_is_mounted_read_only_and_found_below_its_storage():
     d = parse()
     assert d.container_mounts() == {'mp0': '/var/lib/gpuhost-models,mp=/models,ro=1'}
-    assert d.model.host_dir(d.sglang.model_path) == '/var/lib/gpuhost-models/Qwen3.5-122B-A10B'
+    assert d.model.host_dir(d.sglang.model_path) == '/var/lib/gpuhost-models/Qwen3.5-122B-A10B@' + \
+        d.model.revision
+    assert '/models/Qwen3.5-122B-A10B@%s' % d.model.revision in d.launch_args()
     assert not [w for w in d.warnings if 'writable' in w]
 
 
