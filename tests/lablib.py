@@ -332,8 +332,11 @@ class Lab(object):
             assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
                 '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])
         if check and res.returncode != 0:
-            raise AssertionError('%s failed (%d):\n%s\n%s' % (' '.join(argv), res.returncode, res.stdout[-6000:],
-                                                              res.stderr[-3000:]))
+            # The errors are in the Diagnostics section, before the outputs that fill the end of stdout.
+            diag = res.stdout[res.stdout.find('Diagnostics:'):res.stdout.find('Outputs:')] \
+                if 'Diagnostics:' in res.stdout else ''
+            raise AssertionError('%s failed (%d):\n%s\n...\n%s\n%s' % (' '.join(argv), res.returncode, diag[:6000],
+                                                                       res.stdout[-3000:], res.stderr[-3000:]))
         return res
 
     def preview_json(self, stack, *extra):
