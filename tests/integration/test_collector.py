@@ -68,7 +68,7 @@ def test_installed_as_the_program_renders_it_on_its_schedule_and_promtool_accept
     assert check.returncode == 0 and check.stdout + check.stderr == '', check.stdout + check.stderr
     state = json.loads(on_host(lab, 'cat %s' % monitoring.COLLECTOR_STATE))
     assert state['boot_id'] == lab.boot_id() and state['cursor']
-    assert on_host(lab, 'ls %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-collector.prom', 'gpuhost.prom']
+    assert on_host(lab, 'ls %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-collector.prom', 'gpuhost-model.prom', 'gpuhost.prom']
     # A second up changes nothing, and writes nothing.
     stat = 'stat -c %Y.%i ' + ' '.join(sorted(monitoring.collector_files(d)))
     before = on_host(lab, stat)
@@ -163,9 +163,11 @@ def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
     assert lab.ssh('systemctl is-active gpuhost-collector.timer').stdout.strip() == 'inactive'
     paths = sorted(monitoring.collector_files(env['deployment'])) + [
         TEXTFILE, monitoring.COLLECTOR_STATE, '/etc/systemd/system/timers.target.wants/gpuhost-collector.timer',
-        '/etc/gpuhost', '/var/lib/gpuhost']
+        '/etc/gpuhost']
     assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''
-    assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost.prom']
+    # /var/lib/gpuhost stays while the model's verification cache (not the collector's) is in it.
+    assert on_host(lab, 'ls -A %s 2>/dev/null; true' % monitoring.COLLECTOR_STATE_DIR).split() in ([], ['model-verify'])
+    assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-model.prom', 'gpuhost.prom']
     # The timer is gone from the host's systemd: nothing starts the collector again (HostTimers, PID 1's stand-in,
     # has no schedule to follow), and no run started after the destroy.
     assert timers.schedule() is None

@@ -66,7 +66,7 @@ def test_preview_needs_no_lab_at_all(lab, base):
         plan = lab.preview_json(STACK)
         ops = {s['urn'].split('::')[-1]: s['op'] for s in plan['steps'] if s['urn'].count('dynamic')}
         # (the VM's PCI resource mappings too: made from the host's facts at apply, not read at preview)
-        assert set(ops.values()) == {'create'} and len(ops) == 11, sorted(ops)
+        assert set(ops.values()) == {'create'} and len(ops) == 12, sorted(ops)
         assert 'host-metrics' in ops and 'vm-pci-mappings' in ops and 'collector' in ops, sorted(ops)
     finally:
         lab.up()
