@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
 from components import remote, runtime
 from grammar import systemd
@@ -401,6 +401,15 @@ class SglangUnitProvider(ObservedProvider):
 
     def diff(self, id_, olds, news):
         result = super().diff(id_, olds, news)
+        confirmed = olds.get('confirmed')
+        if not result.changes and confirmed and isinstance(news.get('unit'), str) and \
+                confirmed != remote.sha256_hex(news['unit']):
+            # The container has the declared unit file, but no run saw it serve: a run that wrote it ended
+            # before its restart and check (killed, then refreshed). The running process may still be the old
+            # unit's: update() restarts it once and checks it.
+            info('sglang-unit: the unit file in the container was written by a run that did not finish (never seen '
+                 'serving): `up` restarts it once and checks it')
+            result = DiffResult(changes=True, replaces=[], delete_before_replace=None)
         # What a person reads in the preview besides the inputs' diff: the environment change in words.
         if news.get('env') and olds.get('env') != news.get('env'):
             info('sglang-unit: the Python environment changes: %s. It is built beside the running one as %s, then the '
