@@ -19,11 +19,10 @@ from __future__ import annotations
 import posixpath
 import re
 from typing import Annotated, Optional
-from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
-from config.values import FilePath, Model, Path, grammar, host_or_ip, no_control, show
+from config.values import FilePath, Model, Path, grammar, http_url, no_control, show
 
 Sha256 = Annotated[str, grammar(r'^[0-9a-f]{64}$', 'a sha256 (64 lowercase hex digits)',
                                 'the output of sha256sum <file>', 64)]
@@ -57,27 +56,9 @@ RepoPath = Annotated[str, AfterValidator(repo_path)]
 
 
 def index_url(value: str) -> str:
-    no_control(value)
-    parts = urlsplit(value)
-    if parts.scheme not in ('https', 'http') or not parts.netloc:
-        raise ValueError('%s is not an http(s) URL of a package index; write e.g. https://pypi.example.internal/simple'
-                         % show(value))
-    if '@' in parts.netloc:
-        raise ValueError('holds credentials (user:password@host), which would be stored in plain text in the stack\'s '
-                         'config and state and reach pip\'s command line; write the URL without them and set '
-                         'gpuhost:runtime.python.index.username and .password (pulumi config set --secret --path '
-                         'gpuhost:runtime.python.index.password)')
-    if parts.query or parts.fragment or any(c in value for c in ' "\'\\<>'):
-        raise ValueError('%s has a query, a fragment or characters a URL does not carry; write the index\'s base URL, '
-                         'e.g. https://pypi.example.internal/simple' % show(value))
-    try:
-        host = parts.hostname or ''
-        parts.port
-    except ValueError:
-        raise ValueError('%s has an invalid port; write e.g. https://pypi.example.internal:8443/simple' % show(value)) \
-            from None
-    host_or_ip(host)
-    return value.rstrip('/')
+    return http_url(value, 'an http(s) URL of a package index', 'https://pypi.example.internal/simple',
+                    'write the URL without them and set gpuhost:runtime.python.index.username and .password '
+                    '(pulumi config set --secret --path gpuhost:runtime.python.index.password)')
 
 
 class Installer(Model):

@@ -9,6 +9,7 @@ import ipaddress
 import os
 import re
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -332,3 +333,30 @@ ADOPT_DOC = ('Take the guest that already runs with this vmid on host.node into 
 
 PROTECT_DOC = ('Pulumi protect: while true, a change that would delete or replace this guest (and its disk) is '
                'refused at preview. Set false for one `pulumi up` to allow it')
+
+# Query parameters that carry a credential in the URLs operators paste (signed links, tokens).
+CREDENTIAL_QUERY_RE = re.compile(r'(^|[?&])(token|key|sig|signature|password|access_token)=', re.I)
+
+
+def http_url(value: str, what: str, example: str, credentials: str) -> str:
+    """An http(s) URL of a service on the operator's network (a package index, a model mirror): a host or
+    an address, an optional port, a path - no credentials (user:password@ or a token in the query: they would
+    sit in plain text in the config, the state and the host's process list; `credentials` says where they go
+    instead), no query or fragment, no character a URL does not carry. Returns it without a trailing /."""
+    no_control(value)
+    parts = urlsplit(value)
+    if parts.scheme not in ('https', 'http') or not parts.netloc:
+        raise ValueError('%s is not %s; write e.g. %s' % (show(value), what, example))
+    if '@' in parts.netloc or CREDENTIAL_QUERY_RE.search(parts.query):
+        raise ValueError('holds credentials (user:password@ or a token in the query), which would be stored in plain '
+                         'text in the stack\'s config and state and reach the host\'s process list; %s' % credentials)
+    if parts.query or parts.fragment or any(c in value for c in ' "\'\\<>'):
+        raise ValueError('%s has a query, a fragment or characters a URL does not carry; write e.g. %s'
+                         % (show(value), example))
+    try:
+        host = parts.hostname or ''
+        parts.port
+    except ValueError:
+        raise ValueError('%s has an invalid port; write e.g. %s' % (show(value), example)) from None
+    host_or_ip(host)
+    return value.rstrip('/')
