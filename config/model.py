@@ -164,11 +164,11 @@ def parse_checksums(text: str, key: str) -> dict:
         s = line.strip()
         if not s or s.startswith('#'):
             continue
-        m = re.match(r'^([0-9a-fA-F]{64}) [ *]([^/\x00-\x1f][^\x00-\x1f]*)$', s)
-        name = m.group(2) if m else ''
-        if not m or '/' in name or name in ('.', '..'):
+        m = re.match(r'^([0-9a-fA-F]{64}) [ *]([A-Za-z0-9_][A-Za-z0-9._\-]{0,254})$', s)
+        if not m:
             raise ValueError('%s, line %d: %s is not "<sha256>  <file name>" (sha256sum\'s output for a file of the '
-                             'model directory)' % (key, n, show(s, 60)))
+                             'model directory: a plain name of letters, digits and ._-)' % (key, n, show(s, 60)))
+        name = m.group(2)
         if name in out:
             raise ValueError('%s, line %d: %s is listed twice' % (key, n, name))
         out[name] = m.group(1).lower()

@@ -12,6 +12,7 @@ header length, a JSON header whose data_offsets give every tensor's place, then 
 shorter than the end of its last tensor was cut off."""
 
 import hashlib
+import re
 import json
 import os
 import stat
@@ -125,9 +126,7 @@ def verify(job):
             try:
                 with open(index) as f:
                     weight_map = json.load(f)['weight_map']
-                shards = sorted(set(weight_map.values()))
-                if not shards or any('/' in s or s in ('.', '..') for s in shards):
-                    raise ValueError('weight_map names no shards, or a path outside the directory')
+                shards = index_shards(weight_map)
             except (OSError, ValueError, KeyError, TypeError) as e:
                 rep['problems'].append('%s is not a safetensors index (%s)' % (INDEX, e))
                 weight_map = {}
@@ -227,6 +226,22 @@ class FetchError(Exception):
     pass
 
 
+# A file of a model directory as an index or a checksum file may name it: one plain name (no path, no
+# character a URL or a report line would have to escape). The same grammar as config/model.py's checksum file.
+FILE_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9._\-]{0,254}$')
+
+
+def index_shards(weight_map):
+    """The shards an index's weight_map names, sorted; ValueError for none, or for a name that is not a plain
+    file of the directory (a downloaded index naming ../../etc/x must never decide where root writes)."""
+    shards = sorted(set(weight_map.values()))
+    bad = [x for x in shards if not isinstance(x, str) or not FILE_RE.match(x)]
+    if not shards or bad:
+        raise ValueError('weight_map names no shards' if not shards else
+                         'weight_map names %r, not a file name of the directory' % (bad[0],))
+    return shards
+
+
 def human(n):
     n = float(n)
     for unit in ('B', 'kB', 'MB', 'GB', 'TB'):
@@ -238,11 +253,13 @@ def human(n):
 def request(url, token, method='GET', start=0):
     import urllib.request
     headers = {'User-Agent': 'gpuhost-model-fetch'}
-    if token:
-        headers['Authorization'] = 'Bearer ' + token
     if start:
         headers['Range'] = 'bytes=%d-' % start
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=60)
+    req = urllib.request.Request(url, headers=headers, method=method)
+    if token:
+        # Not carried over a redirect (the hub answers resolve/ with a redirect to its CDN, another host).
+        req.add_unredirected_header('Authorization', 'Bearer ' + token)
+    return urllib.request.urlopen(req, timeout=60)
 
 
 def remote_size(url, token):
@@ -337,8 +354,11 @@ def fetch(job):
                  Progress(label, size, 0), name)
         os.replace(os.path.join(staging, name + '.part'), os.path.join(staging, name))
     index_at = os.path.join(staging, INDEX) if os.path.exists(os.path.join(staging, INDEX)) else os.path.join(d, INDEX)
-    with open(index_at) as f:
-        shards = sorted(set(json.load(f)['weight_map'].values()))
+    try:
+        with open(index_at) as f:
+            shards = index_shards(json.load(f)['weight_map'])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FetchError('%s from %s is not a safetensors index (%s)' % (INDEX, base, e))
     if rep.get('dir_missing') or INDEX in todo:
         todo |= {s for s in shards if not os.path.exists(os.path.join(d, s))}
     todo |= {n for n in sums if not os.path.exists(os.path.join(d, n))}

@@ -68,6 +68,23 @@ def test_short_missing_mismatching_and_unreadable_shards_are_named(model):
     assert rep['missing'] == [SHARD] and '1 missing: %s' % SHARD in line(rep)
 
 
+@pytest.mark.parametrize('name', ['../../etc/cron.d/x', '/etc/x', 'a b.safetensors', ''])
+def test_an_index_naming_a_file_outside_the_directory_is_refused(model, name):
+    """Verify and download read file names from the index (downloaded from the source): a name that is not a
+    plain file of the directory is a broken index, never a path root writes to."""
+    import json
+    index = os.path.join(model['dir'], 'model.safetensors.index.json')
+    with open(index) as f:
+        data = json.load(f)
+    data['weight_map']['lm_head.weight'] = name
+    with open(index, 'w') as f:
+        json.dump(data, f)
+    rep = mv.verify(model)
+    assert not rep['verified']
+    assert any('model.safetensors.index.json is not a safetensors index' in p and repr(name) in p
+               for p in rep['problems']), rep['problems']
+
+
 def test_a_missing_directory(model, tmp_path):
     rep = mv.verify(dict(model, dir=str(tmp_path / 'nowhere')))
     assert not rep['verified'] and line(rep) == 'M@v1: %s does not exist on the host' % (tmp_path / 'nowhere')
