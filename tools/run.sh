@@ -26,6 +26,10 @@ deps() {
 
 stack_env() {
   if [ "$1" = lab ] || [ "$1" = lab-fleet ]; then
+    # The lab's stacks describe this machine's lab: their state stays in the checkout, whatever backend the
+    # operator set for real hosts (a fresh lab forgets its stack - never a shared backend's `lab` stack).
+    mkdir -p "$root/.state"
+    export PULUMI_BACKEND_URL="file://$root/.state"
     export PULUMI_CONFIG_PASSPHRASE=$LAB_PASSPHRASE
     unset PULUMI_CONFIG_PASSPHRASE_FILE
   elif [ -z "${PULUMI_CONFIG_PASSPHRASE:-}${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then

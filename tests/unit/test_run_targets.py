@@ -7,10 +7,11 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.lablib import REPO
 
 PULUMI = '''#!/bin/bash
 echo "pulumi $*" >> "$CALLS"
+echo "${PULUMI_BACKEND_URL:-}" >> "$CALLS.backend"
 case "$*" in "stack output --json"*) echo '{}' ;; esac
 '''
 PYTHON = '''#!/bin/bash
@@ -80,3 +81,16 @@ def test_preview_of_a_real_stack_attaches_the_pack_and_asks_for_the_passphrase(c
     assert res.returncode == 0, res.stderr
     assert any(c.startswith('pulumi preview --diff --policy-pack policy') for c in calls), calls
     assert not any(c.startswith('lab ') for c in calls), calls
+
+
+@LAB_PACKAGES
+def test_the_lab_stack_stays_in_the_checkout_whatever_backend_the_operator_set(checkout):
+    """A fresh lab forgets its stack (`stack rm`): in a shared backend that would be someone else's `lab`."""
+    root, calls = checkout
+    res, _ = run(checkout, 'up', PULUMI_BACKEND_URL='s3://shared/gpuhost')
+    assert res.returncode == 0, res.stderr
+    assert set(open(str(calls) + '.backend').read().split()) == {'file://%s/.state' % root}
+    os.unlink(str(calls) + '.backend')
+    res, _ = run(checkout, 'up', 'prod', '--yes', PULUMI_CONFIG_PASSPHRASE='x', PULUMI_BACKEND_URL='s3://shared/gpuhost')
+    assert res.returncode == 0, res.stderr
+    assert set(open(str(calls) + '.backend').read().split()) == {'s3://shared/gpuhost'}
