@@ -74,6 +74,17 @@ def model_source(value: str) -> str:
 SYSTEM_DIRS = ('/', '/bin', '/boot', '/dev', '/etc', '/lib', '/lib64', '/opt', '/proc', '/root', '/run', '/sbin',
                '/sys', '/tmp', '/usr', '/var', '/home', '/srv')
 
+# Not even below these: the container's own system (a read-only bind there breaks it) ...
+MOUNT_BELOW = ('/proc', '/sys', '/dev', '/etc', '/usr', '/bin', '/sbin', '/lib', '/lib64', '/boot', '/var', '/run',
+               '/tmp', '/root')
+# ... and the host's: its system, Proxmox's configuration (pmxcfs) and guest storage.
+STORAGE_BELOW = ('/proc', '/sys', '/dev', '/etc', '/usr', '/bin', '/sbin', '/lib', '/lib64', '/boot', '/run',
+                 '/var/lib/vz', '/var/lib/pve-cluster', '/var/lib/dpkg', '/var/lib/apt')
+
+
+def under(path: str, dirs) -> bool:
+    return any(path == d or path.startswith(d + '/') for d in dirs)
+
 
 class ModelWeights(Model):
     id: ModelId = Field(description='The model, as its files and the preview line name it: Qwen3.5-122B-A10B')
@@ -113,18 +124,18 @@ class ModelWeights(Model):
     @field_validator('mount')
     @classmethod
     def _mount(cls, v):
-        if v in SYSTEM_DIRS or any(v == d or v.startswith(d + '/') for d in ('/proc', '/sys', '/dev', '/etc', '/usr',
-                                                                               '/bin', '/sbin', '/lib', '/boot')):
-            raise ValueError('%s is a system directory of the container; mount the weights on a path of their own, '
-                             'e.g. /models' % show(v))
+        if v in SYSTEM_DIRS or under(v, MOUNT_BELOW):
+            raise ValueError('%s is a system directory of the container (or inside one); mount the weights on a path '
+                             'of their own, e.g. /models' % show(v))
         return v
 
     @field_validator('storage')
     @classmethod
     def _storage(cls, v):
-        if v in SYSTEM_DIRS or v in ('/etc/pve', '/var/lib/vz'):
-            raise ValueError('%s is a system directory of the host; give the directory (or ZFS dataset mountpoint) '
-                             'that holds the models, e.g. /rpool/models' % show(v))
+        if v in SYSTEM_DIRS or under(v, STORAGE_BELOW):
+            raise ValueError('%s is a system directory of the host (or inside one): root stages downloads and removes '
+                             'old revisions below it; give the directory (or ZFS dataset mountpoint) that holds the '
+                             'models, e.g. /rpool/models' % show(v))
         return v
 
     def relative(self, model_path: str) -> Optional[str]:

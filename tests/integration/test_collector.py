@@ -166,7 +166,7 @@ def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
         '/etc/gpuhost']
     assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''
     # /var/lib/gpuhost stays while the model's verification cache (not the collector's) is in it.
-    assert on_host(lab, 'ls -A %s 2>/dev/null; true' % monitoring.COLLECTOR_STATE_DIR).split() in ([], ['model-verify'])
+    assert on_host(lab, 'ls -A %s 2>/dev/null; true' % monitoring.COLLECTOR_STATE_DIR).split() == ['model-verify']
     assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-model.prom', 'gpuhost.prom']
     # The timer is gone from the host's systemd: nothing starts the collector again (HostTimers, PID 1's stand-in,
     # has no schedule to follow), and no run started after the destroy.

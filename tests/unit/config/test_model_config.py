@@ -66,6 +66,13 @@ def test_tags_and_commits_pass():
     assert parse({'revision': '8177ab06040c16b2ac6d81b49f000d8e8f4f969e'}).model.revision.startswith('8177')
 
 
+@pytest.mark.parametrize('key,value', [('storage', '/etc/pve/models'), ('storage', '/var/lib/vz/models'),
+                                       ('storage', '/usr/lib'), ('storage', '/run/x'), ('mount', '/var/lib/dpkg'),
+                                       ('mount', '/root/.cache'), ('mount', '/tmp/models'), ('mount', '/run/m')])
+def test_nothing_below_a_system_directory(key, value):
+    refused("gpuhost:model.%s: %r is a system directory" % (key, value), {key: value})
+
+
 def test_storage_must_be_a_plain_absolute_path():
     refused("gpuhost:model.storage: 'rpool/models' is not an absolute path", {'storage': 'rpool/models'})
     refused("gpuhost:model.storage: '/' is a system directory of the host", {'storage': '/'})
