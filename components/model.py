@@ -86,11 +86,11 @@ def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = 
     token, a secret, on stdin; each progress line the host prints goes to the pulumi output as it comes)."""
     job = {'dir': props['dir'], 'id': props['id'], 'revision': props['revision'],
            'checksums': props.get('checksums'), 'hash': full,
-           'cache': cache_path(props['dir']),
+           'cache': cache_path(props['dir']), 'storage': props.get('storage'),
            'textfile': props.get('textfile') if textfile else None}
     token = ''
     if fetch and props.get('source'):
-        job.update(source=props['source'], storage=props['storage'])
+        job.update(source=props['source'])
         token = props.get('token') or ''
     res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)],
                      stdin=token.encode() + b'\n' + verifier_source(), on_stderr_line=_relay if fetch else None)

@@ -101,6 +101,14 @@ def verify(job):
         rep['dir_missing'] = True
         return finish(rep, start, counter)
     only = job.get('only')   # a staging directory: just these files
+    if only is None:
+        # The container is unprivileged: its root is "other" to the host, and must be able to enter every
+        # directory from the storage down to the model's (a real host's dataset may be 0700; the shards'
+        # own modes are checked below).
+        closed = [p for p in dirs_down(job.get('storage'), d) if not os.stat(p).st_mode & stat.S_IXOTH]
+        if closed:
+            rep['problems'].append('%s is not searchable by the container (mode %04o): chmod o+rx %s' % (
+                closed[0], stat.S_IMODE(os.stat(closed[0]).st_mode), closed[0]))
     if only is not None:
         shards, weight_map = sorted(n for n in only if n.endswith('.safetensors')), None
         for name in only:
@@ -229,6 +237,18 @@ class FetchError(Exception):
 # A file of a model directory as an index or a checksum file may name it: one plain name (no path, no
 # character a URL or a report line would have to escape). The same grammar as config/model.py's checksum file.
 FILE_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9._\-]{0,254}$')
+
+
+def dirs_down(storage, d):
+    """storage, then each directory below it down to d (just d when d is not below storage)."""
+    if not storage or not (d + '/').startswith(storage.rstrip('/') + '/'):
+        return [d]
+    out, p = [storage.rstrip('/') or '/'], storage.rstrip('/')
+    for part in os.path.relpath(d, storage).split('/'):
+        if part != '.':
+            p = os.path.join(p, part)
+            out.append(p)
+    return out
 
 
 def index_shards(weight_map):

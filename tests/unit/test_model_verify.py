@@ -85,6 +85,19 @@ def test_an_index_naming_a_file_outside_the_directory_is_refused(model, name):
                for p in rep['problems']), rep['problems']
 
 
+def test_a_directory_the_container_cannot_enter_is_named(model, tmp_path):
+    """An unprivileged container's root is "other" on the host: a 0700 dataset hides the weights from it."""
+    storage = str(tmp_path / 'models')
+    assert mv.verify(dict(model, storage=storage))['verified']
+    os.chmod(storage, 0o700)
+    try:
+        rep = mv.verify(dict(model, storage=storage))
+    finally:
+        os.chmod(storage, 0o755)
+    assert not rep['verified']
+    assert rep['problems'] == ['%s is not searchable by the container (mode 0700): chmod o+rx %s' % (storage, storage)]
+
+
 def test_a_missing_directory(model, tmp_path):
     rep = mv.verify(dict(model, dir=str(tmp_path / 'nowhere')))
     assert not rep['verified'] and line(rep) == 'M@v1: %s does not exist on the host' % (tmp_path / 'nowhere')
