@@ -175,14 +175,20 @@ def fleet_from_pulumi() -> 'Fleet':
             data[key] = json.loads(raw)
         except ValueError:
             data[key] = raw
-    secure = stack_file_secure_paths(pulumi.get_stack())
+    return fleet_from_data(data, is_config_secret, stack_file_secure_paths(pulumi.get_stack()))
+
+
+def fleet_from_data(data: dict, is_secret, secure_paths: Optional[set]) -> 'Fleet':
+    """The fleet from a stack's `gpuhost:*` values ({key without the namespace: value}), its credentials
+    refused where they are plain text (is_secret('gpuhost:<key>'), secure_paths: check_secrets) - the
+    program's way (fleet_from_pulumi) and the read-only check's (tools/check.py) alike."""
     hosts = data.get('hosts')
     defaults = {k: v for k, v in data.items() if k not in FLEET_KEYS}
-    check_secrets(defaults, is_config_secret, secure)
+    check_secrets(defaults, is_secret, secure_paths)
     if isinstance(hosts, list):
         for i, entry in enumerate(hosts):
             if isinstance(entry, dict):
-                check_secrets(entry, is_config_secret, secure, prefix=('hosts', str(i)))
+                check_secrets(entry, is_secret, secure_paths, prefix=('hosts', str(i)))
     return parse_fleet(data)
 
 

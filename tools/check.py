@@ -30,13 +30,22 @@ from components.state import OperatorError, describe_unexpected  # noqa: E402
 OK, BAD, SKIP = '\u2713', '\u2717', '-'
 
 
-def stack_config(stack: str, project: str) -> dict:
-    """The stack's `gpuhost:*` config as the program receives it (secure leaves decrypted)."""
-    res = subprocess.run(['pulumi', 'config', '--json', '--show-secrets', '--stack', stack], cwd=project,
-                         capture_output=True, text=True)
+def stack_fleet(stack: str, project: str):
+    """The stack's fleet as the program gets it: `gpuhost:*` config with secure leaves decrypted, credentials
+    written as plain text refused as `up` refuses them (config.fleet_from_data)."""
+    try:
+        res = subprocess.run(['pulumi', 'config', '--json', '--show-secrets', '--stack', stack], cwd=project,
+                             capture_output=True, text=True)
+    except OSError as e:
+        raise config.ConfigError('running pulumi to read the config of stack %s: %s (make check sets up the CLI)'
+                                 % (stack, e)) from None
     if res.returncode != 0:
         raise config.ConfigError('reading the config of stack %s: %s' % (stack, res.stderr.strip()[-2000:]))
-    keys = json.loads(res.stdout or '{}')
+    try:
+        keys = json.loads(res.stdout or '{}')
+    except ValueError:
+        raise config.ConfigError('reading the config of stack %s: pulumi config --json printed no JSON' % stack) \
+            from None
     config.check_namespaces(list(keys))
     data = {}
     for key, entry in keys.items():
@@ -48,7 +57,9 @@ def stack_config(stack: str, project: str) -> dict:
             data[name] = json.loads(raw)
         except (TypeError, ValueError):
             data[name] = raw
-    return data
+    secret = {k for k, entry in keys.items() if entry.get('secret')}
+    # (Pulumi.<stack>.yaml's secure: leaves, read from the project directory, where main() runs)
+    return config.fleet_from_data(data, lambda key: key in secret, config.stack_file_secure_paths(stack))
 
 
 def host_lines(results) -> list:
@@ -71,7 +82,7 @@ def main(argv=None) -> int:
         return 2
     stack, project = argv[0], os.getcwd()
     try:
-        fleet = config.parse_fleet(stack_config(stack, project))
+        fleet = stack_fleet(stack, project)
         hosts = [(h, config.connection_inputs(h.deployment, project)) for h in fleet.hosts]
     except (config.ConfigError, OperatorError) as e:
         print('check: stack %s: %s' % (stack, e), file=sys.stderr)
