@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import threading
 import time
@@ -169,7 +170,9 @@ ADVICE = (
     ('offline', 'the node is offline; bring it back, then re-run'),
     ('no route to host', 'the node is unreachable from the API node; check the cluster network, then re-run'),
     ('does not exist', 'it is gone on the Proxmox side; `pulumi refresh` updates the state'),
-    ('already exists', 'a guest with this vmid runs on the host but this stack does not hold it. To take it in as it '
+    # (only a guest's vmid: Proxmox says "CT 200 already exists on node ..." / "VM 300 already exists"; a disk image
+    # or a mapping that exists is another matter)
+    (re.compile(r'\b(CT|VM) \d+ already exists', re.I), 'a guest with this vmid runs on the host but this stack does not hold it. To take it in as it '
                        'is (nothing recreated; preview shows what `up` would change), set adopt: true in its section '
                        '(gpuhost:container or gpuhost:vm) - README, "Adopting a running deployment"; if it holds '
                        'nothing, remove it instead (pct destroy / qm destroy)'),
@@ -178,7 +181,8 @@ ADVICE = (
 
 def advice(text: str) -> str:
     low = text.lower()
-    return next((a for marker, a in ADVICE if marker.lower() in low), '')
+    return next((a for marker, a in ADVICE
+                 if (marker.search(text) if hasattr(marker, 'search') else marker.lower() in low)), '')
 
 
 def api_call(what: str, fn, *args, read: bool = False, **kwargs):
