@@ -31,12 +31,13 @@ Each failure is one ConfigError-like message naming the config key, what was fou
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Optional
 
 from components import host as host_mod
 from components import pcimap, pve, remote, runtime
 from components.sglang import service_props
-from components.state import OperatorError
+from components.state import OperatorError, describe_unexpected
 from grammar.gpu import BLACKWELL_IDS
 
 
@@ -197,12 +198,12 @@ def _sev_snp(ctx):
 
 def _pve_version(ctx):
     v = ctx.pve('version', 'reading the Proxmox VE version', lambda p: p.version.get)
-    text = str(v.get('version') or v.get('release') or '')
-    try:
-        have = tuple(int(x) for x in text.split('.')[:2])
-    except ValueError:
-        have = None
-    if have is None or have < MIN_PVE:
+    text = str((v.get('version') or v.get('release') or '') if isinstance(v, dict) else '')
+    m = re.match(r'^(\d+)\.(\d+)', text)     # 9.0.3, 9.1~beta1, 8.4-1
+    if m is None:
+        return ('Proxmox VE at %s reports its version as %r, which is not <major>.<minor>...; check pveversion on '
+                'the host (the program needs %d.%d or later)' % (ctx.api['host'], text, MIN_PVE[0], MIN_PVE[1]))
+    if (int(m.group(1)), int(m.group(2))) < MIN_PVE:
         return ('Proxmox VE %s at %s: the program needs %d.%d or later (it sets devN on the container and amd-sev on '
                 'the VM, which older releases refuse as unknown keys); upgrade the host (pve%dto%d, apt full-upgrade)'
                 % (text or '(unknown)', ctx.api['host'], MIN_PVE[0], MIN_PVE[1], MIN_PVE[0] - 1, MIN_PVE[0]))
@@ -360,8 +361,8 @@ def report(d, connection: dict, api: dict) -> list:
             continue
         try:
             out.append(Result(check, problem=check.fn(ctx)))
-        except OperatorError as e:
-            out.append(Result(check, problem=str(e)))
+        except Exception as e:  # noqa: BLE001 - one check's surprise is its result, the others still run
+            out.append(Result(check, problem=str(e) if isinstance(e, OperatorError) else describe_unexpected(e)))
             if check.fn in (_ssh, _api):
                 down[check.where] = 'no connection' if check.fn is _ssh else 'no API session'
     return out
