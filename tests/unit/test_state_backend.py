@@ -45,6 +45,18 @@ def test_make_clean_keeps_the_state_of_a_stack_that_is_not_the_lab(checkout):
     assert not (checkout / '.venv').exists() and not (checkout / 'render').exists()
 
 
+def test_make_clean_keeps_what_a_removed_real_stack_left(checkout):
+    """`pulumi stack rm prod` leaves prod.json.bak and its history: the last record of a real host's deployment."""
+    backend = 'file://%s' % (checkout / '.state')
+    for stack in ('lab', 'prod'):
+        pulumi(checkout, backend, 'stack', 'init', '--secrets-provider', 'passphrase', stack)
+    pulumi(checkout, backend, 'stack', 'rm', '--yes', 'prod')
+    res = subprocess.run([str(checkout / 'tools' / 'clean.sh')], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert 'kept .state' in res.stderr and 'prod' in res.stderr
+    assert (checkout / '.state' / '.pulumi' / 'stacks' / 'gpuhost' / 'prod.json.bak').exists()
+
+
 def test_make_clean_removes_state_that_only_the_lab_had(checkout):
     backend = 'file://%s' % (checkout / '.state')
     pulumi(checkout, backend, 'stack', 'init', '--secrets-provider', 'passphrase', 'lab')
