@@ -139,6 +139,7 @@ def prepare(lab, spec_path):
     index = prepare_index(lab, spec)
     model = prepare_model(lab, host)
     return {
+        'recipe': recipe(),
         'model': model,
         'index': index,
         'ct_base': ctbase.ensure(),
@@ -954,10 +955,25 @@ async def serve(lab):
 
 # --------------------------------------------------------------------------- commands
 
+def recipe():
+    """What a lab is made from: the lab's code and spec, and the lab stack's config (its model, its index). A
+    running lab made from another recipe (an older checkout: no model on its host, say) is restarted by `up`."""
+    h = hashlib.sha256()
+    for rel in sorted([os.path.join('lab', n) for n in os.listdir(HERE) if n.endswith(('.py', '.sh'))] +
+                      [os.path.join('lab', 'spec', n) for n in os.listdir(os.path.join(HERE, 'spec'))] +
+                      ['Pulumi.lab.yaml']):
+        with open(os.path.join(REPO, rel), 'rb') as f:
+            h.update(rel.encode() + b'\0' + f.read())
+    return h.hexdigest()[:16]
+
+
 def up(lab, spec):
     if running(lab):
-        print(json.dumps({'started': False, 'lab': lab}))
-        return load(lab)
+        if load(lab).get('recipe') == recipe():
+            print(json.dumps({'started': False, 'lab': lab}))
+            return load(lab)
+        print('labctl: the running lab was made by another checkout of lab/ (or Pulumi.lab.yaml): starting it again',
+              file=sys.stderr)
     down(lab, quiet=True)
     info = prepare(lab, spec)
     hostsim.write(os.path.join(lab, 'lab.json'), json.dumps(info, indent=2) + '\n')
