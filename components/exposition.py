@@ -7,6 +7,9 @@ type their families the same way, and `promtool check metrics` accepts both."""
 
 import math
 
+# Where node_exporter reads textfiles (Debian's prometheus-node-exporter default).
+TEXTFILE_DIR = '/var/lib/prometheus/node-exporter'
+
 
 def escape(value) -> str:
     """A label value: backslash, newline and double quote escaped, as the format requires."""

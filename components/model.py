@@ -25,8 +25,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
 from components import remote
-from components.monitoring import TEXTFILE_DIR
-from components.state import ObservedProvider, OperatorError, info, warn
+from components.exposition import TEXTFILE_DIR
+from components.state import ObservedProvider, OperatorError, info, utc_now, warn
 
 CACHE_DIR = '/var/lib/gpuhost/model-verify'
 TEXTFILE = TEXTFILE_DIR + '/gpuhost-model.prom'
@@ -173,11 +173,6 @@ class ModelProvider(ObservedProvider):
 def _broken(rep) -> bool:
     return bool(rep['problems'] or rep['missing'] or rep['short'] or rep['long'] or rep['mismatch'] or
                 rep['unreadable'])
-
-
-def utc_now() -> str:
-    import datetime
-    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
 class ModelWeightsResource(Resource, module='gpuhost', name='ModelWeights'):

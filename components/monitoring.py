@@ -34,7 +34,7 @@ from components.runtime import declared as runtime_declared
 from components.sglang import expected_speculation
 from components.state import ObservedProvider, OperatorError, numbers
 
-TEXTFILE_DIR = '/var/lib/prometheus/node-exporter'   # Debian's prometheus-node-exporter default
+TEXTFILE_DIR = exposition.TEXTFILE_DIR
 TEXTFILE = TEXTFILE_DIR + '/gpuhost.prom'
 NODE_EXPORTER_PORT = 9100
 

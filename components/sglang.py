@@ -18,11 +18,11 @@ import urllib.request
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
-from components import remote, runtime
+from components import model as model_mod, remote, runtime
 from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
-from components.state import ObservedProvider, OperatorError, info, warn
+from components.state import ObservedProvider, OperatorError, info, utc_now, warn
 from components.state import info as note   # where apply's `info` is SGLang's /server_info
 
 
@@ -290,8 +290,7 @@ class SglangUnitProvider(ObservedProvider):
         if props.get('model_check'):
             # Before anything changes: the weights the (re)started unit will load are all there and match
             # (components/model.py; cached sums, so unchanged shards are not read again).
-            from components.model import verify_for_unit
-            verify_for_unit(target, props['model_check'])
+            model_mod.verify_for_unit(target, props['model_check'])
         installed = False
         if props.get('runtime') is not None:
             # Before anything changes: the user space to install must be the module the host runs.
@@ -349,9 +348,8 @@ class SglangUnitProvider(ObservedProvider):
             runtime.finish(target, props, confirmed_envs)
         if old_model:
             # The new revision served (/health, /server_info): the previous one's directory goes.
-            from components.model import cache_path
             remote.run(target, 'model_remove.sh', [props['model_check']['storage'], old_model['dir'],
-                                                   cache_path(old_model['dir'])])
+                                                   model_mod.cache_path(old_model['dir'])])
             note('sglang-unit: %s serves revision %s; the previous revision %s was removed from the host (%s)' % (
                 props['unit_name'], props['model']['revision'], old_model['revision'], old_model['dir']))
         after = self.observe(target, props)
@@ -517,11 +515,6 @@ def model_switch(props, previous):
     return {'revision': old.get('revision'), 'dir': previous['model_dir']}
 
 
-def utc_now() -> str:
-    import datetime
-    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
-
-
 def smoke_test(name, d, connection, unit, key, unit_text_declared, container_identity):
     """One real chat completion through the OpenAI API, from the host, after every change of the unit
     (or of the container it runs in): an action, not state, so pulumi-command's remote.Command runs it
@@ -574,7 +567,6 @@ class SglangService(pulumi.ComponentResource):
         """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password).
         model: the ModelWeights resource (components/model.py) the unit depends on; model_files: what load_stack
         read for gpuhost:model (checksums)."""
-        from components import model as model_mod
         super().__init__('gpuhost:index:SglangService', name, None, opts)
         d = deployment
         s = d.sglang

@@ -11,6 +11,7 @@ keys as *observed* on the host after the last create, update or refresh, plus ex
 
 from __future__ import annotations
 
+import datetime
 import functools
 from typing import Iterable
 
@@ -260,3 +261,8 @@ _wrap(ObservedProvider)
 # first call on. (Before that call the host runs no code of this program: pulumi/dynamic/__main__.py.)
 if in_dynamic_provider_host():
     exit_with_engine()
+
+
+def utc_now() -> str:
+    """Now, as the outputs' *_at fields write it (UTC, seconds)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
