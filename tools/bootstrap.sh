@@ -249,6 +249,8 @@ export PULUMI_BACKEND_URL=\${PULUMI_BACKEND_URL:-$(printf %q "file://$root/.stat
 export PULUMI_SKIP_UPDATE_CHECK=true
 export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=false
+# The language host runs pip list before every pulumi command; pip asks PyPI for a newer pip once a week otherwise.
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 # pulumi-command's provider; tools/install-command-plugin.sh [PULUMI_HOME] installs it elsewhere.
 export GPUHOST_COMMAND_VERSION=$COMMAND_VERSION
 export GPUHOST_COMMAND_PROVIDER=$(printf %q "$command_bin")
