@@ -7,9 +7,9 @@
 #   LAB/control/ssh-commands.raw  one record per command, fields NUL-terminated: number, time,
 #                                 drop mode ('' for none), kind (command|shell), command line
 #                                 (tests/lablib.py ssh_log() reads it)
-#   LAB/control/ssh-drop.json     {"at": N, "mode": ..., "stdin_bytes": ..., "match": NAME} (lablib
-#                                 drop_ssh_at(); with "match", N counts only the scripts named NAME,
-#                                 in LAB/control/ssh-match-count)
+#   LAB/control/ssh-drop.json     {"at": N, "mode": ..., "stdin_bytes": ..., "match": "NAME[|NAME...]"}
+#                                 (lablib drop_ssh_at(); with "match", N counts only the scripts of those
+#                                 names, in LAB/control/ssh-match-count)
 #
 # Shell builtins only on this path (plus one flock), so a command costs little more than without
 # the wrapper; python starts only for the armed command.
@@ -27,9 +27,14 @@ drop=
     arm=$(< "$CTL/ssh-drop.json")
     hit=
     [[ $arm =~ \"at\":\ *([0-9]+) ]] && at=${BASH_REMATCH[1]}
-    if [[ $arm =~ \"match\":\ *\"([A-Za-z0-9_.-]+)\" ]]; then
-      # "at" counts only the program's scripts of that name (`bash -c '<script>' NAME args`).
-      if [[ ${SSH_ORIGINAL_COMMAND-} == *"' ${BASH_REMATCH[1]} "* ]]; then
+    if [[ $arm =~ \"match\":\ *\"([A-Za-z0-9_.|-]+)\" ]]; then
+      # "at" counts only the program's scripts of those names (`bash -c '<script>' NAME args`).
+      matched=
+      IFS='|' read -r -a names <<< "${BASH_REMATCH[1]}"
+      for name in "${names[@]}"; do
+        [[ ${SSH_ORIGINAL_COMMAND-} == *"' $name "* ]] && matched=1
+      done
+      if [ -n "$matched" ]; then
         m=0
         [ -f "$CTL/ssh-match-count" ] && read -r m < "$CTL/ssh-match-count"
         m=$((m + 1))

@@ -505,15 +505,16 @@ class Lab(object):
         'before' it runs (nothing happens on the host), 'after' it ran to completion (its exit status
         never reaches the client; its output does), or 'during' it (it gets the first stdin_bytes of
         its stdin, default half, then its stdin ends and its output goes nowhere). With match (a script
-        name, e.g. 'put_file.sh') n counts only the program's scripts of that name. Returns the absolute
-        command number, or None with match (ssh_log()'s entry with a 'drop' then names it)."""
+        name, e.g. 'put_file.sh', or several: 'put_file.sh|ct_unit.sh') n counts only the program's scripts
+        of those names. Returns the absolute command number, or None with match (ssh_log()'s entry with a
+        'drop' then names it)."""
         if mode not in ('before', 'after', 'during'):
             raise ValueError('mode: before, after or during')
         if n < 1:
             raise ValueError('n counts from 1 (the next command)')
         if match is not None:
-            if not re.match(r'^[A-Za-z0-9_.-]+$', match):
-                raise ValueError('match: a script name')
+            if not re.match(r'^[A-Za-z0-9_.-]+(\|[A-Za-z0-9_.-]+)*$', match):
+                raise ValueError('match: a script name, or several separated by |')
             try:
                 os.unlink(self.control('ssh-match-count'))
             except FileNotFoundError:

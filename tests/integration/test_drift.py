@@ -266,31 +266,37 @@ def test_container_gpu_on_vfio_is_shown_and_stops_up_with_recovery_steps(deploye
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
 
 
-@pytest.mark.parametrize('line,why', [
+# Three lines of someone else's that would each undo one of the program's GPU settings at the next boot.
+FOREIGN_MODPROBE = [
     ('options vfio-pci ids=10de:2bb5', 'binds GPUs by vendor:device ID'),
     ('blacklist nvidia', 'keeps nvidia from loading'),
     ('options nvidia NVreg_DmaRemapPeerMmio=0', 'sets NVreg_DmaRemapPeerMmio=0 against gpuhost:nvidia.dma_remap_peer_mmio: 1'),
-])
-def test_modprobe_lines_elsewhere_are_shown_and_stop_up(deployed, line, why):
-    """A modprobe file of someone else's that would undo the program's GPU settings at the next boot: shown
-    by preview --refresh as DANGER, and up stops before any change naming the file and line."""
+]
+
+
+def test_modprobe_lines_elsewhere_are_shown_and_stop_up(deployed):
+    """A modprobe file of someone else's with lines that would undo the program's GPU settings at the next
+    boot: each shown by preview --refresh as DANGER with its line number, and up stops before any change
+    naming each file and line."""
     lab = deployed
     path = lab.host.path('etc/modprobe.d/local-gpu.conf')
     with open(path, 'w') as f:
-        f.write('# added by hand\n%s\n' % line)
+        f.write('# added by hand\n' + ''.join('%s\n' % line for line, _ in FOREIGN_MODPROBE))
     try:
         plan = json.loads(lab.pulumi('preview', '--refresh', '--json', stack=STACK).stdout)
         assert 'modprobe_conflicts' in drifted(plan).get('host-vfio', set())
-        assert 'DANGER - /etc/modprobe.d/local-gpu.conf:2: %s - %s' % (line, why) in diagnostics(plan)
         digest = lab.host_digest()
         res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK, check=False)
         out = res.stdout + res.stderr
         assert res.returncode != 0
-        assert '/etc/modprobe.d/local-gpu.conf:2: %s' % line in out and 'nothing was changed' in out, out[-3000:]
+        assert 'nothing was changed' in out, out[-3000:]
+        for n, (line, why) in enumerate(FOREIGN_MODPROBE, start=2):
+            assert 'DANGER - /etc/modprobe.d/local-gpu.conf:%d: %s - %s' % (n, line, why) in diagnostics(plan), \
+                diagnostics(plan)
+            assert '/etc/modprobe.d/local-gpu.conf:%d: %s' % (n, line) in out, out[-3000:]
         assert lab.host_digest() == digest
     finally:
         os.remove(path)
-    lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
 
 

@@ -1,5 +1,6 @@
-"""The SSH connection dropped after each of the first ten remote commands of an `up` ran to completion,
-before its exit status reached the program (ssh_drops.py)."""
+"""The SSH connection dropped after each of the writes of an `up` (the nvidia options, the kernel command
+line, the collector's config, the unit file, the unit's restart) ran to completion, before its exit status
+reached the program (ssh_drops.py)."""
 
 import pytest
 
