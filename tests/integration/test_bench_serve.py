@@ -1,12 +1,14 @@
 """make bench-serve on the lab: AIPerf against the stack's endpoint (the simulated SGLang, API key on),
-measuring what the lab's speed model was told to produce; the tuner applying speculation variants through
-the Automation API, picking the one the model makes best, and always putting the declared config back -
-after a variant that fails to start and after Ctrl-C alike.
+reporting what the server did; the tuner applying speculation variants through the Automation API, picking
+the one the lab's speed model makes best, and always putting the declared config back - after a variant that
+fails to start and after Ctrl-C alike.
 
-Tolerances (the closing note of issue 11): per-request output tok/s within 6% of the speed model's rate at
-the level's concurrency, accept length within 0.05 of the model's mean. The lab runs 3x faster than the
-model (LAB_SGLANG_SPEED=3: at most ~1600 simulated tokens a second here, well under what the 2-core
-machine streams, docs/bench.md) and the tool converts back."""
+What the benchmark reports is checked against what the server itself recorded for the same requests (the
+simulated SGLang logs each request's X-Request-ID, first and last token time and token count; AIPerf records
+the X-Request-ID of each request it measured), not against a wall-clock speed model: on a 2-core machine that
+also runs AIPerf's workers, the server and the CLI, the rate the server achieves is not reproducible to a few
+percent (issue 30: 1.13 req/s measured at concurrency 4 failed a 6% bound), but what AIPerf measured of it is.
+The lab runs 3x faster than the model (LAB_SGLANG_SPEED=3) and the tool converts back."""
 
 import json
 import os
@@ -88,7 +90,33 @@ def no_key_anywhere(res, out):
                     assert KEY not in f.read(), os.path.join(dirpath, name)
 
 
-def test_the_benchmark_measures_what_the_simulator_was_told(lab, tmp_path):
+def server_requests(lab):
+    """What the simulated SGLang recorded of each chat completion it served, by X-Request-ID."""
+    path = os.path.join(lab.ct_root(), 'var', 'log', 'lab-sglang', 'requests.jsonl')
+    with open(path) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return {r['request_id']: r for r in recs if r.get('request_id')}
+
+
+def measured_ids(artifact_dir):
+    """The X-Request-IDs of the requests AIPerf measured at one level (its per-record export; warm-up excluded)."""
+    ids = []
+    with open(os.path.join(artifact_dir, 'profile_export.jsonl')) as f:
+        for line in f:
+            if line.strip():
+                meta = json.loads(line).get('metadata') or {}
+                if meta.get('benchmark_phase') == 'profiling':
+                    ids.append(meta.get('x_request_id'))
+    return ids
+
+
+def median(values):
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0
+
+
+def test_the_benchmark_reports_what_the_server_did(lab, tmp_path):
     deploy(lab)
     res, out = bench(lab, tmp_path, '--concurrency', '1,4')
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -97,15 +125,26 @@ def test_the_benchmark_measures_what_the_simulator_was_told(lab, tmp_path):
     assert result['simulated'] and result['time_scale'] == SPEED
     levels = result['runs']['declared']['levels']
     assert [lv['concurrency'] for lv in levels] == [1, 4]
+    served = server_requests(lab)
     for lv in levels:
+        ids = measured_ids(os.path.join(out, 'declared', 'c%d' % lv['concurrency']))
+        assert len(ids) == lv['requests'] >= 8 and all(i in served for i in ids), (lv, ids[:3])
+        reqs = [served[i] for i in ids]
+        # One request's decode rate as the server produced it (AIPerf's per-user throughput: the tokens after
+        # the first over the time from the first to the last), in the speed model's time like the report.
+        server_rate = median((r['completion_tokens'] - 1) / (r['last_token'] - r['first_token']) for r in reqs) / SPEED
+        err = lv['output_tok_s_per_request'] / server_rate - 1
         want = model(lab, NEXTN, lv['concurrency'])
-        err = lv['output_tok_s_per_request'] / want['tok_s'] - 1
-        print('c=%d measured %.1f tok/s per request, model %.1f (%+.1f%%), accept length %.3f (model %.3f)' % (
-            lv['concurrency'], lv['output_tok_s_per_request'], want['tok_s'], 100 * err, lv['accept_length'],
-            want['accept_length']))
-        assert abs(err) < 0.06, (lv, want)
+        print('c=%d reported %.1f tok/s per request, the server did %.1f (%+.1f%%); accept length %.3f (model %.3f)'
+              % (lv['concurrency'], lv['output_tok_s_per_request'], server_rate, 100 * err, lv['accept_length'],
+                 want['accept_length']))
+        # Client and server clocks see the same stream a few milliseconds apart; a report off by 2x fails.
+        assert abs(err) < 0.1, (lv, server_rate)
+        assert lv['output_tokens_mean'] == 300 == median(r['completion_tokens'] for r in reqs) and lv['errors'] == 0
+        # At concurrency 4 the requests ran side by side on the server (one after another would be batch 1).
+        assert max(r['max_batch'] for r in reqs) == lv['concurrency'], [r['max_batch'] for r in reqs]
+        # The accept length from SGLang's counters: the speed model's mean yield per step (no clock in it).
         assert abs(lv['accept_length'] - want['accept_length']) < 0.05
-        assert lv['output_tokens_mean'] == 300 and lv['errors'] == 0 and lv['requests'] >= 8
         assert lv['ttft_ms']['p50'] <= lv['ttft_ms']['p99'] and lv['itl_ms']['p50'] > 0
     # Aggregate: the requests ran side by side (one after another would be about 1x). Not near 4x: with 8
     # requests the ramp and the last requests' tail weigh (CI measured 2.9x on a loaded machine).

@@ -41,6 +41,22 @@ LOADED_FILE = os.environ.get('LAB_SGLANG_LOADED_FILE')
 # Lab time compression: every simulated duration is divided by it (10 = ten times faster than the
 # model below). Latencies and rates in /metrics are measured on the wall clock, as SGLang measures them.
 SPEED = float(os.environ.get('LAB_SGLANG_SPEED', '1.0'))
+# Every chat completion served, one JSON line each, on the server's own clock: the request's X-Request-ID
+# (AIPerf sends one per request and records it), arrival, first and last token, token counts. A load test's
+# report is checked against what the server itself did (tests/integration/test_bench_serve.py).
+REQUEST_LOG = os.environ.get('LAB_SGLANG_REQUEST_LOG', '/var/log/lab-sglang/requests.jsonl')
+_request_log_lock = threading.Lock()
+
+
+def log_request(record):
+    line = json.dumps(record, sort_keys=True) + '\n'
+    with _request_log_lock:
+        try:
+            os.makedirs(os.path.dirname(REQUEST_LOG), exist_ok=True)
+            with open(REQUEST_LOG, 'a') as f:
+                f.write(line)
+        except OSError as e:   # a full disk must not fail the request
+            sys.stderr.write('[lab-sglang] request log %s: %s\n' % (REQUEST_LOG, e))
 
 
 # ------------------------------------------------------------------------------------- speed model
@@ -357,9 +373,10 @@ class Engine(object):
         self.seen_prefixes.add(prefix)
         return min(cached, prompt_tokens - 1)
 
-    def generate(self, messages, max_new, streaming, emit):
+    def generate(self, messages, max_new, streaming, emit, timing=None):
         """Serve one request; emit(n_tokens) is called after each step that produced tokens.
-        Returns (prompt_tokens, completion_tokens, cached_tokens)."""
+        Returns (prompt_tokens, completion_tokens, cached_tokens); `timing` (a dict), when given, gets the
+        request's own clock: arrived, first_token, last_token (wall-clock seconds) and the largest batch it ran in."""
         arrived = time.time()
         rid = uuid.uuid4().hex
         prompt_tokens = count_tokens(messages) + 3
@@ -376,6 +393,7 @@ class Engine(object):
         model = speed_model(self.settings, batch, self.params)
         time.sleep((prompt_tokens - cached) / model['prefill_tok_s'] / SPEED)
         first = time.time()
+        max_batch = batch
         t_labels = self.tokenizer_labels()
         with self.cond:
             self.families['ttft'].observe(self.tokenizer_labels(streaming), first - arrived)
@@ -391,6 +409,7 @@ class Engine(object):
             while done < max_new:
                 with self.cond:
                     batch = len(self.running)
+                max_batch = max(max_batch, batch)
                 model = speed_model(self.settings, batch, self.params)
                 due += model['step_s'] / SPEED
                 time.sleep(max(0.0, due - time.time()))
@@ -430,6 +449,8 @@ class Engine(object):
                 emit(n)
         finally:
             end = time.time()
+            if timing is not None:
+                timing.update(arrived=arrived, first_token=first, last_token=last, max_batch=max_batch)
             with self.cond:
                 del self.running[rid]
                 f = self.families
@@ -655,10 +676,16 @@ def make_handler(settings, engine, started, metrics_on, api_key=None):
             created = int(time.time())
             model = req.get('model') or settings['served_model_name']
             words = token_texts()
+            timing = {}
+
+            def served(prompt, done, cached, streaming):
+                log_request(dict(timing, request_id=self.headers.get('X-Request-ID'), id=rid, streaming=streaming,
+                                 prompt_tokens=prompt, completion_tokens=done, cached_tokens=cached))
             if not req.get('stream'):
                 parts = []
                 prompt, done, cached = engine.generate(messages, n, False,
-                                                       lambda k: parts.extend(next(words) for _ in range(k)))
+                                                       lambda k: parts.extend(next(words) for _ in range(k)), timing)
+                served(prompt, done, cached, False)
                 return self.send(200, {
                     'id': rid, 'object': 'chat.completion', 'created': created, 'model': model,
                     'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': ''.join(parts),
@@ -686,7 +713,8 @@ def make_handler(settings, engine, started, metrics_on, api_key=None):
                 chunk({'role': 'assistant', 'content': text} if first[0] else {'content': text})
                 first[0] = False
             try:
-                prompt, done, cached = engine.generate(messages, n, True, emit)
+                prompt, done, cached = engine.generate(messages, n, True, emit, timing)
+                served(prompt, done, cached, True)
                 chunk({}, finish)
                 if include_usage:
                     self.wfile.write(('data: %s\n\n' % json.dumps({
