@@ -110,6 +110,9 @@ STEPS = {
     'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
     'collector_enable.sh': ('enabling {1} and running {0} once', 120),
     'collector_remove.sh': ('stopping {1} and removing the collector\'s files', 120),
+    # A long step's job (components/jobs.py): each command only starts, polls or stops it.
+    'job.sh': ('{0} of job {1}', 60),
+    'ct_job.sh': ('{2} of job {3} in container {0}', 60),
 }
 
 

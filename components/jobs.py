@@ -1,0 +1,277 @@
+"""Long steps as durable jobs: transient systemd units on the host (or in the container) that outlive the SSH
+command, the connection and `pulumi` itself (components/scripts/job.sh).
+
+A real model is ~244 GB and a real environment several GB; neither downloads, hashes or installs within one SSH
+command's time limit (gpuhost:host.ssh.command_timeout, which means "one short remote command"). So such a step
+starts a unit named after what it works on (`gpuhost-model-<key>`, `gpuhost-envbuild`, ...), and `up` follows
+it with short polls, relaying its progress at least every 10 s. Like Ansible's async + async_status:
+
+  * a second start of the same job (the same name and declaration) re-attaches to the one running - never a
+    second copy (job.sh takes a lock and asks systemd); a changed declaration stops the running one first;
+  * an SSH drop while following it, a Ctrl-C or a killed `pulumi` leave it running; the next `up` re-attaches
+    and carries on from where it is;
+  * it ends with a result the poll reads (systemd's ExecStopPost writes it, however the process ended), its
+    output and the last lines of its log; a failure is one line naming the job, why, and where its log is;
+  * each kind has its own time limit (RuntimeMaxSec, from the config; none for downloads by default) and a stall
+    detector: no progress (the job's own counter, or without one its CPU time) for `stall_s` seconds stops it
+    and fails the step, named. Partial work stays where the job keeps it, for the next attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Callable, Optional
+
+from components import remote
+from components.state import OperatorError, info
+
+JOBS_DIR = '/var/lib/gpuhost/jobs'
+# How often `up` asks (each poll is one short SSH command) and how often it says something at the least.
+POLL_S = 2.0
+SAY_S = 10.0
+# An SSH drop while following a job: reconnect for this long before giving up on following (the job goes on).
+RECONNECT_S = 60.0
+ACTIVE = ('active', 'activating', 'deactivating', 'reloading', 'refreshing')
+
+
+class JobFailed(OperatorError):
+    """The job ended without success, or was stopped as stalled; the message is the operator's line."""
+
+    def __init__(self, message, job=None, outcome=None):
+        super().__init__(message)
+        self.job, self.outcome = job, outcome
+
+
+class JobDetached(OperatorError):
+    """Following the job failed (the connection stayed down); the job itself keeps running."""
+
+
+@dataclasses.dataclass
+class Job:
+    name: str                       # the unit's name without .service: gpuhost-<kind>[-<key>]
+    label: str                      # what it does, for messages: "the model download of Qwen@8177ab0"
+    spec: str                       # what it does, hashed: a changed declaration is another spec
+    interpreter: str                # python3 | bash
+    body: str                       # the program the unit runs (not secret: it is a file on the host)
+    args: tuple = ()
+    stdin: bytes = b''              # the job's input; may carry a secret (a root-only file while it runs)
+    vmid: Optional[str] = None      # None: on the host; else in that container, with its own systemd
+    limit_s: int = 0                # RuntimeMaxSec; 0: none
+    stall_s: int = 600
+    limit_key: str = ''             # the config keys naming the limit and the stall time, for messages
+    stall_key: str = ''
+
+    @property
+    def log_path(self) -> str:
+        return '%s/%s/log' % (JOBS_DIR, self.name)
+
+    @property
+    def where(self) -> str:
+        return 'in container %s' % self.vmid if self.vmid is not None else 'on the host'
+
+    def watch_hint(self) -> str:
+        prefix = 'pct exec %s -- ' % self.vmid if self.vmid is not None else ''
+        return '`%ssystemctl status %s`, `%stail -f %s`' % (prefix, self.name, prefix, self.log_path)
+
+
+def spec_of(doc) -> str:
+    """A declaration's identity: the sha256 of its canonical JSON (secrets must not be in it)."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(',', ':')).encode()).hexdigest()[:32]
+
+
+def key_of(*parts) -> str:
+    """A short stable key for a unit name from what a job works on (a directory, a container)."""
+    return hashlib.sha256('\0'.join(str(p) for p in parts).encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass
+class Poll:
+    state: str
+    sub: str
+    cpu: Optional[int]
+    spec: Optional[str]
+    started: Optional[int]
+    now: Optional[int]
+    progress: Optional[dict]
+    result: Optional[dict]
+    stop: Optional[str]
+    out: Optional[str]
+    log: list
+
+    @property
+    def running(self) -> bool:
+        return self.state in ACTIVE
+
+
+def parse_poll(text: str) -> Poll:
+    """job.sh poll's lines (pure; unit-tested)."""
+    kv, log = {}, []
+    for line in text.splitlines():
+        key, sep, value = line.partition('\t')
+        if not sep:
+            continue
+        if key == 'log':
+            log.append(value)
+        else:
+            kv[key] = value
+
+    def opt(k):
+        v = kv.get(k)
+        return None if v in (None, '', '-', '[not set]') else v
+
+    def num(k):
+        v = opt(k)
+        return int(v) if v is not None and v.isdigit() else None
+    progress = None
+    if opt('progress'):
+        try:
+            progress = json.loads(kv['progress'])
+        except ValueError:
+            progress = None
+    result = None
+    if opt('result'):
+        parts = kv['result'].split()
+        if len(parts) >= 3:
+            result = {'service_result': parts[0], 'exit_code': parts[1], 'exit_status': parts[2],
+                      'ended': int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else None}
+    return Poll(state=kv.get('state', 'unknown'), sub=kv.get('sub', ''), cpu=num('cpu'), spec=opt('spec'),
+                started=num('started'), now=num('now'), progress=progress, result=result, stop=opt('stop'),
+                out=kv.get('out'), log=log)
+
+
+def _job_sh() -> str:
+    return remote.script('job.sh')
+
+
+def call(target, job: Job, action: str, *args, stdin: Optional[bytes] = None, client=None) -> remote.Result:
+    """One short command of job.sh for this job, on the host or in its container."""
+    argv = [action, job.name] + [str(a) for a in args]
+    if job.vmid is None:
+        return remote.run(target, 'job.sh', argv, stdin=stdin, client=client, check=False)
+    return remote.run(target, 'ct_job.sh', [job.vmid, _job_sh()] + argv, stdin=stdin, client=client, check=False)
+
+
+def _checked(target, job, res, what) -> remote.Result:
+    if res.exit_code != 0:
+        tail = ' | '.join(res.stderr.strip().splitlines()[-3:]) or '(no output)'
+        raise JobFailed('%s: %s %s job %s %s failed (exit %d): %s' % (
+            target.name, what, job.label, job.name, job.where, res.exit_code, tail), job)
+    return res
+
+
+def poll(target, job: Job) -> Poll:
+    return parse_poll(_checked(target, job, call(target, job, 'poll'), 'polling').stdout)
+
+
+def stop(target, job: Job, reason: str) -> Poll:
+    return parse_poll(_checked(target, job, call(target, job, 'stop', reason), 'stopping').stdout)
+
+
+def forget(target, job: Job) -> None:
+    call(target, job, 'forget')
+
+
+def start(target, job: Job, say: Callable[[str], None] = info) -> str:
+    """Start the job, or re-attach to the one running with the same declaration; a running one of another
+    declaration (the config changed under it) is stopped first. Returns 'started' or 'attached'."""
+    for attempt in range(2):
+        res = _checked(target, job, call(target, job, 'start', job.spec, int(job.limit_s or 0), job.interpreter,
+                                         job.body, *job.args, stdin=job.stdin), 'starting')
+        word = res.stdout.strip().split('\t')[0]
+        if word in ('started', 'attached'):
+            return word
+        if word == 'busy' and attempt == 0:
+            say('%s: job %s %s runs an earlier declaration; stopping it first (its partial work is kept)' % (
+                job.label, job.name, job.where))
+            stop(target, job, 'its declaration changed')
+            continue
+        raise JobFailed('%s: job %s %s could not be started: %s' % (job.label, job.name, job.where,
+                                                                     res.stdout.strip() or res.stderr.strip()), job)
+    raise JobFailed('%s: job %s %s is still running an earlier declaration after being stopped' % (
+        job.label, job.name, job.where), job)
+
+
+def describe_progress(p: Optional[dict]) -> str:
+    if not p:
+        return 'running'
+    return str(p.get('line') or p.get('phase') or 'running')
+
+
+def outcome(job: Job, p: Poll) -> str:
+    """Why a job that ended did not succeed, in a few words."""
+    r = p.result or {}
+    if p.stop:
+        return 'stopped (%s)' % p.stop
+    sr = r.get('service_result')
+    if sr == 'timeout':
+        return 'ran longer than its limit of %d s (%s) and was stopped' % (job.limit_s, job.limit_key or 'its limit')
+    if sr == 'oom-kill':
+        return 'was killed for lack of memory (oom-kill)'
+    if r.get('exit_code') == 'killed' or sr == 'signal':
+        return 'was killed by SIG%s (a stop, the host shutting down, or a kill)' % r.get('exit_status', '?')
+    if r.get('exit_code') == 'exited':
+        return 'exited with status %s' % r.get('exit_status')
+    return 'ended: %s' % (sr or 'without a result')
+
+
+def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = POLL_S, say_s: float = SAY_S,
+           reconnect_s: float = RECONNECT_S) -> Poll:
+    """Poll the job until it ends; progress lines at least every say_s; the stall detector. Returns the final
+    poll of a job that succeeded; raises JobFailed (ended badly, or stalled and stopped) or JobDetached."""
+    last_said = 0.0
+    last_mark, last_change = None, time.monotonic()
+    lost_since = None
+    while True:
+        try:
+            p = poll(target, job)
+            lost_since = None
+        except remote.ConnectionLost as e:
+            now = time.monotonic()
+            lost_since = lost_since or now
+            if now - lost_since > reconnect_s:
+                raise JobDetached('%s: lost the connection while following job %s %s (%s); the job keeps running '
+                                  '%s - the next `up` re-attaches to it (watch it: %s)' % (
+                                      job.label, job.name, job.where, str(e).split(';')[0], job.where,
+                                      job.watch_hint())) from None
+            time.sleep(min(poll_s * 2, 5.0))
+            continue
+        now = time.monotonic()
+        if not p.running:
+            if p.result is None and p.state not in ('failed',) and p.spec is None:
+                raise JobFailed('%s: job %s %s is gone without a result (its directory %s/%s is missing)' % (
+                    job.label, job.name, job.where, JOBS_DIR, job.name), job)
+            return p
+        mark = (p.progress or {}).get('counter') if p.progress and 'counter' in p.progress else ('cpu', p.cpu)
+        if mark != last_mark:
+            last_mark, last_change = mark, now
+        elif job.stall_s and now - last_change > job.stall_s:
+            line = describe_progress(p.progress)
+            stop(target, job, 'no progress for %d s' % job.stall_s)
+            raise JobFailed('%s: job %s %s made no progress for %d s (%s) and was stopped; last: %s. What it did is '
+                            'kept for the next attempt; its log: %s' % (
+                                job.label, job.name, job.where, job.stall_s, job.stall_key or 'its stall limit',
+                                line, job.log_path), job, 'stalled')
+        if now - last_said >= say_s:
+            last_said = now
+            say('%s: %s' % (job.label, describe_progress(p.progress)))
+        time.sleep(poll_s)
+
+
+def run(target, job: Job, say: Callable[[str], None] = info, **kw) -> Poll:
+    """Start (or re-attach to) the job and follow it to its end. Returns the final poll (p.out: the last line
+    of its stdout); a job that did not succeed raises JobFailed with its outcome and log tail."""
+    how = start(target, job, say)
+    if how == 'attached':
+        say('%s: re-attached to job %s, still running %s (started by an earlier `up`)' % (
+            job.label, job.name, job.where))
+    p = follow(target, job, say, **kw)
+    r = p.result or {}
+    if r.get('service_result') == 'success' and r.get('exit_code') == 'exited' and r.get('exit_status') == '0' \
+            and not p.stop:
+        return p
+    raise JobFailed('%s: job %s %s %s%s; its log: %s' % (
+        job.label, job.name, job.where, outcome(job, p),
+        ': ' + ' | '.join(p.log[-3:]) if p.log else '', job.log_path), job, p)
