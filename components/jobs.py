@@ -34,6 +34,11 @@ POLL_S = 2.0
 SAY_S = 10.0
 # An SSH drop while following a job: reconnect for this long before giving up on following (the job goes on).
 RECONNECT_S = 60.0
+# The stall detector's second signal: CPU time. A job whose counter stands still but which used this much CPU
+# since it last moved is working (an installer writes no progress file; pip is silent while it fetches one big
+# wheel); a hung one (a dead mount, a mirror that sends nothing) uses almost none - a progress writer waking
+# every 2 s costs ~15 ms in ten minutes.
+CPU_WORK_NS = 500 * 1000 * 1000
 ACTIVE = ('active', 'activating', 'deactivating', 'reloading', 'refreshing')
 
 
@@ -222,7 +227,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
     """Poll the job until it ends; progress lines at least every say_s; the stall detector. Returns the final
     poll of a job that succeeded; raises JobFailed (ended badly, or stalled and stopped) or JobDetached."""
     last_said = 0.0
-    last_mark, last_change = None, time.monotonic()
+    mark_counter, mark_cpu, last_change = None, None, time.monotonic()
     lost_since = None
     while True:
         try:
@@ -244,9 +249,10 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                 raise JobFailed('%s: job %s %s is gone without a result (its directory %s/%s is missing)' % (
                     job.label, job.name, job.where, JOBS_DIR, job.name), job)
             return p
-        mark = (p.progress or {}).get('counter') if p.progress and 'counter' in p.progress else ('cpu', p.cpu)
-        if mark != last_mark:
-            last_mark, last_change = mark, now
+        counter = (p.progress or {}).get('counter')
+        worked = p.cpu is not None and (mark_cpu is None or p.cpu - mark_cpu >= CPU_WORK_NS)
+        if counter != mark_counter or worked:
+            mark_counter, mark_cpu, last_change = counter, p.cpu, now
         elif job.stall_s and now - last_change > job.stall_s:
             line = describe_progress(p.progress)
             stop(target, job, 'no progress for %d s' % job.stall_s)

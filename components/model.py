@@ -24,7 +24,7 @@ import os
 import pulumi
 from pulumi.dynamic import CreateResult, Resource, UpdateResult
 
-from components import remote
+from components import jobs, remote
 from components.exposition import TEXTFILE_DIR
 from components.state import ObservedProvider, OperatorError, info, utc_now, warn
 
@@ -81,28 +81,57 @@ def cache_path(directory: str) -> str:
     return '%s/%s.json' % (CACHE_DIR, hashlib.sha256(directory.encode()).hexdigest()[:16])
 
 
-def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = False) -> dict:
-    """The host-side verification's report. fetch: download what is missing from props['source'] first (the
-    token, a secret, on stdin; each progress line the host prints goes to the pulumi output as it comes)."""
+def verify_args(props, full: bool, textfile: bool = False, fetch: bool = False) -> dict:
     job = {'dir': props['dir'], 'id': props['id'], 'revision': props['revision'],
            'checksums': props.get('checksums'), 'hash': full,
            'cache': cache_path(props['dir']), 'storage': props.get('storage'),
            'textfile': props.get('textfile') if textfile else None}
-    token = ''
     if fetch and props.get('source'):
-        job.update(source=props['source'])
-        token = props.get('token') or ''
-    res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)],
-                     stdin=token.encode() + b'\n' + verifier_source(), on_stderr_line=_relay if fetch else None)
+        job['source'] = props['source']
+        for key in ('connections', 'max_bytes_per_s'):
+            if props.get(key) is not None:
+                job[key] = props[key]
+    return job
+
+
+def report_of(target, text: str) -> dict:
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        return json.loads(text.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ModelError('%s: the model verification printed no report: %s' % (target.name, res.stdout[-300:]))
+        raise ModelError('%s: the model verification printed no report: %s' % (target.name, text[-300:]))
 
 
-def _relay(text: str) -> None:
-    if text.startswith('gpuhost-progress: '):
-        info('model: downloading ' + text[len('gpuhost-progress: '):])
+def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = False) -> dict:
+    """The host-side verification's report. A quick look (full=False: sizes, headers and cached sums; what a
+    refresh needs) is one short command; a full verification - hashing what the cache lacks, and with fetch
+    downloading what is missing from props['source'] first - is a job on the host (verify_job): hours at the
+    real model's size, so it outlives the SSH command and is followed with progress lines."""
+    job = verify_args(props, full, textfile, fetch)
+    if not full:
+        res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)], stdin=b'\n' + verifier_source())
+        return report_of(target, res.stdout)
+    j = verify_job(props, job, fetch)
+    try:
+        p = jobs.run(target, j)
+    except jobs.JobFailed as e:
+        tail = ' | '.join(e.outcome.log[-3:]) if isinstance(e.outcome, jobs.Poll) and e.outcome.log else ''
+        raise ModelError('%s%s' % (e, '' if not tail or tail in str(e) else ': ' + tail)) from None
+    return report_of(target, p.out or '')
+
+
+def job_name(props) -> str:
+    """One job per model of a storage (not per revision): a new revision's download stops the old one's."""
+    return 'gpuhost-model-%s' % jobs.key_of(props.get('storage') or props['dir'], props['id'])
+
+
+def verify_job(props, job: dict, fetch: bool) -> jobs.Job:
+    token = (props.get('token') or '') if fetch and props.get('source') else ''
+    what = 'downloading and verifying' if job.get('source') else 'verifying'
+    return jobs.Job(name=job_name(props), label='model: %s %s@%s' % (what, props['id'], props['revision'][:12]),
+                    spec=jobs.spec_of(job), interpreter='python3', body=verifier_source().decode(),
+                    args=(json.dumps(job, sort_keys=True),), stdin=token.encode(),
+                    limit_s=int(props.get('timeout_s') or 0), stall_s=int(props.get('stall_timeout_s') or 600),
+                    limit_key='gpuhost:model.timeout_s', stall_key='gpuhost:model.stall_timeout_s')
 
 
 def refusal(rep: dict, props: dict) -> str:
@@ -165,9 +194,14 @@ class ModelProvider(ObservedProvider):
         return self.read_result(id_, outs)
 
     def delete(self, _id, props):
-        # The weights stay (the operator's data, not this program's); its textfile and cache go.
-        remote.run(remote.Target.from_inputs(props['connection']), 'model_forget.sh',
-                   [props.get('textfile') or TEXTFILE, cache_path(props['dir'])])
+        # A download or verification still running goes first; the weights stay (the operator's data, not this
+        # program's); its textfile and cache go.
+        target = remote.Target.from_inputs(props['connection'])
+        job = verify_job(props, verify_args(props, True), False)
+        if jobs.poll(target, job).running:
+            jobs.stop(target, job, 'the model resource is being deleted')
+        jobs.forget(target, job)
+        remote.run(target, 'model_forget.sh', [props.get('textfile') or TEXTFILE, cache_path(props['dir'])])
 
 
 def _broken(rep) -> bool:
@@ -189,7 +223,7 @@ def unit_check(d, model_files=None):
     if d.model is None:
         return None
     return {'id': d.model.id, 'revision': d.model.revision, 'dir': d.model.host_dir(d.sglang.model_path),
-            'storage': d.model.storage,
+            'storage': d.model.storage, 'timeout_s': d.model.timeout_s, 'stall_timeout_s': d.model.stall_timeout_s,
             'checksums': (model_files or {}).get('checksums')}
 
 
@@ -208,5 +242,6 @@ def model_weights(name, d, connection, model_files=None, opts=None):
              'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage, 'source': m.base_url(),
              'token': pulumi.Output.secret(token) if token else None,
              'checksums': (model_files or {}).get('checksums'), 'verified': True, 'textfile': TEXTFILE,
+             'timeout_s': m.timeout_s, 'stall_timeout_s': m.stall_timeout_s,
              **dict.fromkeys(ModelProvider.OUTPUTS)}
     return ModelWeightsResource(ModelProvider(), name, props, opts)

@@ -28,13 +28,13 @@ import json
 import os
 import posixpath
 
-from components import remote
+from components import jobs, remote
 from components.state import OperatorError, warn
 
 ENV_ID_LEN = 16
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-# Where ct_env_build.sh copies a wheelhouse inside the container while a build runs.
+# Where the wheelhouse's staging job copies it inside the container while a build runs.
 WHEELHOUSE_IN_CT = '/var/tmp/.gpuhost-wheelhouse'
 # NVIDIA's installers, unattended: no kernel module in a container (the host's is the one loaded).
 NVIDIA_ARGS = ('--silent', '--no-kernel-module', '--no-questions', '--ui=none', '--no-nouveau-check')
@@ -78,7 +78,7 @@ def install_inputs(d, files) -> dict | None:
     rt = d.runtime
     if rt is None:
         return None
-    out = {'timeout': rt.install_timeout_s, 'nvidia': None, 'cuda': None, 'python': None}
+    out = {'timeout': rt.install_timeout_s, 'stall': rt.stall_timeout_s, 'nvidia': None, 'cuda': None, 'python': None}
     if rt.nvidia:
         out['nvidia'] = {'installer': rt.nvidia.installer, 'sha256': rt.nvidia.sha256}
     if rt.cuda:
@@ -260,31 +260,99 @@ def host_driver_message(want, host) -> str:
             'the host driver %s back.' % (want, host, host, host, want))
 
 
-def _installer_error(res, key, what, props, artifact) -> RuntimeStepError:
-    tail = ' | '.join(res.stderr.strip().splitlines()[-4:])
-    if res.exit_code == 4:
+def _exit_status(e: jobs.JobFailed):
+    r = (e.outcome.result if isinstance(e.outcome, jobs.Poll) else None) or {}
+    return int(r['exit_status']) if r.get('exit_code') == 'exited' and str(r.get('exit_status')).isdigit() else None
+
+
+def _job_log(e: jobs.JobFailed, prefix='gpuhost'):
+    """The job's own last words: the last line of its log that starts with prefix, else its last lines."""
+    lines = e.outcome.log if isinstance(e.outcome, jobs.Poll) else []
+    mine = [l for l in lines if l.startswith(prefix + ': ') or l.startswith(prefix + '-build: ')]
+    return mine[-1].split(': ', 1)[1] if mine else ' | '.join(lines[-3:])
+
+
+def _installer_error(e: jobs.JobFailed, key, what, props, artifact) -> RuntimeStepError:
+    code = _exit_status(e)
+    if code == 4:
         return RuntimeStepError('%s.installer: %s does not exist on the host; upload it there (it is not in the '
                                 'container yet). Nothing was installed.' % (key, artifact['installer']))
-    if res.exit_code == 5:
-        got = res.stderr.strip().rsplit(' ', 1)[-1]
+    if code == 5:
+        got = _job_log(e).rsplit(' ', 1)[-1]
         return RuntimeStepError('%s.sha256: %s on the host has sha256 %s, not the declared %s - another or a damaged '
                                 'file; compare it with NVIDIA\'s published checksum, then fix the file or the '
                                 'sha256. Nothing was installed.' % (key, artifact['installer'], got, artifact['sha256']))
-    return RuntimeStepError('installing %s in container %s failed (exit %d): %s. The installer\'s own log is in the '
-                            'container (%s); the running service was not restarted.' % (
-                                what, props['vmid'], res.exit_code, tail or '(no output)',
-                                '/var/log/nvidia-installer.log' if 'nvidia' in key else '/var/log/cuda-installer.log'))
+    return RuntimeStepError('installing %s in container %s failed: %s. The installer\'s own log is in the container '
+                            '(%s); the running service was not restarted.' % (
+                                what, props['vmid'], str(e), '/var/log/nvidia-installer.log' if 'nvidia' in key else
+                                '/var/log/cuda-installer.log'))
+
+
+# A job on the host: the installer copied into a private file (the job's own root-only directory), hashed there,
+# and that copy - not the operator's path, which someone could swap in between - pushed into the container.
+STAGE_INSTALLER = r"""set -euo pipefail
+vmid=$1 src=$2 want=$3 dest=$4
+if [ ! -f "$src" ]; then echo "gpuhost: $src does not exist on $(hostname)" >&2; exit 4; fi
+copy=$GPUHOST_JOB_DIR/installer
+cp "$src" "$copy"
+got=$(sha256sum "$copy" | cut -d' ' -f1)
+if [ "$got" != "$want" ]; then echo "gpuhost: $src on $(hostname) has sha256 $got" >&2; rm -f "$copy"; exit 5; fi
+pct push "$vmid" "$copy" "$dest" --perms 0700
+rm -f "$copy"
+echo "staged $dest"
+"""
+
+# The job in the container: the pushed copy checked again where it runs, run, removed.
+RUN_INSTALLER = r"""set -euo pipefail
+f=$1 want=$2
+shift 2
+trap 'rm -f "$f"' EXIT
+got=$(sha256sum "$f" | cut -d' ' -f1)
+if [ "$got" != "$want" ]; then echo "gpuhost: $f in the container has sha256 $got, not the staged $want" >&2; exit 5; fi
+sh "$f" "$@"
+echo "installed"
+"""
+
+
+def _limits(props) -> dict:
+    inst = props['install']
+    return {'limit_s': int(float(inst['timeout'])), 'stall_s': int(float(inst.get('stall') or 600)),
+            'limit_key': 'gpuhost:runtime.install_timeout_s', 'stall_key': 'gpuhost:runtime.stall_timeout_s'}
+
+
+def installer_jobs(props: dict, kind: str, art: dict, args) -> tuple:
+    """The two jobs of one installer: staging on the host, running in the container."""
+    vmid = str(props['vmid'])
+    name = posixpath.basename(art['installer'])
+    dest = '/var/tmp/.gpuhost-' + name
+    spec = jobs.spec_of({'installer': art['installer'], 'sha256': art['sha256'], 'args': list(args), 'vmid': vmid})
+    stage = jobs.Job(name='gpuhost-stage-%s-%s' % (kind, vmid), label='copying %s into container %s' % (name, vmid),
+                     spec=spec, interpreter='bash', body=STAGE_INSTALLER, args=(vmid, art['installer'], art['sha256'],
+                                                                                dest), **_limits(props))
+    run = jobs.Job(name='gpuhost-install-%s' % kind, label='installing %s in container %s' % (name, vmid), spec=spec,
+                   interpreter='bash', body=RUN_INSTALLER, args=(dest, art['sha256']) + tuple(args), vmid=vmid,
+                   **_limits(props))
+    return stage, run
+
+
+def _install(target, props, kind, art, args, key, what) -> None:
+    stage, run = installer_jobs(props, kind, art, args)
+    try:
+        p = jobs.poll(target, run)
+        if not (p.running and p.spec == run.spec):
+            # Not already running from an earlier `up` (then it is only followed): stage a fresh copy.
+            jobs.run(target, stage)
+        jobs.run(target, run)
+    except jobs.JobFailed as e:
+        raise _installer_error(e, key, what, props, art) from None
 
 
 def install_nvidia(target, props: dict, facts: dict) -> bool:
     want = (props.get('runtime') or {}).get('nvidia')
     if not want or facts.get('container_driver') == want:
         return False
-    art = props['install']['nvidia']
-    res = remote.run(target, 'ct_install_artifact.sh', [props['vmid'], art['installer'], art['sha256']] +
-                     list(NVIDIA_ARGS), check=False, timeout=float(props['install']['timeout']))
-    if res.exit_code != 0:
-        raise _installer_error(res, 'gpuhost:runtime.nvidia', 'the NVIDIA user space %s' % want, props, art)
+    _install(target, props, 'nvidia', props['install']['nvidia'], NVIDIA_ARGS, 'gpuhost:runtime.nvidia',
+             'the NVIDIA user space %s' % want)
     return True
 
 
@@ -292,12 +360,8 @@ def install_cuda(target, props: dict, facts: dict) -> bool:
     want = (props.get('runtime') or {}).get('cuda')
     if not want or (facts.get('cuda') == want and facts.get('nvcc') == 'yes'):
         return False
-    art = props['install']['cuda']
-    res = remote.run(target, 'ct_install_artifact.sh', [props['vmid'], art['installer'], art['sha256']] +
-                     list(CUDA_ARGS) + ['--toolkitpath=%s' % props['cuda_home']], check=False,
-                     timeout=float(props['install']['timeout']))
-    if res.exit_code != 0:
-        raise _installer_error(res, 'gpuhost:runtime.cuda', 'CUDA %s' % want, props, art)
+    _install(target, props, 'cuda', props['install']['cuda'], CUDA_ARGS + ('--toolkitpath=%s' % props['cuda_home'],),
+             'gpuhost:runtime.cuda', 'CUDA %s' % want)
     return True
 
 
@@ -340,6 +404,39 @@ BUILD_KEYS = {3: 'gpuhost:runtime.python.index', 4: 'gpuhost:runtime.python.lock
               7: 'gpuhost:sglang.version', 8: 'gpuhost:runtime.python.version'}
 
 
+# A job on the host: a wheelhouse copied into the container for the build (tar through pct exec).
+STAGE_WHEELHOUSE = r"""set -euo pipefail
+vmid=$1 src=$2 dest=$3
+if [ ! -d "$src" ]; then echo "gpuhost-build: the wheelhouse $src does not exist on $(hostname)" >&2; exit 5; fi
+tar -C "$src" -cf - . | pct exec "$vmid" -- sh -c 'rm -rf "$1" && mkdir -p "$1" && tar -C "$1" -xf -' sh "$dest"
+echo "staged $dest"
+"""
+
+
+def build_jobs(props: dict, password=None) -> tuple:
+    """(the wheelhouse's staging job on the host or None, the build job in the container). One builder per
+    container (`gpuhost-envbuild`): a second `up` re-attaches to it, a changed lock stops it first."""
+    env = props['env']
+    py = props['install']['python']
+    vmid = str(props['vmid'])
+    wheelhouse = py.get('wheelhouse')
+    job = {'path': env['path'], 'marker': env, 'lock': py['lock'], 'patches': py['patches'], 'python': env['python'],
+           'sglang': env['sglang'],
+           'index': dict(py['index'], password=password) if py.get('index') else None}
+    # The declaration, without the password (a rotated password is not another build).
+    spec = jobs.spec_of({'path': env['path'], 'marker': env, 'lock': remote.sha256_hex(py['lock']),
+                         'patches': [[p['name'], remote.sha256_hex(p['text'])] for p in py['patches']],
+                         'index': py.get('index'), 'wheelhouse': wheelhouse})
+    build = jobs.Job(name='gpuhost-envbuild', label='building the Python environment %s in container %s' % (
+                         env['path'], vmid), spec=spec, interpreter='python3', body=builder_source(),
+                     args=(WHEELHOUSE_IN_CT if wheelhouse else '-',), stdin=json.dumps(job).encode(), vmid=vmid,
+                     **_limits(props))
+    stage = jobs.Job(name='gpuhost-stage-wheelhouse-%s' % vmid, label='copying the wheelhouse %s into container %s'
+                     % (wheelhouse, vmid), spec=spec, interpreter='bash', body=STAGE_WHEELHOUSE,
+                     args=(vmid, wheelhouse, WHEELHOUSE_IN_CT), **_limits(props)) if wheelhouse else None
+    return stage, build
+
+
 def build_env(target, props: dict, facts: dict, password=None) -> bool:
     """Build the declared environment unless it is there (its marker is the declared one). False: nothing
     to build. Any failure leaves the running environment and unit as they were, and says which key to fix."""
@@ -347,21 +444,29 @@ def build_env(target, props: dict, facts: dict, password=None) -> bool:
     if facts.get('envdirs', {}).get(env['id']) == env:
         return False
     py = props['install']['python']
-    job = {'path': env['path'], 'marker': env, 'lock': py['lock'], 'patches': py['patches'], 'python': env['python'],
-           'sglang': env['sglang'],
-           'index': dict(py['index'], password=password) if py.get('index') else None}
-    res = remote.run(target, 'ct_env_build.sh', [props['vmid'], py.get('wheelhouse') or '-', builder_source()],
-                     stdin=json.dumps(job).encode(), check=False, timeout=float(props['install']['timeout']),
-                     lost_detail='an environment is renamed into place only when complete: %s is whole or absent'
-                     % env['path'])
-    if res.exit_code == 0:
-        return True
-    lines = [l for l in res.stderr.strip().splitlines() if l.startswith('gpuhost-build: ')]
-    why = lines[-1][len('gpuhost-build: '):] if lines else ' | '.join(res.stderr.strip().splitlines()[-3:])
-    key = BUILD_KEYS.get(res.exit_code)
-    if res.exit_code == 5:
+    stage, build = build_jobs(props, password)
+    try:
+        p = jobs.poll(target, build)
+        if stage is not None and not (p.running and p.spec == build.spec):
+            jobs.run(target, stage)
+        jobs.run(target, build)
+    except jobs.JobFailed as e:
+        if e.job is None or e.outcome is None or not isinstance(e.outcome, jobs.Poll):
+            raise
+        code = _exit_status(e)
+        why = _job_log(e) if code is not None else str(e)
+        raise RuntimeStepError(build_failure(code, why, env, py, props)) from None
+    finally:
+        if stage is not None:
+            remote.run(target, 'ct_remove_path.sh', [props['vmid'], WHEELHOUSE_IN_CT], check=False)
+    return True
+
+
+def build_failure(code, why, env, py, props) -> str:
+    key = BUILD_KEYS.get(code)
+    if code == 5:
         key = 'gpuhost:runtime.python.wheelhouse' if py.get('wheelhouse') else 'gpuhost:runtime.python.index'
-    if res.exit_code == 4:
+    if code == 4:
         key = 'gpuhost:runtime.python.lock (%s)' % py['lock_path']
     fix = {3: 'check that the index answers from the host\'s network and the login, then re-run',
            4: 'if the lock is stale, compile it again (pip-compile --generate-hashes); otherwise the source serves '
@@ -372,12 +477,12 @@ def build_env(target, props: dict, facts: dict, password=None) -> bool:
            8: 'lock for the container\'s Python, or set gpuhost:runtime.python.version to it',
            9: 'free space in the container or grow its disk (gpuhost:container.rootfs_gb); previous environments are '
               'kept by gpuhost:runtime.python.keep',
-           10: 'see above'}.get(res.exit_code, 'see above')
-    if res.exit_code in (126, 127):
+           10: 'see above'}.get(code, 'see above')
+    if code in (126, 127):
         why, fix = 'the container has no python3', 'install python3 in the container (debian-12-standard has it)'
-    raise RuntimeStepError('%sbuilding the Python environment %s in container %s failed: %s; %s. Nothing was switched: '
-                           'the service runs its current environment and unit, untouched.' % (
-                               key + ': ' if key else '', env['path'], props['vmid'], why, fix))
+    return ('%sbuilding the Python environment %s in container %s failed: %s; %s. Nothing was switched: the service '
+            'runs its current environment and unit, untouched.' % (key + ': ' if key else '', env['path'],
+                                                                    props['vmid'], why, fix))
 
 
 def finish(target, props: dict, keep_ids: list) -> None:

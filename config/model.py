@@ -106,6 +106,11 @@ class ModelWeights(Model):
     token: Optional[SecretStr] = Field(None, description='Bearer token for the source (a Hugging Face token); a '
                                        'secret, handed to the host on stdin and kept in a root-only file only while '
                                        'the download runs')
+    timeout_s: Optional[float] = Field(None, ge=60, le=30 * 86400, description='Longest the download and '
+                                       'verification job may run on the host (none by default: 244 GB take what the '
+                                       'uplink allows; the stall detector catches a download that stopped moving)')
+    stall_timeout_s: float = Field(600.0, ge=5, le=86400, description='The download or verification job is stopped '
+                                   'and the step fails when no byte was downloaded or hashed for this long')
 
     @model_validator(mode='after')
     def _source(self):

@@ -167,3 +167,6 @@ class Runtime(Model):
     python: Optional[PythonEnvironment] = None
     install_timeout_s: float = Field(3600.0, ge=30, le=86400, description='Longest an installer or an environment '
                                      'build may run (the CUDA runfile and torch wheels are gigabytes)')
+    stall_timeout_s: float = Field(600.0, ge=5, le=86400, description='An installer, a copy or an environment build '
+                                   'that makes no progress (no output, no bytes, no CPU) for this long is stopped and '
+                                   'the step fails')

@@ -1,6 +1,7 @@
 # ct_env_build.py: builds one Python environment inside the container, beside the running one. Run by the
-# container's python3 (`pct exec <vmid> -- python3 -c <source>`, ct_env_build.sh), its source preceded by
-# grammar/unidiff.py's (parse, apply_all, PatchError); the job arrives as JSON on stdin:
+# container's python3 as the job `gpuhost-envbuild` (components/runtime.py build_jobs, components/jobs.py: a
+# transient unit of the container's systemd, so a build of several GB outlives the SSH command), its source
+# preceded by grammar/unidiff.py's (parse, apply_all, PatchError); the job arrives as JSON on stdin:
 #   path      the environment's final directory (<envs_dir>/<id>: content-addressed, never built in place)
 #   marker    what the program records about it (written last, as <path>/.gpuhost-env.json)
 #   lock      the lock, canonical (every package pinned with its sha256), pip among them
@@ -33,11 +34,63 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 MARKER = '.gpuhost-env.json'
+
+
+class Progress(object):
+    """The build's progress file for the job that runs it (components/jobs.py: GPUHOST_PROGRESS), rewritten
+    atomically every 2 s: the phase, pip's last line, and a counter that moves with every line pip prints and
+    every byte it downloads into the build's temporary directory (pip is silent while it fetches one big wheel;
+    the job's stall detector compares the counter)."""
+
+    def __init__(self, path):
+        self.path, self.phase, self.line, self.lines, self.tmp = path, 'starting', 'starting', 0, None
+        self._stop = threading.Event()
+        if path:
+            threading.Thread(target=self._loop, name='progress', daemon=True).start()
+
+    def note(self, phase, line=None):
+        self.phase = phase
+        if line:
+            self.lines += 1
+            self.line = line if len(line) < 200 else line[:197] + '...'
+
+    def _bytes(self):
+        total = 0
+        if self.tmp and os.path.isdir(self.tmp):
+            for root, _, files in os.walk(self.tmp):
+                for name in files:
+                    try:
+                        total += os.lstat(os.path.join(root, name)).st_size
+                    except OSError:
+                        pass
+        return total
+
+    def write(self):
+        if not self.path:
+            return
+        doc = {'phase': self.phase, 'line': '%s: %s' % (self.phase, self.line), 'counter': self.lines + self._bytes(),
+               'updated': int(time.time())}
+        tmp = self.path + '.tmp'
+        with open(tmp, 'w') as f:
+            f.write(json.dumps(doc, sort_keys=True) + '\n')
+        os.replace(tmp, self.path)
+
+    def _loop(self):
+        while not self._stop.wait(2.0):
+            try:
+                self.write()
+            except OSError:
+                pass
+
+
+PROGRESS = Progress(os.environ.get('GPUHOST_PROGRESS'))
 
 
 class Failed(Exception):
@@ -128,9 +181,14 @@ def pip_wheel(job, work):
 
 
 def run(argv, env, what):
-    res = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True)
-    return res.returncode, res.stdout
+    """(exit status, output) of a step; each line it prints is the build's progress."""
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, universal_newlines=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        PROGRESS.note(what, line.strip())
+    return proc.wait(), ''.join(out)
 
 
 def pip_failure(out, job):
@@ -229,6 +287,7 @@ def build(job, work):
     for name in os.listdir(envs):
         if name.startswith('.building-%s-' % ident):   # an interrupted build of this environment
             shutil.rmtree(os.path.join(envs, name), ignore_errors=True)
+    PROGRESS.note('pip', 'fetching pip as the lock pins it')
     wheel = pip_wheel(job, work)
     lock = os.path.join(work, 'lock.txt')
     with open(lock, 'w') as f:
@@ -251,6 +310,10 @@ def build(job, work):
                                                            job['index']['username'], job['index']['password']))
         env['NETRC'] = netrc
     tmp = os.path.join(envs, '.building-%s-%d' % (ident, os.getpid()))
+    # pip's downloads go beside the environment (the same disk; /tmp may be small and /run is memory): the
+    # progress counts their bytes, and an interrupted build's leftovers go with the next build of it.
+    env['TMPDIR'] = PROGRESS.tmp = tmp + '.tmp'
+    os.makedirs(env['TMPDIR'], mode=0o700, exist_ok=True)
     try:
         code, out = run([sys.executable, '-m', 'venv', '--without-pip', tmp], env, 'venv')
         if code != 0:
@@ -269,6 +332,7 @@ def build(job, work):
         if code != 0:
             raise pip_failure(out, job)
         site = os.path.join(tmp, 'lib', 'python%s' % job['python'], 'site-packages')
+        PROGRESS.note('patches', '%d to apply' % len(job['patches']))
         patched = apply_patches(job, site)
         code, out = run([python, '-c', 'import sglang; print(sglang.__version__)'], env, 'version')
         got = out.strip().splitlines()[-1] if out.strip() else ''
@@ -287,11 +351,19 @@ def build(job, work):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(env['TMPDIR'], ignore_errors=True)
 
 
 def main():
     job = json.load(sys.stdin)
-    # Where ct_env_build.sh copied the wheelhouse ('-': the job's index is the source).
+    # The job's input held the index password: read, it goes (the unit's stdin stays open).
+    if os.environ.get('GPUHOST_JOB_DIR'):
+        try:
+            os.unlink(os.path.join(os.environ['GPUHOST_JOB_DIR'], 'input'))
+        except OSError:
+            pass
+    # Where the staging job copied the wheelhouse ('-': the job's index is the source).
     job['wheelhouse'] = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != '-' else None
     final = job['path']
     if os.path.exists(final):

@@ -89,7 +89,8 @@ rm -f '$dir/input'
 EOF
     props=(-p "StandardInput=file:$dir/input" -p "StandardOutput=file:$dir/stdout" -p "StandardError=file:$dir/log"
            -p "ExecStopPost=/bin/bash $dir/stopped" -p TimeoutStopSec=30 -p CPUAccounting=yes
-           --setenv=GPUHOST_JOB_DIR="$dir" --setenv=GPUHOST_PROGRESS="$dir/progress.json")
+           --setenv=GPUHOST_JOB_DIR="$dir" --setenv=GPUHOST_PROGRESS="$dir/progress.json"
+           --setenv=GPUHOST_INPUT="$dir/input")
     if [ "$limit" != 0 ]; then props+=(-p "RuntimeMaxSec=$limit"); fi
     systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
       -- "$interp" "$dir/body" "$@"
