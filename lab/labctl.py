@@ -349,11 +349,16 @@ class Lab(object):
         info = self.info['index']
         with open(info['password_file']) as f:
             password = f.read()
-        self.index = pyindex.Index(info['dir'], password, self.control_path('index-requests.log'))
+        cdn = pyindex.cdn_host(info['host'])
+        self.index = pyindex.Index(info['dir'], password, self.control_path('index-requests.log'),
+                                   'http://%s:%d' % (cdn, pyindex.CDN_PORT), self.control_path('cdn-requests.log'))
         os.makedirs(self.control_path(), exist_ok=True)
         self.index_runner = web.AppRunner(self.index.app(), access_log=None)
         await self.index_runner.setup()
         await web.TCPSite(self.index_runner, info['host'], info['port']).start()
+        self.cdn_runner = web.AppRunner(self.index.cdn_app(), access_log=None)
+        await self.cdn_runner.setup()
+        await web.TCPSite(self.cdn_runner, cdn, pyindex.CDN_PORT).start()
 
     async def start_api(self):
         await self.pve.start(self.info['pve']['cafile'], self.info['pve']['keyfile'])
@@ -582,6 +587,8 @@ class Lab(object):
           start_error: [vmid, message|null]  the guest's start task fails with message
           fail: [fail() kwargs, ...]         as pve-fail.json
           index_down: bool                   the package index closes every connection unanswered (lab/pyindex.py)
+          index_files: {from, rate}          where the index's files come from: 'index', 'redirect' or 'link' (the
+                                             CDN), and a download rate in bytes a second (null: none)
           pve_version: "8.1.4"               the Proxmox VE version /version reports (an older release's)
           clear_failures: true               forget every fail()
           reset: true                        all of the above back to a healthy cluster
@@ -658,6 +665,11 @@ class Lab(object):
             pve.failures = {}
         elif name == 'index_down':
             self.index.down = bool(value)
+        elif name == 'index_files':
+            if value.get('from', 'index') not in ('index', 'redirect', 'link'):
+                raise ValueError('index_files: from must be index, redirect or link')
+            self.index.files_from = value.get('from', 'index')
+            self.index.rate = value.get('rate')
         elif name == 'pve_version':
             pve.version, pve.release_version = str(value), '.'.join(str(value).split('.')[:2])
         elif name == 'reset':
@@ -687,6 +699,7 @@ class Lab(object):
         pve.ticket_ttl = healthy.ticket_ttl
         pve.version, pve.release_version = healthy.version, healthy.release_version
         self.index.down = False
+        self.index.files_from, self.index.rate = 'index', None
         pve.failures = {}
         for key in pve.ct_secs:
             pve.ct_secs[key] = 0

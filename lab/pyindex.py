@@ -11,6 +11,13 @@ sha256.
 Every request is logged to LAB/control/index-requests.log ({"t", "path", "status"}; never a credential). With
 `down` set (tests/lablib.py index_down(), through the lab daemon's control file), connections are closed
 without an answer: an index that does not answer.
+
+Like a company index that keeps its files elsewhere (Artifactory, Nexus or GitLab serving from S3 or a CDN),
+`files` (tests/lablib.py index_files()) makes it send them from a second server, the "CDN", on another loopback
+host (the index's address with .5 as the last byte, port CDN_PORT), which asks no login and logs whether a
+request carried an Authorization header (LAB/control/cdn-requests.log: {"t", "path", "authorization"}):
+'redirect' answers /packages/<file> with a 302 to the CDN, 'link' puts the CDN's absolute URLs on the project
+pages; `rate` (bytes a second per download, null for none) makes every file download slow, index and CDN alike.
 """
 
 import base64
@@ -24,6 +31,11 @@ import time
 
 USER = 'gpuhost-lab'
 PORT = 3141   # devpi's
+CDN_PORT = 3142
+
+
+def cdn_host(index_host):
+    return index_host.rsplit('.', 1)[0] + '.5'
 
 
 def canonical(name):
@@ -75,9 +87,46 @@ def lock_text(index_dir, pins, note=''):
 class Index(object):
     """The aiohttp application (lab/labctl.py starts it on the lab's index address)."""
 
-    def __init__(self, index_dir, password, log_path):
+    def __init__(self, index_dir, password, log_path, cdn_base=None, cdn_log_path=None):
         self.dir, self.password, self.log_path = index_dir, password, log_path
+        self.cdn_base, self.cdn_log_path = cdn_base, cdn_log_path
         self.down = False
+        self.files_from = 'index'   # 'redirect' | 'link': from the CDN
+        self.rate = None
+
+    async def send_file(self, request, path):
+        """The file, at most `rate` bytes a second when set."""
+        import asyncio
+        from aiohttp import web
+        if not self.rate:
+            return web.FileResponse(path)
+        resp = web.StreamResponse(headers={'Content-Type': 'application/octet-stream',
+                                           'Content-Length': str(os.path.getsize(path))})
+        await resp.prepare(request)
+        chunk = max(1024, int(self.rate) // 10)
+        with open(path, 'rb') as f:
+            for block in iter(lambda: f.read(chunk), b''):
+                await resp.write(block)
+                await asyncio.sleep(len(block) / float(self.rate))
+        await resp.write_eof()
+        return resp
+
+    def cdn_app(self):
+        """The CDN: the same files, no login, every request's Authorization header noted (present or not)."""
+        from aiohttp import web
+
+        async def package(request):
+            name = request.match_info['file']
+            path = os.path.join(self.dir, name)
+            with open(self.cdn_log_path, 'a') as f:
+                f.write(json.dumps({'t': round(time.time(), 3), 'path': request.path,
+                                    'authorization': 'Authorization' in request.headers}) + '\n')
+            if '/' in name or name.startswith('.') or not name.endswith('.whl') or not os.path.isfile(path):
+                raise web.HTTPNotFound()
+            return await self.send_file(request, path)
+        app = web.Application()
+        app.router.add_get('/packages/{file}', package)
+        return app
 
     def authorised(self, request):
         head = request.headers.get('Authorization', '')
@@ -121,7 +170,8 @@ class Index(object):
                 raise web.HTTPNotFound()
             if request.match_info['project'] != name:
                 raise web.HTTPMovedPermanently('/simple/%s/' % name)
-            body = ''.join('<a href="../../packages/%s#sha256=%s">%s</a>\n' % (n, h, n) for n, h in have)
+            base = self.cdn_base + '/packages/' if self.files_from == 'link' else '../../packages/'
+            body = ''.join('<a href="%s%s#sha256=%s">%s</a>\n' % (base, n, h, n) for n, h in have)
             return web.Response(text='<!DOCTYPE html>\n<html><body>\n%s</body></html>\n' % body, content_type='text/html')
 
         async def package(request):
@@ -129,7 +179,9 @@ class Index(object):
             path = os.path.join(self.dir, name)
             if '/' in name or name.startswith('.') or not name.endswith('.whl') or not os.path.isfile(path):
                 raise web.HTTPNotFound()
-            return web.FileResponse(path)
+            if self.files_from == 'redirect':
+                raise web.HTTPFound(self.cdn_base + '/packages/' + name)
+            return await self.send_file(request, path)
 
         app = web.Application(middlewares=[gate])
         app.router.add_get('/simple/', root)

@@ -174,7 +174,7 @@ FIRST_NET, LAST_NET = 21, 120
 
 def _ports_free(net):
     for addr, port in (('127.0.%d.2' % net, 8006), ('127.0.%d.3' % net, 2222), ('127.0.%d.4' % net, 30000),
-                       ('127.0.%d.2' % net, pyindex.PORT)):
+                       ('127.0.%d.2' % net, pyindex.PORT), (pyindex.cdn_host('127.0.%d.2' % net), pyindex.CDN_PORT)):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -387,6 +387,19 @@ class Lab(object):
     def index_down(self, down=True):
         """The package index stops answering (connections closed unanswered), or answers again."""
         self.pve_set(index_down=down)
+
+    def index_files(self, source='index', rate=None):
+        """Where the index's files come from: 'index', 'redirect' (a 302 to the lab's CDN, another loopback host)
+        or 'link' (the project pages link the CDN's URLs); rate: bytes a second per download (None: no limit)."""
+        self.pve_set(index_files={'from': source, 'rate': rate})
+
+    def cdn_requests(self):
+        """Every request the CDN saw: [{'t', 'path', 'authorization' (whether it carried the header)}]."""
+        try:
+            with open(self.control('cdn-requests.log')) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
 
     def index_requests(self):
         """Every request the index saw: [{'t', 'path', 'status' (HTTP status, 401, or 'dropped')}]."""

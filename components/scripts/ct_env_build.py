@@ -133,11 +133,19 @@ class Links(html.parser.HTMLParser):
             self._href = None
 
 
+def origin(url):
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {'http': 80, 'https': 443}.get(parts.scheme)
+
+
 def fetch(url, index, what):
     req = urllib.request.Request(url, headers={'User-Agent': 'gpuhost-env-build'})
-    if index.get('username'):
+    # The login goes to the index's own origin only: not to a link that points at another host, and not along a
+    # redirect (an Artifactory, Nexus or GitLab index serving its files from S3 or a CDN) - urllib carries an
+    # ordinary header over to the redirect's target, an unredirected one it does not.
+    if index.get('username') and origin(url) == origin(index['url']):
         token = base64.b64encode(('%s:%s' % (index['username'], index['password'])).encode()).decode()
-        req.add_header('Authorization', 'Basic ' + token)
+        req.add_unredirected_header('Authorization', 'Basic ' + token)
     try:
         return urllib.request.urlopen(req, timeout=60)
     except urllib.error.HTTPError as e:
