@@ -105,6 +105,7 @@ class Poll:
     stop: Optional[str]
     out: Optional[str]
     log: list
+    stopped_now: bool = False       # `stop` found it running and stopped it
 
     @property
     def running(self) -> bool:
@@ -144,7 +145,7 @@ def parse_poll(text: str) -> Poll:
                       'ended': int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else None}
     return Poll(state=kv.get('state', 'unknown'), sub=kv.get('sub', ''), cpu=num('cpu'), spec=opt('spec'),
                 started=num('started'), now=num('now'), progress=progress, result=result, stop=opt('stop'),
-                out=kv.get('out'), log=log)
+                out=kv.get('out'), log=log, stopped_now=kv.get('stopped') == 'yes')
 
 
 def _job_sh() -> str:

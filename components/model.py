@@ -198,8 +198,8 @@ class ModelProvider(ObservedProvider):
         # program's); its textfile and cache go.
         target = remote.Target.from_inputs(props['connection'])
         job = verify_job(props, verify_args(props, True), False)
-        if jobs.poll(target, job).running:
-            jobs.stop(target, job, 'the model resource is being deleted')
+        if jobs.stop(target, job, 'the model resource is being deleted').stopped_now:
+            info('model: stopped job %s on the host (the model resource is being deleted)' % job.name)
         jobs.forget(target, job)
         remote.run(target, 'model_forget.sh', [props.get('textfile') or TEXTFILE, cache_path(props['dir'])])
 

@@ -29,7 +29,7 @@ import os
 import posixpath
 
 from components import jobs, remote
-from components.state import OperatorError, warn
+from components.state import OperatorError, info, warn
 
 ENV_ID_LEN = 16
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -498,6 +498,19 @@ def finish(target, props: dict, keep_ids: list) -> None:
             warn('sglang-unit: %s in container %s is a directory (an environment made by hand before the program '
                  'managed it), so it was left as it is instead of becoming a link to %s; remove it once nothing '
                  'uses it' % (path, props['vmid'], env['path']))
+
+
+def stop_jobs(target, props: dict) -> None:
+    """Before the unit (and with it the container's runtime) goes: every install, staging or build job of this
+    container still running is stopped, on the host and in the container."""
+    vmid = str(props['vmid'])
+    names = [('gpuhost-stage-%s-%s' % (kind, vmid), None) for kind in ('nvidia', 'cuda', 'wheelhouse')] + \
+        [(name, vmid) for name in ('gpuhost-install-nvidia', 'gpuhost-install-cuda', 'gpuhost-envbuild')]
+    for name, where in names:
+        job = jobs.Job(name=name, label=name, spec='-', interpreter='bash', body='', vmid=where)
+        res = jobs.call(target, job, 'stop', 'the SGLang unit is being deleted')
+        if res.exit_code == 0 and jobs.parse_poll(res.stdout).stopped_now:
+            info('sglang-unit: stopped job %s %s (the unit is being deleted)' % (name, job.where))
 
 
 def confirmed_history(env_id: str, previous: list, keep: int) -> list:

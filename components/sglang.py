@@ -501,6 +501,8 @@ class SglangUnitProvider(ObservedProvider):
 
     def delete(self, _id, props):
         target = remote.Target.from_inputs(props['connection'])
+        if props.get('install'):
+            runtime.stop_jobs(target, props)
         remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
 
 

@@ -104,6 +104,9 @@ EOF
     if active; then
       printf '%s\n' "$reason" > "$dir/stop"
       systemctl stop "$unit" || true
+      printf 'stopped\tyes\n'
+    else
+      printf 'stopped\tno\n'
     fi
     poll
     ;;
