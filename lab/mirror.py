@@ -23,8 +23,9 @@ Control, for tests (LAB/control/ in the lab):
   re-read every half second, so a test can slow a transfer down or let it finish while it runs);
 - replace_file(): a file's content replaced between two attempts (a new inode and mtime: a new ETag).
 Every request is logged to the log file as one JSON line: {"path", "method", "range", "if_range", "status", "bytes"
-(body bytes sent), "host" (the listener's host:port), "auth" (whether an Authorization header came)} - so a test can
-prove that no byte was fetched twice and that the CDN never saw the token."""
+(body bytes sent), "host" (the listener's host:port), "auth" (whether an Authorization header came), "start", "end"
+(Unix times)} - so a test can prove that no byte was fetched twice, that transfers overlapped, and that the CDN never
+saw the token."""
 
 import asyncio
 import email.utils
@@ -127,7 +128,7 @@ class Mirror(object):
         rel = request.match_info['path']
         rec = {'path': rel, 'method': request.method, 'range': request.headers.get('Range'),
                'if_range': request.headers.get('If-Range'), 'host': request.host,
-               'auth': 'Authorization' in request.headers, 'bytes': 0}
+               'auth': 'Authorization' in request.headers, 'bytes': 0, 'start': round(time.time(), 3)}
         if os.path.exists(self.down_path):
             self.log(status='dropped', **rec)
             request.transport.close()
@@ -146,7 +147,7 @@ class Mirror(object):
                 return await self.resolve(request, rec, *hub.groups())
             return await self.serve(request, rec, rel)
         finally:
-            self.log(**rec)
+            self.log(end=round(time.time(), 3), **rec)
 
     def api(self, request, rec, org, repo, revision):
         from aiohttp import web

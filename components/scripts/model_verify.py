@@ -323,33 +323,33 @@ def hash_workers(job):
 
 
 def run_pool(items, workers, fn):
-    """fn(item) for every item on up to `workers` threads, in the order given; returns the errors (FetchError's
-    text, or "<item>: <what>" for anything else) - one failed file does not stop the others."""
+    """fn(item) for every item on up to `workers` threads, started in the order given; returns the errors in that
+    order (FetchError's text, or "<item>: <what>" for anything else) - one failed file does not stop the others."""
     items = list(items)
-    errors, lock = [], threading.Lock()
-    it = iter(items)
+    errors, lock = {}, threading.Lock()
+    it = iter(enumerate(items))
 
     def work():
         while True:
             with lock:
-                item = next(it, None)
-            if item is None:
+                i, item = next(it, (None, None))
+            if i is None:
                 return
             try:
                 fn(item)
             except FetchError as e:
                 with lock:
-                    errors.append(str(e))
+                    errors[i] = str(e)
             except Exception as e:   # noqa: BLE001 - one line naming the file, never a traceback from a thread
                 with lock:
-                    errors.append('%s: %s: %s' % (item, type(e).__name__, e))
+                    errors[i] = '%s: %s: %s' % (item, type(e).__name__, e)
     threads = [threading.Thread(target=work, name='worker-%d' % i, daemon=True)
                for i in range(max(1, min(workers, len(items))))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return errors
+    return [errors[i] for i in sorted(errors)]
 
 
 # ------------------------------------------------------------------------------------------ verifying
