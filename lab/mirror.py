@@ -149,9 +149,23 @@ class Mirror(object):
         finally:
             self.log(end=round(time.time(), 3), **rec)
 
+    def revision_dir(self, org, repo, revision):
+        """<root>/<org>/<repo>/<revision>, also when the revision is the commit a tag there resolves to."""
+        rel = '%s/%s/%s' % (org, repo, revision)
+        if os.path.isdir(os.path.join(self.root, rel)) or not re.match(r'^[0-9a-f]{40}$', revision):
+            return rel
+        try:
+            tags = os.listdir(os.path.join(self.root, org, repo))
+        except OSError:
+            return rel
+        for tag in tags:
+            if commit_of('%s/%s' % (org, repo), tag) == revision:
+                return '%s/%s/%s' % (org, repo, tag)
+        return rel
+
     def api(self, request, rec, org, repo, revision):
         from aiohttp import web
-        d = os.path.join(self.root, org, repo, revision)
+        d = os.path.join(self.root, self.revision_dir(org, repo, revision))
         if request.method != 'GET' or not os.path.isdir(d):
             rec['status'] = 404
             return web.Response(status=404, text='Revision Not Found\n', headers={'X-Error-Code': 'RevisionNotFound'})
@@ -177,7 +191,7 @@ class Mirror(object):
 
     async def resolve(self, request, rec, org, repo, revision, name):
         from aiohttp import web
-        rel = '%s/%s/%s/%s' % (org, repo, revision, name)
+        rel = '%s/%s' % (self.revision_dir(org, repo, revision), name)
         full = self.local(rel)
         commit = commit_of('%s/%s' % (org, repo), revision)
         if full is None or request.method not in ('GET', 'HEAD'):

@@ -1017,6 +1017,7 @@ def fetch(job, progress=None):
     missing_meta = [n for n in files if n not in metas]
     if missing_meta:
         metas.update(hub_metadata(source, base, missing_meta, conns, progress))
+    stats.data.clear()   # the report's byte counts are the shards' (and other big files'), as the line shows them
     jobs, have = download(files, metas, expected)
     total, done = sum(metas[n]['size'] for n in files), sum(have.values())
     free = shutil.disk_usage(job['storage']).free
@@ -1067,7 +1068,7 @@ def fetch(job, progress=None):
         if isinstance(kept.get(name), dict) and 'sha256' in kept[name]:
             dir_cache.data[name] = kept[name]
     dir_cache.replace(dir_cache.data)
-    staged_sums.replace({})
+    discard(staged_sums.path)   # everything moved: the staging directory is empty again
     return {'downloaded': staged, 'downloaded_bytes': stats.data['received'], 'resumed_bytes': stats.data['resumed'],
             'download_s': round(t_download, 3), 'fetch_s': round(time.time() - t0, 3),
             'connections': min(conns, max(len(files), 1)), 'max_bytes_per_s': bucket.rate if bucket else None,
