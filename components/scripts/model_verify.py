@@ -977,7 +977,8 @@ def fetch(job, progress=None):
         metas = hub_metadata(source, base, manifest, conns, progress)
         jobs, have = download(manifest, metas, {n: (sums[n], 'checksums') for n in manifest if n in sums})
         progress.begin('download', total=sum(metas[n]['size'] for n in manifest), done=sum(have.values()),
-                       files_total=len(manifest))
+                       files_total=len(manifest), note='starting: %s from %s' % (', '.join(manifest), base))
+        progress.note = ''
         errors = run_pool(manifest, conns, lambda n: jobs[n].run(have[n]))
         if errors:
             raise FetchError('; '.join(errors))

@@ -153,12 +153,15 @@ class MirrorServer(object):
         self.mirror.cdn_url = 'http://' + self.cdn_host
         self.url = 'http://%s/M' % self.hub_host
         self.hub_url = 'http://%s/%s/M/resolve/v1' % (self.hub_host, labmodel.HUB_ORG)
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
 
     def close(self):
         import asyncio
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
 
     def throttle(self, **limits):
         with open(self.control / 'throttle.json', 'w') as f:
@@ -409,6 +412,7 @@ def test_a_head_without_content_length_is_a_named_error(model, storage):
             mv.fetch(download_job(model, storage, url))
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def test_without_a_checksum_file_the_hub_s_sha256_is_checked_and_the_cdn_never_sees_the_token(
@@ -451,8 +455,8 @@ def test_a_killed_hashing_job_keeps_the_sums_of_the_shards_it_finished(model, tm
     d = model['dir']
     big = SHARDS[2]
     sparse_shard(os.path.join(d, big), 'lm_head.weight', 8 << 30)
-    index = {'weight_map': {t: s for t, s in json.load(open(os.path.join(d, mv.INDEX)))['weight_map'].items()
-                            if s != big}}
+    with open(os.path.join(d, mv.INDEX)) as f:
+        index = {'weight_map': {t: s for t, s in json.load(f)['weight_map'].items() if s != big}}
     index['weight_map']['lm_head.weight'] = big
     with open(os.path.join(d, mv.INDEX), 'w') as f:
         json.dump(index, f)
