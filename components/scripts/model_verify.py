@@ -305,14 +305,6 @@ class SumCache(object):
             pass   # a cache: the next run computes again what it could not keep
 
 
-def load_cache(path):
-    return SumCache(path).data
-
-
-def save_cache(path, cache):
-    SumCache(path).replace(cache)
-
-
 def world_readable(st):
     return bool(st.st_mode & stat.S_IROTH)
 
@@ -583,8 +575,12 @@ def read_token():
     path = os.environ.get('GPUHOST_TOKEN_FILE')
     if not path:
         return None
-    with open(path) as f:
-        return f.read().strip() or None
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError as e:
+        raise FetchError('the token file %s (GPUHOST_TOKEN_FILE) cannot be read (%s); the program writes it for the '
+                         'download - re-run the `up`' % (path, e.strerror or e))
 
 
 class Http(object):
@@ -655,8 +651,6 @@ def metadata(source, url):
     import http.client
     try:
         r = source.open(url, 'HEAD', stop=lambda h: h.get('X-Linked-Size') or h.get('X-Linked-Etag'))
-    except FetchError:
-        raise
     except (OSError, ValueError, http.client.HTTPException) as e:
         raise http_failure(url, e)
     with r:
