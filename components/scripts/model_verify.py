@@ -877,7 +877,9 @@ class Download(object):
             if self.bucket:
                 chunk = int(min(chunk, max(4096, self.bucket.rate / 8)))
             try:
-                with open(self.part, mode) as out:
+                # Unbuffered: what was received is in the file (the page cache) at once, so a job killed at any
+                # point leaves a partial whose size is exactly the bytes it got - the resume asks for none twice.
+                with open(self.part, mode, buffering=0) as out:
                     while True:
                         block = r.read1(chunk)
                         if not block:
@@ -885,7 +887,9 @@ class Download(object):
                         if self.have + len(block) > size:
                             raise FetchError('%s: the source sends more than the %d bytes its HEAD said; the file is '
                                              'changing on the source - re-run when it is stable' % (self.name, size))
-                        out.write(block)
+                        view = memoryview(block)
+                        while view:
+                            view = view[out.write(view):]
                         self.h.update(block)
                         self.have += len(block)
                         self.progress.add(len(block))

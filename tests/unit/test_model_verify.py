@@ -274,6 +274,28 @@ def test_a_download_cut_off_midway_is_resumed_and_moved_in_only_when_complete(mo
     assert not os.listdir(staging(storage))
 
 
+def test_a_job_killed_mid_download_resumes_where_its_partial_ends(model, mirror_server, storage, tmp_path):
+    """SIGKILL (a reboot, `systemctl stop`): the partial on disk is what was received, its record beside it; the next
+    run asks for the rest of the same version only."""
+    slow = SHARDS[2]
+    mirror_server.throttle(files={slow: 40960})
+    job = download_job(model, storage, mirror_server.url)
+    part = staging(storage) / (slow + '.part')
+
+    def midway(states):
+        return any(s['phase'] == 'download' and s['current'] == [slow] and s['done_bytes'] > 100000 for s in states) \
+            and os.path.exists(part) and os.path.getsize(part) > 20000
+    report, _, _ = run_job(job, tmp_path, kill_when=midway)
+    assert report is None and not os.path.exists(job['dir'])
+    got = os.path.getsize(part)
+    mirror_server.throttle()
+    rep, err, _ = run_job(job, tmp_path, watch=False)
+    assert rep['verified'] and rep['resumed_bytes'] == got and rep['downloaded_bytes'] == SIZES[slow] - got, (rep, err)
+    first, last = mirror_server.requests(slow, until=lambda rs: len(rs) == 2 and rs[-1]['status'] == 206)
+    assert (first['range'], last['range'], last['if_range'], last['bytes']) == \
+        (None, 'bytes=%d-' % got, mirror.etag_of(os.stat(mirror_server.root / 'M' / slow)), SIZES[slow] - got)
+
+
 def test_several_files_download_at_once_and_the_progress_file_follows(model, mirror_server, storage, tmp_path):
     # ~2 s each at once, ~6 s one after another.
     mirror_server.throttle(files={SHARDS[0]: 45000, SHARDS[1]: 25000, SHARDS[2]: 70000})
