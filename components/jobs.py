@@ -68,6 +68,7 @@ class Job:
     stall_s: int = 600
     limit_key: str = ''             # the config keys naming the limit and the stall time, for messages
     stall_key: str = ''
+    prefix: Optional[str] = None    # what progress lines start with (default: the label)
 
     @property
     def log_path(self) -> str:
@@ -263,7 +264,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                                 line, job.log_path), job, 'stalled')
         if now - last_said >= say_s:
             last_said = now
-            say('%s: %s' % (job.label, describe_progress(p.progress)))
+            say('%s: %s' % (job.prefix or job.label, describe_progress(p.progress)))
         time.sleep(poll_s)
 
 

@@ -131,7 +131,7 @@ def verify_job(props, job: dict, fetch: bool) -> jobs.Job:
                     spec=jobs.spec_of(job), interpreter='python3', body=verifier_source().decode(),
                     args=(json.dumps(job, sort_keys=True),), stdin=token.encode(),
                     limit_s=int(props.get('timeout_s') or 0), stall_s=int(props.get('stall_timeout_s') or 600),
-                    limit_key='gpuhost:model.timeout_s', stall_key='gpuhost:model.stall_timeout_s')
+                    limit_key='gpuhost:model.timeout_s', stall_key='gpuhost:model.stall_timeout_s', prefix='model')
 
 
 def refusal(rep: dict, props: dict) -> str:
@@ -242,6 +242,6 @@ def model_weights(name, d, connection, model_files=None, opts=None):
              'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage, 'source': m.base_url(),
              'token': pulumi.Output.secret(token) if token else None,
              'checksums': (model_files or {}).get('checksums'), 'verified': True, 'textfile': TEXTFILE,
-             'timeout_s': m.timeout_s, 'stall_timeout_s': m.stall_timeout_s,
+             'timeout_s': m.timeout_s, 'stall_timeout_s': m.stall_timeout_s, **m.download_options(),
              **dict.fromkeys(ModelProvider.OUTPUTS)}
     return ModelWeightsResource(ModelProvider(), name, props, opts)

@@ -70,6 +70,11 @@ def model_source(value: str) -> str:
                     'give the URL without them and the token as a secret: pulumi config set --secret --path '
                     'gpuhost:model.token')
 
+# gpuhost:model.connections: at most this many files at once (the hub's own client and GPUStack use 8).
+MAX_CONNECTIONS = 32
+# gpuhost:model.max_bytes_per_s: at least 1 MB/s (a smaller number is a unit mistake: bits, or MB meant).
+MIN_RATE = 1000000
+
 # Where a container path must not be: the container's own system (a read-only bind there breaks it).
 SYSTEM_DIRS = ('/', '/bin', '/boot', '/dev', '/etc', '/lib', '/lib64', '/opt', '/proc', '/root', '/run', '/sbin',
                '/sys', '/tmp', '/usr', '/var', '/home', '/srv')
@@ -111,6 +116,30 @@ class ModelWeights(Model):
                                        'uplink allows; the stall detector catches a download that stopped moving)')
     stall_timeout_s: float = Field(600.0, ge=5, le=86400, description='The download or verification job is stopped '
                                    'and the step fails when no byte was downloaded or hashed for this long')
+    connections: int = Field(8, description='How many files the host downloads from the source at once (one '
+                                            'connection each); 1-32')
+    max_bytes_per_s: Optional[int] = Field(None, description='The whole download\'s rate limit on the host, in bytes '
+                                                             'per second (e.g. 500000000 for 4 Gbit/s), so the '
+                                                             'weights do not take all of the host\'s uplink; none by '
+                                                             'default')
+
+    @field_validator('connections')
+    @classmethod
+    def _connections(cls, v):
+        if not 1 <= v <= MAX_CONNECTIONS:
+            raise ValueError('%d is not a number of connections the host may open to the source at once (1-%d); '
+                             'write e.g. 8 (one per file: more than the ~50 shards of a large model gain nothing, and '
+                             'a mirror or the hub may refuse a client that opens more)' % (v, MAX_CONNECTIONS))
+        return v
+
+    @field_validator('max_bytes_per_s')
+    @classmethod
+    def _rate(cls, v):
+        if v is not None and v < MIN_RATE:
+            raise ValueError('%d bytes/s is below %d (1 MB/s), which would take days for a model of hundreds of GB; '
+                             'give bytes per second, e.g. 125000000 for 1 Gbit/s, or leave it unset for no limit'
+                             % (v, MIN_RATE))
+        return v
 
     @model_validator(mode='after')
     def _source(self):
@@ -166,6 +195,10 @@ class ModelWeights(Model):
         if m:
             return 'https://huggingface.co/%s/%s/resolve/%s' % (m.group(1), m.group(2), self.revision)
         return self.source
+
+    def download_options(self) -> dict:
+        """The download's job keys for components/scripts/model_verify.py ("connections", "max_bytes_per_s")."""
+        return {'connections': self.connections, 'max_bytes_per_s': self.max_bytes_per_s}
 
     def mount_entry(self) -> str:
         """The container's mpN value: a bind mount of the host directory (root@pam only)."""

@@ -170,6 +170,9 @@ def prepare_model(lab, host):
     hostsim.write(checksums, sums)
     # The same files on the lab's mirror (lab/mirror.py), for the download path (gpuhost:model.source).
     labmodel.build(os.path.join(lab, 'mirror', model['id']), model['id'], model['revision'])
+    # ... and as the hub holds them (lab/mirror.py's hub: /<org>/<repo>/resolve/<revision>/<file>).
+    labmodel.build(os.path.join(lab, 'mirror', labmodel.HUB_ORG, model['id'], model['revision']), model['id'],
+                   model['revision'])
     return {'id': model['id'], 'revision': model['revision'], 'storage': model['storage'], 'dir': where,
             'checksums': checksums}
 
@@ -338,11 +341,16 @@ class Lab(object):
         from aiohttp import web
         if not self.info.get('model'):
             return
+        host = self.info['index']['host']
+        # The same app answers as the hub's CDN on a port of its own: resolve/ redirects there (another origin, which
+        # must never see the token - the request log says whether it did).
         self.mirror = mirror.Mirror(os.path.join(self.lab, 'mirror'), self.control_path('mirror-requests.log'),
-                                    self.control_path('mirror-down'))
+                                    self.control_path('mirror-down'), self.control_path('mirror-throttle.json'),
+                                    cdn_url='http://%s:%d' % (host, mirror.CDN_PORT))
         self.mirror_runner = web.AppRunner(self.mirror.app(), access_log=None)
         await self.mirror_runner.setup()
-        await web.TCPSite(self.mirror_runner, self.info['index']['host'], mirror.PORT).start()
+        await web.TCPSite(self.mirror_runner, host, mirror.PORT).start()
+        await web.TCPSite(self.mirror_runner, host, mirror.CDN_PORT).start()
 
     async def start_index(self):
         from aiohttp import web

@@ -17,6 +17,7 @@ import struct
 # A tiny Qwen3-MoE-shaped text model: enough tensors for three shards; BF16 like the real checkpoint.
 HIDDEN, LAYERS, VOCAB, EXPERTS, INTER = 64, 2, 512, 4, 32
 DTYPE_BYTES = {'BF16': 2, 'F32': 4}
+HUB_ORG = 'gpuhost-lab'   # the lab mirror's hub serves the lab model as gpuhost-lab/<id> (lab/mirror.py)
 
 
 def config_json(model_id):

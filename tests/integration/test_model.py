@@ -1,7 +1,8 @@
 """The model as declared, verified state (gpuhost:model), with the real CLI and a real container on one lab: from
 an empty lab (the model not on the host, an interrupted download's first 20,000 bytes in the staging directory)
 one `up` downloads the tiny real safetensors model (lab/labmodel.py) from the lab's mirror (lab/mirror.py, one
-slow shard: the progress line shows), resuming the partial file with an HTTP range, checks it, moves it into place,
+slow shard: the progress line shows), resuming the partial file with an HTTP range (If-Range: the ETag it was
+started from), checks it, moves it into place,
 mounts the storage read-only into the container (mp0) and serves, with no hand step; a second `up` changes
 nothing, and a refresh reads no shard again (the cache); a shard cut short out of band stops the next `up`
 before the unit restarts - with or without a refresh first - and the service keeps serving; the simulated SGLang
@@ -74,7 +75,12 @@ def test_first_up_downloads_mounts_verifies_and_serves(lab, cfg):
                             '%s@%s' % (MODEL, cfg['gpuhost:model']['revision']))
     os.makedirs(staging)
     with open(os.path.join(staging, SLOW + '.part'), 'wb') as f:
-        f.write(slow[:20000])    # what an interrupted download left
+        f.write(slow[:20000])    # what an interrupted download left: the first bytes, and the version they are of
+    head = urllib.request.Request('%s/%s' % (cfg['gpuhost:model']['source'], SLOW), method='HEAD')
+    with urllib.request.urlopen(head, timeout=5) as r:
+        etag = r.headers['ETag']
+    with open(os.path.join(staging, SLOW + '.part.json'), 'w') as f:
+        json.dump({'size': len(slow), 'etag': etag, 'identity': etag.strip('"')}, f)
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     out = res.stdout + res.stderr
     progress = [line for line in out.splitlines() if 'model: downloading ' in line]
@@ -83,7 +89,7 @@ def test_first_up_downloads_mounts_verifies_and_serves(lab, cfg):
                          % (re.escape(MODEL), SLOW), line) for line in progress), progress
     assert 'model: downloaded 5 files (264.6 kB; 20.0 kB resumed from an earlier attempt)' in out, progress
     ranges = [r for r in mirror_requests(lab) if r['path'].endswith(SLOW) and r.get('method') == 'GET']
-    assert [r['range'] for r in ranges] == ['bytes=20000-'] and ranges[0]['status'] == 206
+    assert [(r['range'], r['if_range']) for r in ranges] == [('bytes=20000-', etag)] and ranges[0]['status'] == 206
     lines = model_lines(out)
     assert lines and re.search(r'%s@8177ab06040c16b2ac6d81b49f000d8e8f4f969e: 3/3 shards, 284\.6 kB, verified '
                                r'\(5 sha256, ' % re.escape(MODEL), lines[-1]), lines

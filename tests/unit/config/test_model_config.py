@@ -131,3 +131,16 @@ def test_a_plain_text_token_is_refused():
                                                  r'gpuhost:model.token'):
         config.check_secrets(data, lambda key: False, None)
     config.check_secrets(data, lambda key: True, {('model', 'token')})
+
+
+def test_the_download_s_connections_and_rate_limit():
+    assert parse().model.download_options() == {'connections': 8, 'max_bytes_per_s': None}
+    assert parse({'connections': 16, 'max_bytes_per_s': 125000000}).model.download_options() == \
+        {'connections': 16, 'max_bytes_per_s': 125000000}
+    refused('gpuhost:model.connections: 0 is not a number of connections the host may open to the source at once '
+            '(1-32); write e.g. 8', {'connections': 0})
+    refused('gpuhost:model.connections: 100 is not a number of connections', {'connections': 100})
+    refused("gpuhost:model.connections: '8' is not a whole number (write it without quotes)", {'connections': '8'})
+    refused('gpuhost:model.max_bytes_per_s: 100 bytes/s is below 1000000 (1 MB/s), which would take days for a model '
+            'of hundreds of GB; give bytes per second, e.g. 125000000 for 1 Gbit/s', {'max_bytes_per_s': 100})
+    refused('gpuhost:model.max_bytes_per_s: 1.5 is not a whole number', {'max_bytes_per_s': 1.5})
