@@ -379,9 +379,16 @@ class Lab(object):
             await self.pve.stop()
 
     async def boot_host(self):
-        """Power the simulated host on (lab/labhost.py): back once its systemd is PID 1; sshd follows."""
+        """Power the simulated host on (lab/labhost.py): back once its sshd accepts connections (at most
+        10 s after its systemd runs as PID 1); the boot's times go to labd.log."""
+        t0 = time.time()
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: self.machine.boot(self.info['host_base'], self.info['node']))
+        t1 = time.time()
+        while time.time() - t1 < 10 and not port_open(self.info['ssh']['host'], self.info['ssh']['port']):
+            await asyncio.sleep(0.02)
+        print('labd: host booted: systemd is PID 1 after %.2f s, sshd accepting after %.2f s' % (
+            t1 - t0, time.time() - t0), flush=True)
 
     def halt_host(self, timeout=10.0):
         """The host goes down as in a reboot: every SSH connection dropped at once, without a goodbye (its
