@@ -117,6 +117,11 @@ def prepare(lab, spec_path):
     shutil.copyfile(spec_path, os.path.join(lab, 'spec.json'))
     for sub in ('ssh', 'pve', 'secrets', 'ct', 'control', 'run', 'host/etc', 'host/dev', 'host/var'):
         os.makedirs(os.path.join(lab, sub), mode=0o700, exist_ok=True)
+    # The modes of the host's /etc and /var (the upper layers' own: services drop root, and read /etc) and
+    # /root, as Debian has them.
+    for sub, mode in (('host/etc', 0o755), ('host/var', 0o755), ('host/root', 0o700)):
+        os.makedirs(os.path.join(lab, sub), exist_ok=True)
+        os.chmod(os.path.join(lab, sub), mode)
     host = hostsim.Host(lab)
     host.create()
     # The fake tools, by their real names, first on root's PATH in the host (its /usr/local/sbin).

@@ -114,8 +114,3 @@ class LabHost(object):
     def enter_argv(self, argv):
         """argv run inside the host: its namespaces, root, a clean environment (lab/container.py)."""
         return self.machine.enter_argv(argv)
-
-    def wait_gone(self, timeout=10.0):
-        deadline = time.time() + timeout
-        while self.nspawn_pid() and time.time() < deadline:
-            time.sleep(0.05)
