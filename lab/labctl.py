@@ -406,10 +406,10 @@ class Lab(object):
 
     def ct_enter_argv(self, vmid, argv):
         """pct's broker (lab/pctbroker.py): the nsenter into running container vmid, or pct's message."""
-        ct = container.Container(self.ct_dir(vmid))
-        if ct.leader() is None:
-            raise ValueError('CT %s not running' % vmid)
-        return ct.enter_argv(argv)
+        try:
+            return container.Container(self.ct_dir(vmid)).enter_argv(argv)
+        except container.ContainerError:   # (not running, or stopped a moment ago)
+            raise ValueError('CT %s not running' % vmid) from None
 
     def stop(self):
         """The lab daemon ends: every container shut down and its root unmounted (its files stay)."""

@@ -147,7 +147,7 @@ class Broker(object):
                 command = self.enter_argv(vmid, argv)
             except ValueError as e:   # not a running container: pct's own message
                 answer = {'error': str(e)}
-            except (BrokerError, KeyError, OSError) as e:
+            except (BrokerError, KeyError, TypeError, OSError) as e:
                 answer = {'error': 'pct: the lab daemon refused the request: %s' % e}
             else:
                 answer = self._run(command, fds)
