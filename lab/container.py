@@ -73,6 +73,37 @@ def _children(pid):
     return out
 
 
+def descendants(root):
+    """Every process below root (children, their children, ...), as this PID namespace numbers them."""
+    parents = {}
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            try:
+                with open('/proc/%s/stat' % name) as f:
+                    parents[int(name)] = int(f.read().rsplit(')', 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out = []
+    for pid in parents:
+        p = parents.get(pid)
+        for _ in range(64):
+            if p is None or p <= 1:
+                break
+            if p == root:
+                out.append(pid)
+                break
+            p = parents.get(p)
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read()
+    except OSError:
+        return b''
+
+
 def mounted(path):
     path = os.path.realpath(path)
     with open('/proc/self/mountinfo') as f:
@@ -95,6 +126,7 @@ class Container(object):
     def __init__(self, ctdir):
         self.dir = ctdir
         self.rootfs = os.path.join(ctdir, 'rootfs')
+        self.proc = None   # the systemd-nspawn this object started, if it did
 
     def path(self, *parts):
         return os.path.join(self.dir, *parts)
@@ -136,21 +168,26 @@ class Container(object):
             _write(target, text)
         _write(self.path('status'), 'stopped\n')
 
-    def start(self, machine, hostname, binds=(), timeout=20.0):
+    def start(self, machine, hostname, binds=(), timeout=20.0, init=None, options=(), tmp_on_root=True):
         """Boot it: systemd-nspawn with systemd as PID 1. Returns once PID 1 is systemd (as `pct start`
-        returns once the container's init runs; the boot itself goes on)."""
+        returns once the container's init runs; the boot itself goes on). init: a command that prepares the
+        root as PID 1, then execs systemd (lab/host-init.sh), instead of nspawn's --boot; options: more of
+        systemd-nspawn's; tmp_on_root: /tmp on the root filesystem, as in an LXC container (else nspawn's
+        tmpfs)."""
         if self.leader():
             return
         # Proxmox writes the configured hostname into the container at every start.
         _write(os.path.join(self.rootfs, 'etc', 'hostname'), hostname + '\n')
-        argv = ['systemd-nspawn', '--boot', '--register=no', '--keep-unit', '--quiet', '--console=pipe',
+        argv = ['systemd-nspawn', '--register=no', '--keep-unit', '--quiet', '--console=pipe',
                 '--link-journal=no', '--machine=' + machine, '--hostname=' + hostname, '--directory=' + self.rootfs]
+        argv += list(options)
         # (src, dst) or (src, dst, 'ro').
         argv += ['--%s=%s:%s' % ('bind-ro' if len(b) > 2 and b[2] == 'ro' else 'bind', b[0], b[1]) for b in binds]
+        # With an init of its own, nspawn stops the container as --boot would have it: systemd's halt signal.
+        argv += ['--boot'] if init is None else ['--kill-signal=SIGRTMIN+3', '--'] + list(init)
         log = open(self.path('boot.log'), 'ab')
-        # /tmp on the container's root filesystem, as in an LXC container (nspawn's default is a tmpfs);
-        # /run is a tmpfs in both.
-        env = dict(os.environ, SYSTEMD_NSPAWN_TMPFS_TMP='0')
+        # /run is a tmpfs in both an LXC container and nspawn's.
+        env = dict(os.environ, SYSTEMD_NSPAWN_TMPFS_TMP='0' if tmp_on_root else '1')
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 env=env)
         log.close()
@@ -158,17 +195,18 @@ class Container(object):
         deadline = time.time() + timeout
         while time.time() < deadline:
             if proc.poll() is not None:
-                raise ContainerError('systemd-nspawn exited with %s before the container booted; see %s' % (
-                    proc.returncode, self.path('boot.log')))
+                raise ContainerError('systemd-nspawn exited with %s before %s booted; see %s' % (
+                    proc.returncode, machine, self.path('boot.log')))
             kids = [p for p in _children(proc.pid) if _read('/proc/%d/comm' % p) == 'systemd']
             if kids:
                 _write(self.path('leader'), '%d\n' % kids[0])
                 _write(self.path('status'), 'running\n')
+                self.proc = proc
                 return
             time.sleep(0.02)
         proc.kill()
-        raise ContainerError('no systemd in the container %s s after systemd-nspawn started; see %s' % (
-            timeout, self.path('boot.log')))
+        raise ContainerError('no systemd in %s %s s after systemd-nspawn started; see %s' % (
+            machine, timeout, self.path('boot.log')))
 
     def stop(self, timeout=20.0):
         """Shut it down as `pct shutdown` does (systemd powers off: units stopped in order), killed if it
@@ -191,6 +229,7 @@ class Container(object):
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+        self.proc = None
         for name in ('leader', 'nspawn.pid'):
             try:
                 os.unlink(self.path(name))
@@ -220,14 +259,15 @@ class Container(object):
 
 
 def cleanup(lab):
-    """After a lab daemon that did not stop its containers (killed): stop every systemd-nspawn of the lab
-    and unmount every root below it, so the lab directory can be removed."""
+    """After a lab daemon that did not stop its machines (killed): stop every systemd-nspawn of the lab - the
+    containers and the host (LAB/host-os, lab/labhost.py) - and unmount every root below it, so the lab
+    directory can be removed."""
     ctroot = os.path.join(lab, 'ct')
-    if os.path.isdir(ctroot):
-        for name in os.listdir(ctroot):
-            c = Container(os.path.join(ctroot, name))
-            pid = _read(c.path('nspawn.pid'))
-            if pid and pid.isdigit() and _alive(int(pid)):
-                c.stop(timeout=5.0)
+    dirs = [os.path.join(ctroot, name) for name in (os.listdir(ctroot) if os.path.isdir(ctroot) else [])]
+    for d in dirs + [os.path.join(lab, 'host-os')]:
+        c = Container(d)
+        pid = _read(c.path('nspawn.pid'))
+        if pid and pid.isdigit() and _alive(int(pid)):
+            c.stop(timeout=5.0)
     for point in mounts_under(lab):
         subprocess.run(['umount', '-l', point], capture_output=True)

@@ -1,35 +1,46 @@
 #!/usr/bin/python3
-"""The host commands the program runs over SSH, simulated: driverctl, proxmox-boot-tool, update-grub,
-update-initramfs, reboot, pct, and the two parts of systemd the collector needs on a host whose PID 1 is not
-systemd: journalctl (the kernel log journald keeps) and systemctl (unit files, enablement, active units;
-a oneshot service's start runs its ExecStart). Installed as /usr/local/sbin/<tool> inside the lab's SSH namespace
-(lab/bin), so the program's scripts call them by their real names with their real arguments.
+"""The host commands the program runs over SSH that a Debian host without Proxmox lacks, simulated:
+driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot (the lab daemon reboots the host), pct (into
+the lab's containers, through the lab daemon: lab/pctbroker.py), and journalctl's kernel log - the simulated
+kernel's messages for `journalctl --dmesg`, everything else the host's real journalctl. Installed as
+/usr/local/sbin/<tool> on the lab host (lab/labhost.py), first on root's PATH, so the program's scripts call
+them by their real names with their real arguments; systemd and its systemctl are the host's own.
 
 Stdlib only (runs under the host's /usr/bin/python3).
 """
 
 import json
 import os
-import re
-import shlex
 import signal
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
-import container  # noqa: E402
 import hostsim  # noqa: E402
+import pctbroker  # noqa: E402
 
 CONFIG = '/etc/gpuhost-lab.json'
+REAL_JOURNALCTL = '/usr/bin/journalctl'
+
+
+def config():
+    with open(CONFIG) as f:
+        return json.load(f)
 
 
 def lab_dir():
     if os.environ.get('GPUHOST_LAB'):
         return os.environ['GPUHOST_LAB']
-    with open(CONFIG) as f:
-        return json.load(f)['lab']
+    return config()['lab']
+
+
+def inside(path):
+    """A path of the lab as the machine names it (lab.json's) as the host sees it."""
+    if os.environ.get('GPUHOST_LAB'):
+        return path
+    outside = config()['lab_outside']
+    return os.path.join(lab_dir(), os.path.relpath(path, outside)) if path.startswith(outside + '/') else path
 
 
 def die(msg, code=1):
@@ -186,9 +197,9 @@ def api_ct_status(vmid, node):
     try:
         with open(os.path.join(lab_dir(), 'lab.json')) as f:
             pve = json.load(f)['pve']
-        with open(pve['password_file']) as f:
+        with open(inside(pve['password_file'])) as f:
             password = f.read()
-        ctx = ssl.create_default_context(cafile=pve['cafile'])
+        ctx = ssl.create_default_context(cafile=inside(pve['cafile']))
         base = 'https://%s:%s/api2/json' % (pve['host'], pve['port'])
         data = urllib.parse.urlencode({'username': 'root@pam', 'password': password}).encode()
         with urllib.request.urlopen(base + '/access/ticket', data=data, context=ctx, timeout=5) as r:
@@ -236,7 +247,6 @@ def pct(host, args):
         return
     if cmd in ('push', 'pull', 'exec', 'enter') and status != 'running':
         die('CT %s not running' % vmid, 255)
-    ct = container.Container(ct_dir(vmid))
     if cmd == 'push':
         opts, pos = parse_opts(rest[1:])
         if len(pos) != 2:
@@ -252,29 +262,44 @@ def pct(host, args):
         script = ('[ -d "$(dirname "$1")" ] || { echo "failed to open $1 for writing: No such file or directory" >&2;'
                   ' exit 255; }; cat > "$1" && chown "$3:$4" "$1" && chmod "$2" "$1"')
         with data:
-            res = subprocess.run(ct.enter_argv(['/bin/sh', '-c', script, 'pct-push', dst, opts.get('perms', '0644'),
-                                                opts.get('user', '0'), opts.get('group', '0')]), stdin=data)
-        sys.exit(res.returncode)
+            answer = in_container(vmid, ['/bin/sh', '-c', script, 'pct-push', dst, opts.get('perms', '0644'),
+                                         opts.get('user', '0'), opts.get('group', '0')], fds=(data.fileno(), 1, 2))
+        pctbroker.exit_like(answer)
     if cmd == 'pull':
         opts, pos = parse_opts(rest[1:])
         if len(pos) != 2:
             die('400 wrong number of arguments\npct pull <vmid> <path> <destination> [OPTIONS]', 255)
         src, dst = pos
         with open(dst, 'wb') as out:
-            res = subprocess.run(ct.enter_argv(['/bin/sh', '-c', '[ -f "$1" ] || { echo "failed to open $1 for '
-                                                'reading: No such file or directory" >&2; exit 255; }; cat "$1"',
-                                                'pct-pull', src]), stdout=out)
-        if res.returncode != 0:
+            answer = in_container(vmid, ['/bin/sh', '-c', '[ -f "$1" ] || { echo "failed to open $1 for '
+                                         'reading: No such file or directory" >&2; exit 255; }; cat "$1"',
+                                         'pct-pull', src], fds=(0, out.fileno(), 2))
+        if answer.get('exit') != 0:
             os.unlink(dst)
-        sys.exit(res.returncode)
+        pctbroker.exit_like(answer)
     if cmd == 'exec':
         argv = rest[1:]
         if argv and argv[0] == '--':
             argv = argv[1:]
         if not argv:
             die('missing command', 255)
-        os.execvp('nsenter', ct.enter_argv(argv))
+        pctbroker.exit_like(in_container(vmid, argv))
     die('pct: unknown command %s' % cmd, 255)
+
+
+def in_container(vmid, argv, fds=(0, 1, 2)):
+    """argv run in the running container vmid with fds as its stdin, stdout and stderr, as the real pct runs
+    it with lxc-attach: by the lab daemon, which enters the container for pct (lab/pctbroker.py). Returns
+    the answer ({'exit': N} or {'signal': N}); a refusal ends pct with its message."""
+    path = os.path.join(lab_dir(), 'run', pctbroker.SOCKET)
+    try:
+        answer = pctbroker.call(path, vmid, argv, fds)
+    except (OSError, pctbroker.BrokerError, ValueError) as e:
+        die('pct: the lab daemon does not answer at %s (%s): is the lab running? python -m lab.labctl status'
+            % (path, e), 255)
+    if 'error' in answer:
+        die(answer['error'], 255)
+    return answer
 
 
 def parse_opts(args):
@@ -307,9 +332,13 @@ def journal_field(value):
 
 def journalctl(host, args):
     """journalctl --dmesg --output=json [--boot] [--no-pager] [--quiet] [--after-cursor=CURSOR]: the kernel
-    messages of the current boot (--dmesg implies --boot) after the cursor, as journald's JSON lines. Only
-    what the collector uses is simulated; anything else is refused, so nothing passes here that a real
-    journalctl would read differently."""
+    messages of the current boot (--dmesg implies --boot) after the cursor, as journald's JSON lines - the
+    simulated kernel's (LAB/host/log/kernel.jsonl, lab/hostsim.py), which the host's journald never sees.
+    Only what the collector uses of --dmesg is simulated; any other option with it is refused, so nothing
+    passes here that a real journalctl would read differently. Without --dmesg (-k) it is the host's own
+    journalctl: `journalctl -u <unit>` is the real journal."""
+    if not any(a in ('-k', '--dmesg') for a in args) and os.path.exists(REAL_JOURNALCTL):
+        os.execv(REAL_JOURNALCTL, [REAL_JOURNALCTL] + args)
     dmesg, output, after = False, None, None
     it = iter(args)
     for a in it:
@@ -348,204 +377,6 @@ def journalctl(host, args):
                           'MESSAGE': journal_field(e['msg'])}))
 
 
-# ----------------------------------------------------------------------------- systemctl
-
-UNIT_DIR = '/etc/systemd/system'
-# systemd's PATH for services (path-lookup.c DEFAULT_PATH_NORMAL).
-SERVICE_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
-
-
-class Systemd(object):
-    """PID 1's side of systemctl, kept in LAB/host/run/systemd.json under a lock: the unit definitions it
-    loaded (read from disk at first use and at daemon-reload only - an edited unit file without a
-    daemon-reload is not what runs, as on a real host), the active units, the running services."""
-
-    def __init__(self, host):
-        self.host = host
-        self.path = host.systemd_path()
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        import fcntl
-        self.lock = open(self.path + '.lock', 'w')
-        fcntl.flock(self.lock, fcntl.LOCK_EX)
-        self.state = self.host.systemd_state()
-        return self
-
-    def __exit__(self, *exc):
-        hostsim.write(self.path, json.dumps(self.state, sort_keys=True) + '\n')
-        self.lock.close()
-
-    def unit_file(self, unit):
-        return os.path.join(UNIT_DIR, unit)
-
-    def load(self, unit):
-        if unit not in self.state['loaded']:
-            try:
-                with open(self.unit_file(unit)) as f:
-                    self.state['loaded'][unit] = f.read()
-            except FileNotFoundError:
-                return None
-        return self.state['loaded'][unit]
-
-    def reload(self):
-        self.state['loaded'] = {u: t for u, t in ((u, self._read(u)) for u in self.state['loaded']) if t is not None}
-
-    def _read(self, unit):
-        try:
-            with open(self.unit_file(unit)) as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-
-def unit_settings(text):
-    """{(section, key): [values]} of a unit file (the lab's units: no continuation lines, no drop-ins)."""
-    out, section = {}, None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line[0] in '#;':
-            continue
-        if line.startswith('[') and line.endswith(']'):
-            section = line[1:-1]
-            continue
-        key, _, value = line.partition('=')
-        out.setdefault((section, key.strip()), []).append(value.strip())
-    return out
-
-
-def wanted_links(unit, text):
-    return [os.path.join(UNIT_DIR, '%s.wants' % target, unit)
-            for value in unit_settings(text).get(('Install', 'WantedBy'), []) for target in value.split()]
-
-
-def run_service(sd, unit, text):
-    """`systemctl start` of a oneshot service: its ExecStart run now, as systemd runs it (a clean
-    environment with systemd's PATH, cwd /), and waited for. Returns the exit status."""
-    settings = unit_settings(text)
-    if settings.get(('Service', 'Type'), ['simple'])[-1] != 'oneshot':
-        die('systemctl (lab): only oneshot services are simulated, %s is not one' % unit, 1)
-    (line,) = settings[('Service', 'ExecStart')]
-    if not re.match(r'^[A-Za-z0-9/_.=,:@+ -]+$', line):
-        die('systemctl (lab): only plain ExecStart= lines are simulated: %r' % line, 1)
-    proc = subprocess.Popen(shlex.split(line), cwd='/', env={'PATH': SERVICE_PATH, 'LANG': 'C.UTF-8'},
-                            start_new_session=True)
-    sd.state['running'][unit] = proc.pid
-    return proc
-
-
-def systemctl(host, args):
-    """systemctl daemon-reload | enable|disable [--now] [--quiet] UNIT | start|stop|restart UNIT |
-    is-enabled|is-active UNIT | reset-failed [UNIT], for units in /etc/systemd/system. The lab host has no
-    systemd, so timers do not fire here: tests/lablib.py HostTimers starts a timer's service on its
-    schedule (OnUnitActiveSec of the loaded timer) with `systemctl start`, as PID 1 would."""
-    quiet = '--quiet' in args or '-q' in args
-    now = '--now' in args
-    words = [a for a in args if a not in ('--quiet', '-q', '--now', '--no-pager', '--no-block')]
-    if not words or any(w.startswith('-') for w in words):
-        die('systemctl (lab): %s is not simulated' % ' '.join(args), 1)
-    cmd, units = words[0], words[1:]
-    if cmd == 'daemon-reload':
-        with Systemd(host) as sd:
-            sd.reload()
-        return
-    if cmd == 'reset-failed':
-        return
-    if len(units) != 1:
-        die('systemctl (lab): %s takes one unit here' % cmd, 1)
-    unit = units[0]
-    if cmd in ('start', 'restart'):
-        with Systemd(host) as sd:
-            text = sd.load(unit)
-            if text is None:
-                die('Failed to %s %s: Unit %s not found.' % (cmd, unit, unit), 5)
-            if unit.endswith('.timer'):
-                if unit not in sd.state['active']:
-                    sd.state['active'] = sorted(sd.state['active'] + [unit])
-                return
-            pid = sd.state['running'].get(unit)
-            proc = None if pid and running(pid) else run_service(sd, unit, text)
-        if proc is None:
-            # A start while the service runs joins the job under way (systemd merges them): its result.
-            while running(pid) and unit in host.systemd_state()['running']:
-                time.sleep(0.05)
-            code = host.systemd_state().get('result', {}).get(unit, 0)
-        else:
-            code = proc.wait()
-            with Systemd(host) as sd:
-                sd.state['running'].pop(unit, None)
-                sd.state.setdefault('result', {})[unit] = code
-        if code != 0:
-            die('Job for %s failed because the control process exited with error code.\nSee "systemctl status %s" '
-                'and "journalctl -xeu %s" for details.' % (unit, unit, unit), 1)
-        return
-    if cmd == 'stop':
-        stop(host, unit)
-        return
-    if cmd == 'enable':
-        with Systemd(host) as sd:
-            text = sd._read(unit)
-            if text is None:
-                die('Failed to enable unit: Unit file %s does not exist.' % unit, 1)
-            for link in wanted_links(unit, text):
-                os.makedirs(os.path.dirname(link), exist_ok=True)
-                if not os.path.islink(link):
-                    os.symlink(sd.unit_file(unit), link)
-                    if not quiet:
-                        print('Created symlink %s \u2192 %s.' % (link, sd.unit_file(unit)), file=sys.stderr)
-        if now:
-            systemctl(host, ['start', unit])
-        return
-    if cmd == 'disable':
-        with Systemd(host) as sd:
-            text = sd._read(unit) or sd.state['loaded'].get(unit)
-            if text is None:
-                die('Failed to disable unit: Unit file %s does not exist.' % unit, 1)
-            for link in wanted_links(unit, text):
-                if os.path.islink(link):
-                    os.unlink(link)
-                    if not quiet:
-                        print('Removed "%s".' % link, file=sys.stderr)
-        if now:
-            stop(host, unit)
-        return
-    if cmd == 'is-enabled':
-        with Systemd(host) as sd:
-            text = sd._read(unit)
-        if text is None:
-            die('Failed to get unit file state for %s: No such file or directory' % unit, 1)
-        links = wanted_links(unit, text)
-        state = 'static' if not links else 'enabled' if all(os.path.islink(x) for x in links) else 'disabled'
-        print(state)
-        sys.exit(0 if state in ('enabled', 'static') else 1)
-    if cmd == 'is-active':
-        st = host.systemd_state()
-        state = 'activating' if unit in st['running'] else 'active' if unit in st['active'] else 'inactive'
-        print(state)
-        sys.exit(0 if state == 'active' else 3)
-    die('systemctl (lab): %s is not simulated' % cmd, 1)
-
-
-def stop(host, unit):
-    """A timer stops firing; a running service is sent SIGTERM (then SIGKILL after 10 s) and waited for."""
-    with Systemd(host) as sd:
-        sd.state['active'] = [u for u in sd.state['active'] if u != unit]
-        pid = sd.state['running'].get(unit)
-    if pid is None:
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.time() + 10
-    while running(pid) and time.time() < deadline:
-        time.sleep(0.05)
-    if running(pid):
-        os.killpg(pid, signal.SIGKILL)
-    while unit in host.systemd_state()['running'] and time.time() < deadline + 5:
-        time.sleep(0.05)
-
-
 TOOLS = {
     'driverctl': driverctl,
     'proxmox-boot-tool': proxmox_boot_tool,
@@ -554,7 +385,6 @@ TOOLS = {
     'reboot': reboot,
     'pct': pct,
     'journalctl': journalctl,
-    'systemctl': systemctl,
 }
 
 

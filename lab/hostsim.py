@@ -1,8 +1,9 @@
-"""The simulated Proxmox host behind the lab's SSH server.
+"""The simulated Proxmox host: its hardware, kernel and Proxmox state.
 
-Everything the program touches on a real host has a file here, laid out under LAB/host the way
-the real paths are, and bind-mounted over them inside the SSH server's private mount namespace
-(see ns-sshd.sh), so the program's scripts run unmodified:
+Everything the program touches on a real host that a Debian root under real systemd cannot have (the GPUs,
+the kernel's state, Proxmox's files) has a file here, laid out under LAB/host the way the real paths are,
+and bind-mounted over them in the lab host's own mount namespace (lab/labhost.py, lab/host-init.sh), so the
+program's scripts run unmodified:
 
   /sys/bus/pci/devices/<bdf>/{vendor,device,subsystem_vendor,subsystem_device,class,irq,numa_node,driver,
                                driver_override,iommu_group}
@@ -11,15 +12,17 @@ the real paths are, and bind-mounted over them inside the SSH server's private m
   /sys/module/nvidia/version                              (the loaded module)
   /sys/module/kvm_amd/parameters/{sev,sev_es,sev_snp}     (Y: enabled in the firmware and KVM; the spec's sev_snp)
   /proc/cmdline, /proc/driver/nvidia/params               (the *running* state)
+  /proc/sys/kernel/random/boot_id                         (a reboot makes a new one)
+  /dev/nvidia*                                            (the nodes the driver makes at every boot)
   LAB/host/log/kernel.jsonl                               the kernel log, every boot's (journald's part:
                                                           what `journalctl --dmesg` shows, lab/faketools.py)
-  LAB/host/run/systemd.json                               what PID 1 would hold: the unit definitions it
-                                                          loaded, the active units (lab/faketools.py systemctl)
   /etc/kernel/cmdline or /etc/default/grub, /etc/modprobe.d, /etc/driverctl.d, /etc/pve
   LAB/host/boot/{cmdline,initrd-modprobe.d}               (what the next boot will use)
+  LAB/host/etc, LAB/host/var                              the upper layers of the host's /etc and /var
+  LAB/host/sbin, LAB/host/root                            its /usr/local/sbin and /root
 
-The fake tools (lab/bin: driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot,
-pct, journalctl, systemctl) move state between these the way the real ones do, so a forgotten refresh or a missing
+The fake tools (lab/faketools.py: driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot,
+pct, journalctl --dmesg) move state between these the way the real ones do, so a forgotten refresh or a missing
 reboot shows up as a difference between configured, installed and running state.
 
 Stdlib only: the fake tools run under the host's system python3.
@@ -91,7 +94,7 @@ class Host(object):
         for sub in ('sys/bus/pci/devices', 'sys/bus/pci/drivers/nvidia', 'sys/bus/pci/drivers/vfio-pci',
                     'sys/kernel/iommu_groups', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
                     'etc/pve/lxc', 'etc/pve/qemu-server', 'etc/pve/nodes', 'boot/initrd-modprobe.d',
-                    'var/lib/lxc', 'dev', 'sbin', 'log', 'sys/module/nvidia', 'run'):
+                    'var/lib/lxc', 'dev', 'sbin', 'log', 'sys/module/nvidia'):
             os.makedirs(self.path(sub), exist_ok=True)
         write(self.path('sys/bus/pci/drivers_probe'), '')
         for gpu in spec['gpus']:
@@ -123,13 +126,13 @@ class Host(object):
         self.write_nvidia_params(spec.get('nvidia_params', {}))
         self.boot_messages()
         write(self.path('etc/hostname'), spec['node'] + '\n')
-        # root's home as a fresh Debian/Proxmox install has it (the SSH namespace mounts it over /root):
-        # bash run by sshd sources ~/.bashrc, and the machine's own would change PATH and cost time.
+        # root's home as a fresh Debian/Proxmox install has it (the host mounts it over /root): bash run by
+        # sshd sources ~/.bashrc.
         for name in ('bashrc', 'profile'):
             src = '/usr/share/base-files/dot.' + name
             write(self.path('root', '.' + name), read(src) if os.path.exists(src) else '')
-        # Character devices in the upper layer of the SSH namespace's /dev overlay: what
-        # `devN:` entries point at. Majors as the nvidia driver registers them.
+        # The character devices the nvidia driver registers: the host's /dev gets them at every boot
+        # (lab/host-init.sh), the containers' `devN:` entries bind them from here.
         nodes = [('nvidia%d' % i, 195, i) for i in range(len(spec['gpus']))]
         nodes += [('nvidiactl', 195, 255), ('nvidia-modeset', 195, 254), ('nvidia-uvm', 511, 0),
                   ('nvidia-uvm-tools', 511, 1)]
@@ -376,19 +379,6 @@ class Host(object):
         self.kernel_log('NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build' % (
             self.nvidia_module()), 6)
 
-    # ------------------------------------------------------------- systemd's state
-
-    def systemd_path(self):
-        return self.path('run', 'systemd.json')
-
-    def systemd_state(self):
-        """What PID 1 would hold: {'loaded': {unit: text}, 'active': [unit], 'running': {unit: pid}}."""
-        try:
-            with open(self.systemd_path()) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return {'loaded': {}, 'active': [], 'running': {}}
-
     def installed_cmdline(self):
         return read(self.path('boot/cmdline')).strip()
 
@@ -444,10 +434,6 @@ class Host(object):
             for severity in AER_TYPES:
                 self.write_aer(bdf, severity, {})
         self.boot_messages()
-        # systemd boots: it loads the unit files afresh, and timers.target starts the enabled timers.
-        wants = os.path.join(self.path('etc', 'systemd', 'system', 'timers.target.wants'))
-        active = sorted(os.listdir(wants)) if os.path.isdir(wants) else []
-        write(self.systemd_path(), json.dumps({'loaded': {}, 'active': active, 'running': {}}, sort_keys=True) + '\n')
 
 
 def nvidia_proc_version(version):

@@ -8,13 +8,16 @@ Parts, all bound to loopback addresses from the spec:
   * fakepve (the Proxmox API, validated against PVE's schema) over TLS with a certificate the
     program is given as its CA; root@pam password login; permission checks on (an ACL exists),
     so only root@pam may set devN / hostpci / amd-sev; an API token for root@pam to prove that.
-  * Debian's OpenSSH server, key-only, with a generated host key the stack pins, running in a
-    private mount namespace where the simulated host (lab/hostsim.py) lies over /etc, /sys, /proc,
-    /dev and /usr/local/sbin (lab/ns-sshd.sh).
-  * A sync loop that gives every container fakepve holds a root filesystem (.lab/ct/<vmid>) for
-    `pct push` / `pct exec`, keeps /etc/pve/{lxc,qemu-server}/<vmid>.conf and fakepve's config one
+  * The simulated host (lab/labhost.py): a machine of systemd-nspawn with real systemd as PID 1 on the
+    host's Debian base, the simulated host's files (lab/hostsim.py) laid over its /etc, /var, /sys, /proc,
+    /dev, /usr/local/sbin and /root (lab/host-init.sh); its OpenSSH server (Debian's ssh.service), key-only,
+    with a generated host key the stack pins.
+  * A sync loop that gives every container fakepve holds a root filesystem (.lab/ct/<vmid>) and boots or
+    stops it (lab/container.py), keeps /etc/pve/{lxc,qemu-server}/<vmid>.conf and fakepve's config one
     (as pmxcfs does: an API change rewrites the file, an edit of the file changes what the API
-    reports), and starts or stops the container's enabled units when fakepve starts or stops it.
+    reports).
+  * `pct exec/push/pull` on the host reach the containers through a broker on a unix socket
+    (LAB/run/pct.sock, lab/pctbroker.py): the host and the containers are sibling machines.
   * Every SSH command runs through lab/sshcmd.sh (sshd's ForceCommand): counted, logged, and
     dropped on demand (LAB/control/ssh-drop.json, carried out by lab/sshcmd.py).
   * PCI resource mappings (/cluster/mapping/pci), which fakepve does not model: stored, written to the
@@ -23,7 +26,7 @@ Parts, all bound to loopback addresses from the spec:
     pve-set.json (fakepve's scenarios: quorum, offline node, locks, tickets, network, task
     durations; acknowledged in pve-set.ack.json), pve-requests.log (every API request and its status,
     or "dropped"; written by the lab), reboot-request.json (written by the fake
-    `reboot`: the host goes down - SSH connections dropped, sshd and the API away for
+    `reboot`: the host goes down - SSH connections dropped, its systemd halted, the API away for
     reboot_down_secs, guests stopped - boots the installed state and starts the onboot guests).
 """
 
@@ -49,8 +52,10 @@ sys.path.insert(0, HERE)
 import container  # noqa: E402
 import ctbase  # noqa: E402
 import hostsim  # noqa: E402
+import labhost  # noqa: E402
 import labmodel  # noqa: E402
 import mirror  # noqa: E402
+import pctbroker  # noqa: E402
 import pyindex  # noqa: E402
 import sglang_wheel  # noqa: E402
 import pvemap  # noqa: E402
@@ -58,8 +63,9 @@ import pvemap  # noqa: E402
 DEFAULT_LAB = os.path.join(REPO, '.lab')
 DEFAULT_SPEC = os.path.join(HERE, 'spec', 'default.json')
 TEMPLATE = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
-TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct', 'journalctl',
-         'systemctl')
+# The Proxmox-only tools the host lacks, simulated (lab/faketools.py), and journalctl's kernel log (--dmesg: the
+# simulated kernel's; the rest is the host's real journal).
+TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct', 'journalctl')
 # Real seconds the host stays down in a reboot (no sshd, no API); the spec's reboot_down_secs or
 # this environment variable (read by the lab daemon) overrides it.
 REBOOT_DOWN_SECS = 3.0
@@ -109,14 +115,22 @@ def prepare(lab, spec_path):
         spec = json.load(f)
     os.makedirs(lab, mode=0o700)
     shutil.copyfile(spec_path, os.path.join(lab, 'spec.json'))
-    for sub in ('ssh', 'pve', 'secrets', 'ct', 'control', 'host/etc', 'host/dev', 'host/var'):
+    for sub in ('ssh', 'pve', 'secrets', 'ct', 'control', 'run', 'host/etc', 'host/dev', 'host/var'):
         os.makedirs(os.path.join(lab, sub), mode=0o700, exist_ok=True)
+    # The modes of the host's /etc and /var (the upper layers' own: services drop root, and read /etc) and
+    # /root, as Debian has them.
+    for sub, mode in (('host/etc', 0o755), ('host/var', 0o755), ('host/root', 0o700)):
+        os.makedirs(os.path.join(lab, sub), exist_ok=True)
+        os.chmod(os.path.join(lab, sub), mode)
     host = hostsim.Host(lab)
     host.create()
-    # The fake tools, by their real names, first on root's PATH inside the namespace.
+    # The fake tools, by their real names, first on root's PATH in the host (its /usr/local/sbin).
     for tool in TOOLS:
-        os.symlink(os.path.join(HERE, 'faketools.py'), host.path('sbin', tool))
-    hostsim.write(host.path('etc/gpuhost-lab.json'), json.dumps({'lab': lab, 'repo': REPO}) + '\n')
+        os.symlink(labhost.IN_CODE + '/faketools.py', host.path('sbin', tool))
+    # Where the fake tools find the lab inside the host (and what its paths are on the machine: lab.json's).
+    hostsim.write(host.path('etc/gpuhost-lab.json'), json.dumps({'lab': labhost.IN_LAB, 'lab_outside': lab}) + '\n')
+    # The host's identity for its journal (/var/log/journal/<machine-id>), the same across its reboots.
+    hostsim.write(host.path('etc/machine-id'), secrets.token_hex(16) + '\n')
 
     ssh = os.path.join(lab, 'ssh')
     for name in ('ssh_host_ed25519_key', 'id_ed25519'):
@@ -125,8 +139,9 @@ def prepare(lab, spec_path):
     shutil.copyfile(os.path.join(ssh, 'id_ed25519.pub'), os.path.join(ssh, 'authorized_keys'))
     addr, port = spec['addresses']['ssh'], spec['ports']['ssh']
     with open(os.path.join(ssh, 'sshd_config'), 'w') as f:
-        f.write(SSHD_CONFIG.format(addr=addr, port=port, ssh=ssh, command='/bin/bash %s %s' % (
-            shlex.quote(os.path.join(HERE, 'sshcmd.sh')), shlex.quote(lab))))
+        # Read by the host's sshd: the paths are the host's.
+        f.write(SSHD_CONFIG.format(addr=addr, port=port, ssh=labhost.IN_LAB + '/ssh', command='/bin/bash %s %s' % (
+            shlex.quote(labhost.IN_CODE + '/sshcmd.sh'), shlex.quote(labhost.IN_LAB))))
     with open(os.path.join(ssh, 'ssh_host_ed25519_key.pub')) as f:
         host_key = ' '.join(f.read().split()[:2])
 
@@ -143,6 +158,7 @@ def prepare(lab, spec_path):
         'model': model,
         'index': index,
         'ct_base': ctbase.ensure(),
+        'host_base': ctbase.ensure(kind='host'),
         'spec': spec_path,
         'node': spec['node'],
         'pve': {'host': spec['addresses']['pve'], 'port': spec['ports']['pve'], 'cafile': cert, 'keyfile': key,
@@ -194,10 +210,10 @@ def prepare_index(lab, spec):
             'lock': os.path.join(lab, 'runtime', 'sglang.lock'), 'pip_version': pip}
 
 
-SSHD_CONFIG = '''# The lab's SSH server (generated by lab/labctl.py). Key-only, loopback only.
+SSHD_CONFIG = '''# The lab host's SSH server (generated by lab/labctl.py; ssh.service on the host runs it, lab/host-init.sh).
+# Key-only, loopback only.
 ListenAddress {addr}:{port}
 HostKey {ssh}/ssh_host_ed25519_key
-PidFile {ssh}/sshd.pid
 AuthorizedKeysFile {ssh}/authorized_keys
 PermitRootLogin prohibit-password
 PasswordAuthentication no
@@ -292,7 +308,8 @@ class Lab(object):
         self.lab = lab
         self.info = load(lab)
         self.host = hostsim.Host(lab)
-        self.sshd = None
+        self.machine = labhost.LabHost(lab)
+        self.broker = pctbroker.Broker(lab, self.ct_enter_argv)
         self.pve = None
         self.seen = {}
         self.confs = {}
@@ -334,7 +351,8 @@ class Lab(object):
         await self.start_api()
         await self.start_index()
         await self.start_mirror()
-        self.start_sshd()
+        self.broker.start()
+        await self.boot_host()
 
     async def start_mirror(self):
         """The lab's model mirror (lab/mirror.py) beside the package index, serving LAB/mirror/."""
@@ -378,73 +396,41 @@ class Lab(object):
             runner._shutdown_timeout = 1.0
             await self.pve.stop()
 
-    def start_sshd(self):
-        os.makedirs(self.control_path(), exist_ok=True)
-        log = open(os.path.join(self.lab, 'sshd.log'), 'ab')
-        self.sshd = subprocess.Popen(
-            ['unshare', '-m', '-u', '--propagation', 'private', '--', 'sh', os.path.join(HERE, 'ns-sshd.sh'),
-             self.lab, self.info['node']], stdout=log, stderr=log, start_new_session=True)
+    async def boot_host(self):
+        """Power the simulated host on (lab/labhost.py): back once its sshd accepts connections (at most
+        10 s after its systemd runs as PID 1); the boot's times go to labd.log."""
+        t0 = time.time()
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.machine.boot(self.info['host_base'], self.info['node']))
+        t1 = time.time()
+        while time.time() - t1 < 10 and not port_open(self.info['ssh']['host'], self.info['ssh']['port']):
+            await asyncio.sleep(0.02)
+        print('labd: host booted: systemd is PID 1 after %.2f s, sshd accepting after %.2f s' % (
+            t1 - t0, time.time() - t0), flush=True)
 
-    def host_pids(self):
-        """Every process of the simulated host: the SSH server's mount namespace (sshd, its sessions,
-        their commands) and whatever descends from the SSH server in nested namespaces (pct exec)."""
-        if self.sshd is None:
-            return []
-        try:
-            ns = os.readlink('/proc/%d/ns/mnt' % self.sshd.pid)
-        except OSError:
-            ns = None
-        parents, out = {}, set()
-        for name in os.listdir('/proc'):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            try:
-                with open('/proc/%d/stat' % pid) as f:
-                    parents[pid] = int(f.read().rsplit(')', 1)[1].split()[1])
-                if ns is not None and os.readlink('/proc/%d/ns/mnt' % pid) == ns:
-                    out.add(pid)
-            except (OSError, ValueError, IndexError):
-                continue
-        for pid in parents:
-            p, seen = pid, 0
-            while p > 1 and seen < 64:
-                if p == self.sshd.pid:
-                    out.add(pid)
-                    break
-                p, seen = parents.get(p, 0), seen + 1
-        out.discard(os.getpid())
-        return sorted(out)
-
-    def stop_sshd(self):
-        """Power off the host's processes: SIGKILL everything in the SSH server's namespace (every
-        connection drops without a goodbye), then wait until the namespace is gone."""
-        if self.sshd is None:
+    def halt_host(self, timeout=10.0):
+        """The host goes down as in a reboot: every SSH connection dropped at once, without a goodbye (its
+        sshd processes killed: a client sees no exit status), then its systemd halts - units stopped in
+        order, then every process that is left - within timeout, else it is killed outright."""
+        if self.machine.nspawn_pid() is None:
             return
-        for _ in range(50):
-            pids = self.host_pids()
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if self.sshd.poll() is None:
-                try:
-                    self.sshd.wait(0.1)
-                except subprocess.TimeoutExpired:
-                    pass
-            time.sleep(0.02)
-        if self.sshd.poll() is None:
-            self.sshd.wait(5)
+        self.machine.kill_ssh_sessions()
+        self.machine.poweroff(timeout=timeout)
+
+    def ct_enter_argv(self, vmid, argv):
+        """pct's broker (lab/pctbroker.py): the nsenter into running container vmid, or pct's message."""
+        try:
+            return container.Container(self.ct_dir(vmid)).enter_argv(argv)
+        except container.ContainerError:   # (not running, or stopped a moment ago)
+            raise ValueError('CT %s not running' % vmid) from None
 
     def stop(self):
         """The lab daemon ends: every container shut down and its root unmounted (its files stay)."""
         for worker in list(self.workers.values()):
             worker.want('halt')
         self.settle(timeout=60)
-        self.stop_sshd()
+        self.halt_host()
+        self.broker.stop()
 
     # -- containers (lab/container.py: an overlay root over the Debian base, systemd-nspawn, real systemd)
 
@@ -856,27 +842,32 @@ class Lab(object):
         value = self.host.spec.get(name)
         return default if value is None else float(value)
 
-    async def reboot(self):
-        """What a real reboot does to the host, in order: every process ends (SSH connections drop
-        without a goodbye, hung commands die), the API goes away, guests stop; the host stays down
-        for reboot_down_secs; it boots the installed state (new boot_id, command line, bindings,
-        module options), the API comes back, the onboot guests start (their enabled units with them),
-        and sshd accepts connections again. spec reboot_guest_delay: start the guests that many
-        seconds after sshd instead (a real host's pve-guests runs after sshd is up)."""
+    async def reboot(self, requested=True):
+        """What a real reboot does to the host, in order: every SSH connection drops without a goodbye,
+        the host's systemd halts (its units stopped, hung commands killed), the API goes away, guests
+        stop; the host stays down for reboot_down_secs; it boots the installed state (new boot_id,
+        command line, bindings, module options), the API comes back, the onboot guests start (their
+        enabled units with them), and the host's systemd boots again - its enabled units (sshd, the
+        collector's timer) start by themselves. spec reboot_guest_delay: start the guests that many
+        seconds after sshd instead (a real host's pve-guests runs after sshd is up). requested: the fake
+        `reboot` asked for it (LAB/control/reboot-request.json); else the host's systemd rebooted by
+        itself (`systemctl reboot`: systemd-nspawn exited with 133) and is down already."""
         t0 = time.time()
-        try:
-            with open(self.control_path('reboot-request.json')) as f:
-                request = json.load(f)
-        except ValueError:
-            request = {}
-        os.unlink(self.control_path('reboot-request.json'))
+        request = {}
+        if requested:
+            try:
+                with open(self.control_path('reboot-request.json')) as f:
+                    request = json.load(f)
+            except ValueError:
+                pass
+            os.unlink(self.control_path('reboot-request.json'))
         down = self.setting('reboot_down_secs', REBOOT_ENV, REBOOT_DOWN_SECS)
         guest_delay = self.host.spec.get('reboot_guest_delay')
         old_boot = hostsim.read(self.host.path('proc/boot_id')).strip()
         hostsim.write(self.control_path('rebooting'), json.dumps({'t': t0}) + '\n')
         started, failed, t_down, t_up = [], {}, None, None
         try:
-            self.stop_sshd()
+            await asyncio.get_running_loop().run_in_executor(None, self.halt_host)
             await self.stop_api()
             t_down = time.time()
             for ct in self.pve.cts:
@@ -897,8 +888,11 @@ class Lab(object):
             # Whatever failed above, the host comes back: a lab without sshd or API helps nobody.
             if self.pve.runner is None:
                 await self.start_api()
-            if self.sshd is None or self.sshd.poll() is not None:
-                self.start_sshd()
+            if not self.machine.running():
+                try:
+                    await self.boot_host()
+                except container.ContainerError as e:
+                    print('labd: the host did not boot again: %s' % e, flush=True)
             deadline = time.time() + 10
             while time.time() < deadline and not port_open(self.info['ssh']['host'], self.info['ssh']['port']):
                 await asyncio.sleep(0.05)
@@ -915,6 +909,19 @@ class Lab(object):
         with open(self.control_path('reboots.log'), 'a') as f:
             f.write(json.dumps(record) + '\n')
         print('labd: host rebooted: %s' % json.dumps(record), flush=True)
+
+    async def host_went_down(self):
+        """The host's systemd ended by itself: rebooted (`systemctl reboot` on the host: nspawn exits with 133)
+        - the lab reboots it as a requested reboot does -, or powered off (`poweroff`): it stays off."""
+        code = self.machine.exited()
+        self.machine.machine.proc = None
+        if code == 133:
+            print('labd: the host\'s systemd rebooted', flush=True)
+            await self.reboot(requested=False)
+        else:
+            self.machine.poweroff()   # its state files, and any process left
+            print('labd: the host is off (systemd-nspawn exited with %s, see %s); `python -m lab.labctl down` and '
+                  '`up` start a new lab' % (code, self.machine.path('boot.log')), flush=True)
 
     async def start_onboot(self):
         """pve-guests' startall: the guests with onboot=1, by startup order, then vmid."""
@@ -960,6 +967,8 @@ async def serve(lab):
             try:
                 if labd.reboot_requested():
                     await labd.reboot()
+                elif labd.machine.exited() is not None:
+                    await labd.host_went_down()
                 labd.sync()
             except Exception:  # a sync bug must not take the lab down mid-test; it is logged
                 import traceback
@@ -999,21 +1008,23 @@ def up(lab, spec):
     info = prepare(lab, spec)
     hostsim.write(os.path.join(lab, 'lab.json'), json.dumps(info, indent=2) + '\n')
     log = open(os.path.join(lab, 'labd.log'), 'ab')
-    subprocess.Popen([sys.executable, '-m', 'lab.labctl', '--lab', lab, 'serve'], cwd=REPO, stdout=log,
-                     stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    labd = subprocess.Popen([sys.executable, '-m', 'lab.labctl', '--lab', lab, 'serve'], cwd=REPO, stdout=log,
+                            stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 30
-    while time.time() < deadline:
+    while time.time() < deadline and labd.poll() is None:
         if running(lab):
             print(json.dumps({'started': True, 'lab': lab}))
             return load(lab)
         time.sleep(0.1)
     with open(os.path.join(lab, 'labd.log')) as f:
         tail = f.read()[-2000:]
-    sshd_log = os.path.join(lab, 'sshd.log')
-    if os.path.exists(sshd_log):
-        with open(sshd_log) as f:
-            tail += '\n--- sshd.log ---\n' + f.read()[-2000:]
-    sys.exit('lab did not come up within 30 s:\n' + tail)
+    for name in ('host-os/boot.log', 'sshd.log'):
+        path = os.path.join(lab, name)
+        if os.path.exists(path):
+            with open(path, errors='replace') as f:
+                tail += '\n--- %s ---\n' % name + f.read()[-2000:]
+    sys.exit(('the lab daemon exited (%s)' % labd.returncode if labd.poll() is not None else
+              'lab did not come up within 30 s') + ':\n' + tail)
 
 
 def down(lab, quiet=False):
@@ -1030,14 +1041,8 @@ def down(lab, quiet=False):
             time.sleep(0.05)
         else:
             os.kill(pid, signal.SIGKILL)
-    sshd_pid = os.path.join(lab, 'ssh', 'sshd.pid')
-    if os.path.exists(sshd_pid):
-        with open(sshd_pid) as f:
-            spid = int(f.read().strip() or 0)
-        if spid and pid_alive(spid):
-            os.kill(spid, signal.SIGTERM)
     if os.path.isdir(lab):
-        # A daemon that was killed left its containers running and their roots mounted.
+        # A daemon that was killed left its host and containers running and their roots mounted.
         container.cleanup(lab)
         shutil.rmtree(lab)
     if not quiet:

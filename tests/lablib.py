@@ -22,14 +22,18 @@ sys.path.insert(0, os.path.join(REPO, 'lab'))
 import hostsim  # noqa: E402
 import pyindex  # noqa: E402
 from container import Container  # noqa: E402
+from labhost import LabHost  # noqa: E402
 from lab import sglang_wheel  # noqa: E402
 
 PASSPHRASE = 'gpuhost-itest'
-# systemd's catalog ids of "Started <unit>" and "Stopped <unit>" (sd-messages.h: SD_MESSAGE_UNIT_STARTED,
-# SD_MESSAGE_UNIT_STOPPED).
 # The lab SGLang's load time in the tests' stacks (Lab.stack_config): short, the tests wait for it often.
 SGLANG_STARTUP = 0.2
+# systemd's catalog ids of "Started <unit>" and "Stopped <unit>" (sd-messages.h: SD_MESSAGE_UNIT_STARTED,
+# SD_MESSAGE_UNIT_STOPPED) - for a oneshot service "Finished <unit>" is SD_MESSAGE_UNIT_STARTED too -, of
+# "Starting <unit>..." (SD_MESSAGE_UNIT_STARTING) and "Failed to start <unit>" (SD_MESSAGE_UNIT_FAILED).
 JOURNAL_EVENTS = {'39f53479d3a045ac8e11786248231fbf': 'started', '9d1aaa27d60140bd96365438aad20286': 'stopped'}
+JOURNAL_RUNS = {'7d4958e842da4a758f6c1cdc7b36dcc5': 'starting', '39f53479d3a045ac8e11786248231fbf': 'finished',
+                'be02cf6855d2428ba40df7e9d022f03d': 'failed'}
 # fail_systemctl()'s wrapper, put into a container as /usr/local/sbin/systemctl (first on pct exec's PATH).
 SYSTEMCTL_FAULT = r'''#!/bin/sh
 # Put here by a test (tests/lablib.py fail_systemctl): `systemctl <cmd>` fails when
@@ -94,36 +98,6 @@ def _read(path, default=''):
             return f.read()
     except FileNotFoundError:
         return default
-
-
-def _cmdline(pid):
-    try:
-        with open('/proc/%d/cmdline' % pid, 'rb') as f:
-            return f.read()
-    except OSError:
-        return b''
-
-
-def _descendants(root):
-    parents = {}
-    for name in os.listdir('/proc'):
-        if name.isdigit():
-            try:
-                with open('/proc/%s/stat' % name) as f:
-                    parents[int(name)] = int(f.read().rsplit(')', 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    out = []
-    for pid in parents:
-        p = parents.get(pid)
-        for _ in range(64):
-            if p is None or p <= 1:
-                break
-            if p == root:
-                out.append(pid)
-                break
-            p = parents.get(p)
-    return out
 
 
 def _alive(pid):
@@ -272,13 +246,16 @@ class Lab(object):
                        stdout=subprocess.DEVNULL)
 
     def stop_processes(self):
-        """Stop fakepve, sshd and the guests' services but keep the lab's files (keys, CA)."""
+        """Stop fakepve, the host (its sshd) and the guests but keep the lab's files (keys, CA)."""
         import signal
-        # sshd removes its pid file when it stops: read it before stopping the lab.
-        with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
-            sshd = int(f.read().strip())
+        nspawn = self.machine().nspawn_pid()
         os.kill(self.info['pid'], signal.SIGTERM)
-        self.wait_for(lambda: not _alive(self.info['pid']) and not _alive(sshd), what='lab processes to stop')
+        self.wait_for(lambda: not _alive(self.info['pid']) and not (nspawn and _alive(nspawn)),
+                      what='lab processes to stop')
+
+    def machine(self):
+        """The simulated host as a machine (lab/labhost.py): its systemd, its processes."""
+        return LabHost(self.dir)
 
     # -- config
 
@@ -546,30 +523,59 @@ class Lab(object):
     def kill_ssh_sessions(self):
         """SIGKILL every per-connection sshd process now (the listener stays): every open SSH
         connection drops. Returns how many processes were killed."""
-        import signal
-        with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
-            listener = int(f.read().strip())
-        killed = 0
-        for pid in _descendants(listener):
-            if _cmdline(pid).startswith(b'sshd: ') and b'[listener]' not in _cmdline(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except ProcessLookupError:
-                    pass
-        return killed
+        return self.machine().kill_ssh_sessions()
 
     def on_host(self, script, stdin=None, timeout=30.0):
-        """Run a shell script as root *inside* the simulated host (the SSH server's mount and UTS
-        namespaces, via nsenter), not over SSH: not counted, never dropped. For out-of-band changes
-        to paths that are layers of an overlay there (/dev, /var, /etc outside the bind-mounted
-        pve, kernel, default, modprobe.d, driverctl.d), which must not be changed from outside."""
-        with open(os.path.join(self.dir, 'ssh', 'sshd.pid')) as f:
-            pid = int(f.read().strip())
-        res = subprocess.run(['nsenter', '-t', str(pid), '-m', '-u', '--', '/bin/bash', '-c', script],
+        """Run a shell script as root *inside* the simulated host (its namespaces, root and a clean
+        environment, via nsenter, as `machinectl shell` would), not over SSH: not counted, never dropped.
+        For out-of-band changes to what is the host's own (/dev, /var, /etc outside the bind-mounted pve,
+        kernel, default, modprobe.d, driverctl.d: layers of an overlay there, which must not be changed
+        from outside) and for its systemd."""
+        res = subprocess.run(self.machine().enter_argv(['/bin/bash', '-c', script]),
                              input=stdin.encode() if isinstance(stdin, str) else stdin, capture_output=True,
                              timeout=timeout)
         return SshResult(res.stdout.decode('utf-8', 'replace'), res.stderr.decode('utf-8', 'replace'), res.returncode)
+
+    # -- the host's systemd (real: lab/labhost.py)
+
+    def host_unit_runs(self, unit):
+        """Every run of a (oneshot) service of the host's systemd, from PID 1's own record in the host's
+        journal, oldest first: [{'start' (its "Starting ..."), 'end' (its "Finished" or "Failed"; None while
+        it runs), 'ok' (None while it runs)}] - whoever started it: its timer, `systemctl start`."""
+        res = self.on_host('journalctl --sync 2>/dev/null; journalctl --no-pager -o json '
+                           '--output-fields=MESSAGE_ID,__REALTIME_TIMESTAMP UNIT=%s _PID=1' % unit)
+        runs = []
+        for line in res.stdout.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            kind = JOURNAL_RUNS.get(rec.get('MESSAGE_ID'))
+            t = int(rec['__REALTIME_TIMESTAMP']) / 1e6
+            if kind == 'starting':
+                runs.append({'start': t, 'end': None, 'ok': None})
+            elif kind and runs and runs[-1]['end'] is None:
+                runs[-1].update(end=t, ok=kind == 'finished')
+        return runs
+
+    def wait_host_run(self, unit, after, timeout):
+        """The first run of the host's service that started after `after` (a time) and has ended."""
+        deadline = time.time() + timeout
+        runs = []
+        while time.time() < deadline:
+            runs = self.host_unit_runs(unit)
+            done = [r for r in runs if r['start'] > after and r['end'] is not None]
+            if done:
+                return done[0]
+            time.sleep(0.2)
+        raise AssertionError('%s: no run started after %.1f and ended within %d s (runs: %r)' % (
+            unit, after, timeout, runs[-3:]))
+
+    def host_unit(self, unit, *props):
+        """systemctl show's properties of a unit of the host's systemd: {name: value}."""
+        res = self.on_host('systemctl show %s %s' % (' '.join('-p ' + p for p in props), unit))
+        assert res.exit_code == 0, res
+        return dict(line.split('=', 1) for line in res.stdout.splitlines() if '=' in line)
 
     # -- faults of the host's tools and the containers' systemctl
 
@@ -788,80 +794,6 @@ class Lab(object):
                 return
             time.sleep(0.1)
         raise AssertionError('timed out waiting for ' + what)
-
-
-class HostTimers(object):
-    """What the lab host lacks - its PID 1 is not systemd -: timers that fire. While the lab's systemd
-    (lab/faketools.py systemctl, LAB/host/run/systemd.json) has the timer active, the thread starts the
-    timer's service every OnUnitActiveSec of the timer as systemd loaded it (the first time at once: its
-    OnBootSec has long passed), with `systemctl start <service>` inside the simulated host, which runs
-    the service's ExecStart: the unit and the script the program installed, on their own schedule.
-    runs: [{'start', 'end', 'code', 'stderr'}], oldest first."""
-
-    def __init__(self, lab, timer):
-        import threading
-        self.lab, self.timer = lab, timer
-        self.runs = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name='lab-timer-%s' % timer, daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(60)
-
-    def schedule(self):
-        """(interval seconds, service) of the timer as the lab's systemd loaded it; None while inactive."""
-        import re
-        st = self.lab.host.systemd_state()
-        text = st['loaded'].get(self.timer)
-        if self.timer not in st['active'] or text is None:
-            return None
-        m = re.search(r'^OnUnitActiveSec=(\d+)s?\s*$', text, re.M)
-        unit = re.search(r'^Unit=(\S+)\s*$', text, re.M)
-        assert m, '%s has no OnUnitActiveSec=<seconds>: %s' % (self.timer, text)
-        return int(m.group(1)), unit.group(1) if unit else self.timer[:-len('.timer')] + '.service'
-
-    def run_once(self, service):
-        with open(os.path.join(self.lab.dir, 'ssh', 'sshd.pid')) as f:
-            pid = f.read().strip()
-        start = time.time()
-        res = subprocess.run(['nsenter', '-t', pid, '-m', '-u', '--', '/usr/local/sbin/systemctl', 'start', service],
-                             capture_output=True, text=True, timeout=120,
-                             env={'PATH': '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'})
-        self.runs.append({'start': start, 'end': time.time(), 'code': res.returncode, 'stderr': res.stderr})
-
-    def _loop(self):
-        due = None
-        while not self._stop.wait(0.05):
-            try:
-                sched = self.schedule()
-            except (OSError, ValueError):
-                continue
-            if sched is None:
-                due = None
-                continue
-            interval, service = sched
-            if due is None or time.time() >= due:
-                due = time.time() + interval   # OnUnitActiveSec: from the service's last start
-                try:
-                    self.run_once(service)
-                except (OSError, subprocess.SubprocessError) as e:
-                    self.runs.append({'start': due - interval, 'end': time.time(), 'code': None, 'stderr': str(e)})
-
-    def wait_run(self, after, timeout):
-        """The first run that started after `after` (a time) and has ended; fails after timeout."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            done = [r for r in list(self.runs) if r['start'] > after]
-            if done:
-                return done[0]
-            time.sleep(0.05)
-        raise AssertionError('%s: no run of its service started after %.1f within %d s (runs: %r)' % (
-            self.timer, after, timeout, self.runs[-3:]))
 
 
 class FleetLab(object):

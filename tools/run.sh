@@ -9,14 +9,15 @@ cd "$root"
 LAB_PASSPHRASE=gpuhost-lab
 
 deps() {
-  # The lab's SSH server is Debian's OpenSSH; its containers boot with systemd-nspawn over a Debian base
-  # mmdebstrap builds (lab/container.py, lab/ctbase.py). A new machine may not have them yet.
+  # The lab makes its SSH keys with OpenSSH's ssh-keygen; its host and containers boot with systemd-nspawn
+  # over Debian bases mmdebstrap builds (lab/labhost.py, lab/container.py, lab/ctbase.py; the host's sshd is
+  # its base's). A new machine may not have them yet.
   local missing=()
-  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ssh-keygen >/dev/null || missing+=(openssh-client)
   command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
   command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
   if [ ${#missing[@]} -gt 0 ]; then
-    echo "run: installing ${missing[*]} (the lab's SSH server and containers)" >&2
+    echo "run: installing ${missing[*]} (the lab's SSH keys, host and containers)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
   tools/bootstrap.sh

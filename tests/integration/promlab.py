@@ -109,15 +109,15 @@ def monitoring(lab, stack, tmp):
     assert subprocess.run(['promtool', 'check', 'config', str(tmp / 'prometheus-test.yml')],
                           capture_output=True).returncode == 0
 
-    with open(os.path.join(lab.dir, 'ssh', 'sshd.pid')) as f:
-        sshd = f.read().strip()
+    # The host's textfile directory as the host sees it (its /var), through its systemd's root.
+    textfiles = '/proc/%d/root/var/lib/prometheus/node-exporter' % lab.machine().leader()
     procs = []
     try:
-        # node_exporter as on the host: in the simulated host's mount namespace (its /var), on its address.
+        # node_exporter as on the host, on its address (the host shares the machine's network): Debian's, the
+        # machine's binary - the host's base has no node_exporter.
         procs.append(subprocess.Popen(
-            ['nsenter', '-t', sshd, '-m', '-u', '--', 'prometheus-node-exporter', '--collector.disable-defaults',
-             '--collector.textfile', '--collector.textfile.directory=/var/lib/prometheus/node-exporter',
-             '--web.listen-address=%s:9100' % host_addr],
+            ['prometheus-node-exporter', '--collector.disable-defaults', '--collector.textfile',
+             '--collector.textfile.directory=%s' % textfiles, '--web.listen-address=%s:9100' % host_addr],
             stdout=subprocess.DEVNULL, stderr=open(str(tmp / 'node-exporter.log'), 'w'), start_new_session=True))
         procs.append(subprocess.Popen(
             ['prometheus', '--config.file=%s' % (tmp / 'prometheus-test.yml'), '--storage.tsdb.path=%s' % (tmp / 'data'),

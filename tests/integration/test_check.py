@@ -81,8 +81,10 @@ def remove_uvm_node(lab):
 
 
 def remove_driverctl(lab):
-    os.unlink(lab.host.path('sbin', 'driverctl'))
-    return lambda: os.symlink(os.path.join(REPO, 'lab', 'faketools.py'), lab.host.path('sbin', 'driverctl'))
+    path = lab.host.path('sbin', 'driverctl')
+    target = os.readlink(path)   # (the lab's fake tool, as the host sees it)
+    os.unlink(path)
+    return lambda: os.symlink(target, path)
 
 
 def iommu_off(lab):

@@ -3,6 +3,8 @@ debian-12-standard (nothing of this project in it), real systemd as PID 1, drive
 the program drives a Proxmox container."""
 
 import os
+import threading
+import time
 
 import hostsim
 
@@ -50,6 +52,28 @@ def test_pct_push_and_pull_go_through_the_container(lab):
     assert (res.exit_code, res.stderr) == (255, 'failed to open /nowhere/f for writing: No such file or directory\n')
     assert lab.ssh('pct pull 200 /root/f /tmp/g && cat /tmp/g').stdout == 'data'
     assert lab.ssh('pct exec 200 -- sh -c "exit 7"').exit_code == 7
+    # stdin, stdout and stderr are the command's own; a signal that ends it ends pct the same way.
+    res = lab.ssh('pct exec 200 -- sh -c "tr a-z A-Z; echo err >&2"', stdin='piped\n')
+    assert (res.exit_code, res.stdout, res.stderr) == (0, 'PIPED\n', 'err\n')
+    assert lab.ssh('pct exec 200 -- sh -c \'kill -TERM $$\'; echo $?').stdout == '143\n'
+
+
+def test_pct_exec_outlives_its_ssh_session_and_reaches_the_containers_systemd(lab):
+    """As with lxc-attach: a command pct started keeps running when the SSH connection drops."""
+    session = threading.Thread(target=lambda: lab.ssh('pct exec 200 -- sh -c "sleep 1; echo ran on > /root/survivor"',
+                                                      timeout=30))
+    session.start()
+    lab.wait_for(lambda: any('survivor' in (e['command'] or '') for e in lab.ssh_log()), what='the session')
+    time.sleep(0.3)
+    assert lab.kill_ssh_sessions() >= 1
+    session.join(10)
+    lab.wait_for(lambda: os.path.exists(os.path.join(lab.ct_root(200), 'root/survivor')), what='the command done')
+    assert open(os.path.join(lab.ct_root(200), 'root/survivor')).read() == 'ran on\n'
+    # systemd-run through pct: a transient unit of the container's systemd, not the host's.
+    assert lab.ssh('pct exec 200 -- systemd-run --unit=lab-transient --collect sleep 600').exit_code == 0
+    assert lab.ssh('pct exec 200 -- systemctl is-active lab-transient').stdout == 'active\n'
+    assert lab.ssh('systemctl is-active lab-transient').stdout == 'inactive\n'
+    assert lab.ssh('pct exec 200 -- systemctl stop lab-transient').exit_code == 0
 
 
 def test_a_stopped_container_cannot_be_entered_and_keeps_its_files(lab):

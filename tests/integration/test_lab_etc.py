@@ -83,11 +83,12 @@ def test_file_edit_reaches_the_api_and_api_change_reaches_the_file(lab, ct):
     lab.wait_for(lambda: ct.config.get().get('cores') == 2, what='the SSH write in the API')
 
 
-def test_on_host_changes_overlay_paths_safely(lab):
-    """/dev (an overlay on the machine's /dev) is changed from inside the host, never from outside."""
+def test_dev_is_the_hosts_own(lab):
+    """/dev is the host's own tmpfs, changed from inside the host (on_host); at every boot it gets the nodes the
+    nvidia driver makes (LAB/host/dev, where the containers' devN entries bind them from: test_lab_reboot.py)."""
     assert lab.ssh('test -c /dev/nvidia3').exit_code == 0
     assert lab.on_host('rm /dev/nvidia3').exit_code == 0
     assert lab.ssh('test -e /dev/nvidia3').exit_code == 1
-    assert not os.path.exists(lab.host.path('dev/nvidia3'))
+    assert os.path.exists(lab.host.path('dev/nvidia3')), 'the driver\'s node stays for the next boot'
     assert lab.on_host('mknod -m 666 /dev/nvidia3 c 195 3 && hostname').stdout == 'pve-lab\n'
     assert lab.ssh('stat -c %t:%T /dev/nvidia3').stdout == 'c3:3\n'

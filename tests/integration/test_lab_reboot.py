@@ -36,6 +36,8 @@ def test_reboot(lab):
     assert lab.ssh('pct exec 200 -- systemctl daemon-reload && pct exec 200 -- systemctl enable --now demo').exit_code == 0
     show = 'pct exec 200 -- systemctl show demo.service -p InvocationID'
     invocation, starts, boot = lab.ssh(show).stdout, lab.unit_starts('demo.service'), lab.boot_id()
+    # A device node gone from the host's /dev (its own tmpfs): the driver makes it again at the next boot.
+    assert lab.on_host('rm /dev/nvidia-uvm-tools').exit_code == 0
     line = open(lab.host.path('etc/kernel/cmdline')).read().strip() + ' iommu=pt'
     hostsim.write(lab.host.path('etc/kernel/cmdline'), line + '\n')
     assert lab.ssh('proxmox-boot-tool refresh').exit_code == 0
@@ -74,6 +76,7 @@ def test_reboot(lab):
     assert reboot['old_boot_id'] == boot != lab.boot_id() == reboot['boot_id']
     assert lab.ssh('cat /proc/sys/kernel/random/boot_id').stdout.strip() == lab.boot_id()
     assert lab.ssh('cat /proc/cmdline').stdout.split(' ', 1)[1].strip() == line
+    assert lab.ssh('test -c /dev/nvidia-uvm-tools').exit_code == 0
     assert reboot['started'] == [200]
     assert ct.status.current.get()['status'] == 'running'
     assert lab.node().lxc(201).status.current.get()['status'] == 'stopped'

@@ -18,8 +18,16 @@ exit 7
 
 
 @pytest.fixture
-def target(tmp_path):
-    return str(tmp_path / 'upload')
+def target(lab, request):
+    """Where UPLOAD writes on the host: root's home there (LAB/host/root on the machine)."""
+    path = '/root/upload-%s' % request.node.name
+    yield path
+    if os.path.exists(on_machine(lab, path)):
+        os.unlink(on_machine(lab, path))
+
+
+def on_machine(lab, path):
+    return lab.host.path(path.lstrip('/'))
 
 
 def test_commands_are_counted_and_logged_and_run_unchanged(lab, target):
@@ -37,7 +45,7 @@ def test_drop_before_runs_nothing(lab, target):
     at = lab.drop_ssh_at(1, 'before')
     res = lab.ssh_script(UPLOAD, target, name='upload.sh', stdin='x' * 10)
     assert res.dropped and res.stdout == '' and res.stderr == ''
-    assert not os.path.exists(target)
+    assert not os.path.exists(on_machine(lab, target))
     assert lab.ssh_log()[-1] == dict(lab.ssh_log()[-1], n=at, drop='before')
     assert lab.ssh('true').exit_code == 0  # once only
 
@@ -46,7 +54,7 @@ def test_drop_after_runs_to_completion_without_exit_status(lab, target):
     at = lab.drop_ssh_at(1, 'after')
     res = lab.ssh_script(UPLOAD, target, name='upload.sh', stdin='x' * 10)
     assert res.dropped and res.stdout == 'start\ngot 10\n'
-    assert open(target).read() == 'x' * 10
+    assert open(on_machine(lab, target)).read() == 'x' * 10
     lab.wait_for(lambda: 'exit' in lab.ssh_log()[-1], what='the log of the dropped command')
     assert lab.ssh_log()[-1] == dict(lab.ssh_log()[-1], n=at, drop='after', exit=7)
 
@@ -58,12 +66,12 @@ def test_drop_during_cuts_stdin(lab, target):
     lab.wait_for(lambda: 'exit' in lab.ssh_log()[-1], what='the log of the dropped command')
     entry = lab.ssh_log()[-1]
     assert (entry['n'], entry['drop'], entry['stdin_sent'], entry['stdin_total']) == (at, 'during', 500, 1000)
-    assert open(target).read() == 'y' * 500
+    assert open(on_machine(lab, target)).read() == 'y' * 500
     # An explicit cut.
     lab.drop_ssh_at(1, 'during', stdin_bytes=3)
     assert lab.ssh_script(UPLOAD, target, stdin='z' * 100).dropped
     lab.wait_for(lambda: 'exit' in lab.ssh_log()[-1], what='the log of the dropped command')
-    assert open(target).read() == 'zzz'
+    assert open(on_machine(lab, target)).read() == 'zzz'
 
 
 def test_drop_at_the_nth_command(lab):

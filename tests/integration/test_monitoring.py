@@ -14,7 +14,6 @@ import pytest
 
 from tests.integration import promlab
 from tests.integration.promlab import wait
-from tests.lablib import HostTimers
 from tools import monitoring as tool
 
 STACK = 'mon'
@@ -50,9 +49,9 @@ def chat(base, n, stream=False, max_tokens=24):
 
 @pytest.fixture(scope='module')
 def env(lab, tmp_path_factory):
-    """The stack deployed (gpuhost.prom's directory absent before: the program creates it), the host's timers
-    firing (the collector the program installs, on its schedule: the lab host has no systemd of its own),
-    node_exporter and Prometheus running (promlab.py). Yields the pieces; stops them."""
+    """The stack deployed (gpuhost.prom's directory absent before: the program creates it; the collector it
+    installs runs on its timer, which the host's systemd fires), node_exporter and Prometheus running
+    (promlab.py). Yields the pieces; stops them."""
     tmp = tmp_path_factory.mktemp('monitoring')
     assert lab.on_host('rm -rf /var/lib/prometheus/node-exporter').exit_code == 0
     lab.write_stack(STACK, lab.stack_config())
@@ -63,12 +62,8 @@ def env(lab, tmp_path_factory):
     # minutes after a server's first streaming request (is_streaming="true" is a new series) the accept length
     # from the counters reads low - pending, never firing (for: 30m), but this module checks nothing is pending.
     chat(base, 1, stream=True)
-    timers = HostTimers(lab, 'gpuhost-collector.timer').start()
-    try:
-        with promlab.monitoring(lab, STACK, tmp) as (prom, d):
-            yield {'prom': prom, 'tmp': tmp, 'deployment': d, 'base': base}
-    finally:
-        timers.stop()
+    with promlab.monitoring(lab, STACK, tmp) as (prom, d):
+        yield {'prom': prom, 'tmp': tmp, 'deployment': d, 'base': base}
 
 
 def test_file_sd_output_and_the_textfile_on_the_host(lab, env):

@@ -3,15 +3,13 @@ intact and are never executed, content travels on stdin, a file write is atomic 
 swap, and credentials never appear in error messages."""
 
 import os
-import shutil
 
 import pytest
 
 from components import pve, remote
 
-# The lab's host shares this machine's /tmp: a directory of this process's own there, so that two runs
-# at once (two people, or pytest-xdist workers) neither meet nor see each other's temp files.
-DIR = '/tmp/gpuhost-test-remote-%d' % os.getpid()
+# A directory on the lab host (root's home there: LAB/host/root on this machine).
+DIR = '/root/gpuhost-test-remote'
 ODD = DIR + "/gpuhost odd $(touch gpuhost-pwned); x'y\"z`id`.conf"
 
 
@@ -19,20 +17,22 @@ ODD = DIR + "/gpuhost odd $(touch gpuhost-pwned); x'y\"z`id`.conf"
 def target(lab):
     with open(lab.info['ssh']['key_file']) as f:
         key = f.read()
-    os.makedirs(DIR, exist_ok=True)
-    try:
-        yield remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root', private_key=key,
-                            host_key=lab.info['ssh']['host_key'])
-    finally:
-        shutil.rmtree(DIR, ignore_errors=True)
+    os.makedirs(lab.host.path(DIR.lstrip('/')))
+    yield remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root', private_key=key,
+                        host_key=lab.info['ssh']['host_key'])
 
 
-def test_metacharacters_in_arguments_are_data_not_code(target):
+def on_machine(lab, path):
+    return lab.host.path(path.lstrip('/'))
+
+
+def test_metacharacters_in_arguments_are_data_not_code(lab, target):
     content = 'line one\n$(echo not expanded)\n'
     assert remote.put_file(target, ODD, content, '0640', '-') is True
-    assert not any(os.path.exists(d + '/gpuhost-pwned') for d in ('/', '/root', '/tmp'))
+    assert lab.on_host('ls -d /gpuhost-pwned /root/gpuhost-pwned /tmp/gpuhost-pwned %s/gpuhost-pwned 2>/dev/null; true'
+                       % DIR).stdout == ''
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == content
-    assert oct(os.stat(ODD).st_mode & 0o777) == '0o640'
+    assert oct(os.stat(on_machine(lab, ODD)).st_mode & 0o777) == '0o640'
     # Same content again: nothing written.
     assert remote.put_file(target, ODD, content, '0640', remote.sha256_hex(content)) is False
 
@@ -44,7 +44,7 @@ def test_compare_and_swap_refuses_a_file_changed_since_it_was_read(target):
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
 
 
-def test_content_cut_short_in_transit_is_never_installed(target):
+def test_content_cut_short_in_transit_is_never_installed(lab, target):
     """A dropped connection ends stdin early; the script sees fewer bytes than were sent."""
     whole = 'options nvidia NVreg_DmaRemapPeerMmio=1\n'
     with pytest.raises(remote.RemoteError) as e:
@@ -52,7 +52,7 @@ def test_content_cut_short_in_transit_is_never_installed(target):
                    stdin=whole.encode()[:10])
     assert 'arrived incomplete' in str(e.value) and 'nothing was changed' in str(e.value)
     assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'line one\n$(echo not expanded)\n'
-    assert not [n for n in os.listdir(DIR) if n.startswith('.gpuhost.')]
+    assert not [n for n in os.listdir(on_machine(lab, DIR)) if n.startswith('.gpuhost.')]
 
 
 def test_wrong_password_error_names_the_user_not_the_password(lab):

@@ -1,0 +1,177 @@
+"""How `pct` on the lab host enters a lab container: a small broker in the lab daemon.
+
+The host (lab/labhost.py) and the containers (lab/container.py) are sibling machines of systemd-nspawn, each
+in its own PID namespace. The real `pct exec` runs lxc-attach, which enters the container's namespaces from
+the host; from inside the lab host that cannot work - setns() into a PID namespace that is not a descendant
+of one's own is refused. So `pct` (lab/faketools.py, inside the host) asks the lab daemon, which runs on the
+machine, over a unix socket bind-mounted into the host (LAB/run/pct.sock):
+
+    request   the container's vmid and the command's argv (JSON), and three file descriptors passed
+              with SCM_RIGHTS: the command's stdin, stdout and stderr - pct's own for `pct exec`, a file
+              for `pct push` (stdin) and `pct pull` (stdout)
+    answer    {"exit": N}, {"signal": N} or {"error": "..."}, once the command has ended
+
+The daemon runs lab/container.py's nsenter into the container (every namespace of its PID 1, its root, a
+clean environment) with exactly those descriptors, so the command reads and writes pct's pipes itself -
+sshd's, for a command over SSH - and its exit status is pct's. Only that: the vmid must name a running lab
+container, and nothing but the nsenter into it is run. The command is the daemon's child, not pct's: like a
+process lxc-attach started, it keeps running when the SSH session that started it drops (its output then
+goes nowhere). `pct exec <vmid> -- systemd-run ...` reaches the container's own systemd, as with the real pct.
+
+Stdlib only: the client half runs under the host's python3.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+
+SOCKET = 'pct.sock'
+# A request: 4 bytes of length, then the JSON; its descriptors ride on the length's bytes.
+HEADER = struct.Struct('>I')
+MAX_REQUEST = 1 << 20
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def _recv_exact(sock, n):
+    data = b''
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise BrokerError('the request ended after %d of %d bytes' % (len(data), n))
+        data += chunk
+    return data
+
+
+# ----------------------------------------------------------------------------- the client (pct)
+
+def call(path, vmid, argv, fds=(0, 1, 2)):
+    """Run argv in container vmid with fds as its stdin, stdout, stderr; returns the answer (a dict)."""
+    payload = json.dumps({'vmid': str(vmid), 'argv': list(argv)}).encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        socket.send_fds(sock, [HEADER.pack(len(payload))], list(fds))
+        sock.sendall(payload)
+        answer = b''
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        sock.close()
+    if not answer:
+        raise BrokerError('the lab daemon closed the connection without an answer')
+    return json.loads(answer.decode())
+
+
+def exit_like(answer):
+    """End this process the way the command ended: its exit code, or the signal that killed it."""
+    if 'signal' in answer:
+        sig = int(answer['signal'])
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(int(answer['exit']))
+
+
+# ----------------------------------------------------------------------------- the server (labd)
+
+class Broker(object):
+    """The lab daemon's side: a thread accepting on LAB/run/pct.sock, a thread per request."""
+
+    def __init__(self, lab, enter_argv):
+        """enter_argv(vmid, argv): the nsenter command line for a running container (raises ValueError
+        with the message pct prints when it is not one)."""
+        self.dir = os.path.join(lab, 'run')
+        self.path = os.path.join(self.dir, SOCKET)
+        self.enter_argv = enter_argv
+        self.sock = None
+
+    def start(self):
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A unix socket's address is at most 107 bytes, and a lab may live deep (a test's tmp directory): the
+        # socket is bound through the directory's descriptor, whatever the path's length.
+        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.sock.bind('/proc/self/fd/%d/%s' % (dfd, SOCKET))
+        finally:
+            os.close(dfd)
+        self.sock.listen(64)
+        threading.Thread(target=self._accept, name='pct-broker', daemon=True).start()
+        return self
+
+    def stop(self):
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+            self.sock = None
+
+    def _accept(self):
+        sock = self.sock
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return   # stopped
+            threading.Thread(target=self._serve, args=(conn,), name='pct-request', daemon=True).start()
+
+    def _serve(self, conn):
+        fds = []
+        try:
+            try:
+                head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+                head += _recv_exact(conn, HEADER.size - len(head))
+                (size,) = HEADER.unpack(head)
+                if size > MAX_REQUEST or len(fds) != 3:
+                    raise BrokerError('a request is a vmid, an argv and three descriptors')
+                req = json.loads(_recv_exact(conn, size).decode())
+                vmid, argv = str(req['vmid']), req['argv']
+                if not vmid.isdigit() or not argv or not all(isinstance(a, str) for a in argv):
+                    raise BrokerError('vmid %r, argv %r: a vmid and a non-empty argv of strings' % (vmid, argv))
+                command = self.enter_argv(vmid, argv)
+            except ValueError as e:   # not a running container: pct's own message
+                answer = {'error': str(e)}
+            except (BrokerError, KeyError, TypeError, OSError) as e:
+                answer = {'error': 'pct: the lab daemon refused the request: %s' % e}
+            else:
+                answer = self._run(command, fds)
+            for fd in fds:
+                os.close(fd)
+            fds = []
+            try:
+                conn.sendall(json.dumps(answer).encode())
+            except OSError:
+                pass   # pct is gone (its SSH session dropped, it was killed): the command ran all the same
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+
+    @staticmethod
+    def _run(command, fds):
+        try:
+            proc = subprocess.Popen(command, stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True,
+                                    start_new_session=True)
+        except OSError as e:
+            return {'error': 'pct: cannot run nsenter: %s' % e}
+        for fd in fds:
+            os.close(fd)
+        del fds[:]
+        code = proc.wait()
+        return {'signal': -code} if code < 0 else {'exit': code}
