@@ -56,8 +56,12 @@ def job_dir(lab, job):
 
 
 def steps(lab, job):
-    with open(os.path.join(job_dir(lab, job), 'steps')) as f:
-        return [tuple(int(x) for x in line.split()) for line in f]
+    if job.vmid is None:   # the host's own /var (read inside it)
+        text = lab.on_host('cat %s/%s/steps' % (jobs.JOBS_DIR, job.name)).stdout
+    else:
+        with open(os.path.join(job_dir(lab, job), 'steps')) as f:
+            text = f.read()
+    return [tuple(int(x) for x in line.split()) for line in text.splitlines()]
 
 
 def test_a_job_runs_to_its_end_with_progress_and_its_secret_gone(lab, target):
@@ -157,3 +161,28 @@ def test_an_ssh_drop_while_following_leaves_the_job_running(lab, target):
     assert jobs.start(target, job) == 'attached'
     p = jobs.follow(target, job, poll_s=0.3)
     assert json.loads(p.out)['done'] == 16 and len({pid for pid, _ in steps(lab, job)}) == 1
+
+
+def test_a_job_on_the_host_outlives_its_ssh_session_and_is_reattached(lab, target):
+    """The host's own systemd (the model's download runs here): started, its follower gone with every SSH
+    connection, re-attached by the next start, one process from the first step to the last."""
+    job = counter(10, name='gpuhost-test-host', vmid=None)
+    assert jobs.start(target, job) == 'started'
+    time.sleep(1.0)
+    lab.kill_ssh_sessions()
+    remote.discard(target)
+    assert jobs.start(target, job) == 'attached'
+    p = jobs.follow(target, job, poll_s=0.3)
+    assert json.loads(p.out) == {'done': 10, 'secret_len': len(b'a-secret-token')}
+    got = steps(lab, job)
+    assert len({pid for pid, _ in got}) == 1 and [n for _, n in got] == list(range(1, 11)), got
+    listing = lab.on_host('ls -la %s/%s' % (jobs.JOBS_DIR, job.name)).stdout
+    assert ' input' not in listing and 'stdout' in listing, listing
+    # Stopped from outside (an operator's `systemctl stop`): the next poll says so, the next start runs it again.
+    job = counter(20, name='gpuhost-test-host', vmid=None)
+    assert jobs.start(target, job) == 'started'
+    lab.ssh('systemctl stop gpuhost-test-host.service')
+    p = jobs.follow(target, job, poll_s=0.3)
+    assert jobs.outcome(job, p) == 'was killed by SIGTERM (a stop, the host shutting down, or a kill)', p
+    assert jobs.start(target, job) == 'started'
+    jobs.stop(target, job, 'test over')
