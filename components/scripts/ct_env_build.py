@@ -365,12 +365,6 @@ def build(job, work):
 
 def main():
     job = json.load(sys.stdin)
-    # The job's input held the index password: read, it goes (the unit's stdin stays open).
-    if os.environ.get('GPUHOST_JOB_DIR'):
-        try:
-            os.unlink(os.path.join(os.environ['GPUHOST_JOB_DIR'], 'input'))
-        except OSError:
-            pass
     # Where the staging job copied the wheelhouse ('-': the job's index is the source).
     job['wheelhouse'] = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != '-' else None
     final = job['path']

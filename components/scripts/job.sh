@@ -81,7 +81,8 @@ case $action in
     printf '%s' "$body" > "$dir/body"
     (umask 077 && cat > "$dir/input")
     # Runs when the job's process has ended, however it ended (exit, a signal, RuntimeMaxSec, a stop, the host
-    # shutting down): the outcome for the next poll, and the input (a token, a password) gone.
+    # shutting down): the outcome for the next poll, and the input (a token, a password) gone. systemd opens the
+    # input as this command's stdin too, so the job itself must not remove it (208/STDIN).
     cat > "$dir/stopped" <<EOF
 printf '%s %s %s %s\n' "\${SERVICE_RESULT:-unknown}" "\${EXIT_CODE:-unknown}" "\${EXIT_STATUS:-unknown}" "\$(date +%s)" > '$dir/result.tmp'
 mv -f '$dir/result.tmp' '$dir/result'
