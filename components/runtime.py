@@ -511,6 +511,8 @@ def stop_jobs(target, props: dict) -> None:
         res = jobs.call(target, job, 'stop', 'the SGLang unit is being deleted')
         if res.exit_code == 0 and jobs.parse_poll(res.stdout).stopped_now:
             info('sglang-unit: stopped job %s %s (the unit is being deleted)' % (name, job.where))
+        if res.exit_code == 0:
+            jobs.forget(target, job)   # its log and output: of a deployment that is gone
 
 
 def confirmed_history(env_id: str, previous: list, keep: int) -> list:

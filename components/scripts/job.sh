@@ -120,6 +120,13 @@ EOF
       exit 3
     fi
     rm -rf "$dir"
+    # The last job of a deployment that goes (destroy): the jobs' directory and its lock go with it, and
+    # /var/lib/gpuhost when nothing else of the program's is left there.
+    if [ -z "$(find "$jobs" -mindepth 1 -maxdepth 1 -type d -print -quit)" ]; then
+      rm -f "$jobs/.lock"
+      rmdir "$jobs" 2>/dev/null || true
+      rmdir "$(dirname "$jobs")" 2>/dev/null || true
+    fi
     ;;
   *)
     echo "job.sh: unknown action $action" >&2
