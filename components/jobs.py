@@ -120,7 +120,7 @@ def parse_poll(text: str) -> Poll:
         key, sep, value = line.partition('\t')
         if not sep:
             continue
-        if key == 'log':
+        if key in ('log', 'journal'):
             log.append(value)
         else:
             kv[key] = value
@@ -231,6 +231,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
     last_said = 0.0
     mark_counter, mark_cpu, last_change = None, None, time.monotonic()
     lost_since = None
+    settled = False
     while True:
         try:
             p = poll(target, job)
@@ -247,9 +248,13 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
             continue
         now = time.monotonic()
         if not p.running:
-            if p.result is None and p.state not in ('failed',) and p.spec is None:
+            if p.spec is None:
                 raise JobFailed('%s: job %s %s is gone without a result (its directory %s/%s is missing)' % (
                     job.label, job.name, job.where, JOBS_DIR, job.name), job)
+            if p.result is None and not settled:
+                settled = True      # the outcome is written by ExecStopPost: give a loaded host a moment
+                time.sleep(1.0)
+                continue
             return p
         counter = (p.progress or {}).get('counter')
         worked = p.cpu is not None and (mark_cpu is None or p.cpu - mark_cpu >= CPU_WORK_NS)

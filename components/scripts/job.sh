@@ -58,6 +58,9 @@ poll() {
   if [ -f "$dir/result" ]; then
     printf 'out\t%s\n' "$( (tail -n 1 "$dir/stdout" 2>/dev/null || true) | tr -d '\t')"
     (tail -n 5 "$dir/log" 2>/dev/null || true) | tr -d '\t' | sed 's/^/log\t/'
+  elif [ -f "$dir/spec" ]; then
+    # Ended without its outcome written (systemd could not even start it, say): systemd's own words.
+    (journalctl -u "$unit" -n 5 -o cat --no-pager 2>/dev/null || true) | tr -d '\t' | sed 's/^/journal\t/'
   fi
 }
 

@@ -165,8 +165,8 @@ def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
         TEXTFILE, monitoring.COLLECTOR_STATE, '/etc/systemd/system/timers.target.wants/gpuhost-collector.timer',
         '/etc/gpuhost']
     assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''
-    # /var/lib/gpuhost stays while the model's verification cache (not the collector's) is in it.
-    assert on_host(lab, 'ls -A %s 2>/dev/null; true' % monitoring.COLLECTOR_STATE_DIR).split() == ['model-verify']
+    # /var/lib/gpuhost stays while the model's verification cache and its job's record (not the collector's) are in it.
+    assert on_host(lab, 'ls -A %s 2>/dev/null; true' % monitoring.COLLECTOR_STATE_DIR).split() == ['jobs', 'model-verify']
     assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-model.prom', 'gpuhost.prom']
     # The timer is gone from the host's systemd: nothing starts the collector again - no run in the interval after
     # the destroy.
