@@ -329,6 +329,8 @@ CASES = [
     ('patch listed twice', m(((R, 'python', 'patches'), ['p/a.patch', 'p/a.patch'])), ['listed twice']),
     ('environments inside the venv', m(((R, 'python', 'envs_dir'), '/opt/sglang/venv/envs')),
      ['gpuhost:runtime.python.envs_dir', 'overlap']),
+    ('environments in /usr', m(((R, 'python', 'envs_dir'), '/usr')),
+     ["gpuhost:runtime.python.envs_dir: '/usr' is a system directory", 'e.g. /opt/sglang/envs']),
     ('keep too many', m(((R, 'python', 'keep'), 50)), ['gpuhost:runtime.python.keep']),
     ('python version', m(((R, 'python', 'version'), '3')), ['gpuhost:runtime.python.version', 'Python minor version']),
     ('unknown runtime key', m(((R, 'nvidia', 'driver'), '580.95.05')),
