@@ -372,10 +372,12 @@ class PveGuestProvider(ObservedProvider):
                     'unprivileged': 'gpuhost:container.unprivileged'}
 
     def diff(self, id_, olds, news):
-        collisions = mount_collisions(news.get('config') or {}, olds.get('mounts') or {}, (olds.get('config') or {}))
+        result = super().diff(id_, olds, news)
+        # (A replacement makes a new guest, which has no mount point of its own; protect guards that case.)
+        collisions = [] if result.replaces else mount_collisions(news.get('config') or {}, olds.get('mounts') or {},
+                                                                 olds.get('config') or {})
         if collisions:
             raise OperatorError('%s: %s.' % (self.label(news), collision_text(news.get('vmid'), collisions)))
-        result = super().diff(id_, olds, news)
         if result.replaces:
             # The vmid is fixed by config: a replacement with the same vmid must free it first. With a
             # new vmid the new guest is created first, so a taken vmid fails before anything is lost.

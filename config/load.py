@@ -228,7 +228,7 @@ def history_records(root: str, stack: str, full: tuple, value) -> tuple:
     return dirs[0], []
 
 
-def plain_text_note(key: str, full: tuple, value, stack: Optional[str], dry_run: bool) -> str:
+def plain_text_note(full: tuple, value, stack: Optional[str], dry_run: bool) -> str:
     """Where a credential given as plain text already is (the stack's file; the backend's update history,
     which keeps it for good), and so whether it must be rotated. Never the value itself."""
     file = 'Pulumi.%s.yaml' % stack if stack else 'the stack\'s config file (Pulumi.<stack>.yaml)'
@@ -392,5 +392,5 @@ def check_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tu
         if plain:
             raise ConfigError('%s is set as plain text, so it would be stored unencrypted in the stack\'s config and '
                               'state. %s. Make it a secret: pulumi config rm --path %s && pulumi config set --secret '
-                              '--path %s%s' % (key, plain_text_note(key, full, node, stack, dry_run), key, key,
+                              '--path %s%s' % (key, plain_text_note(full, node, stack, dry_run), key, key,
                                                ' < ~/.ssh/<key>' if 'key' in path[-1] else ''))

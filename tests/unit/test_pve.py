@@ -159,3 +159,12 @@ def test_up_never_overwrites_a_mount_point_the_program_did_not_set(monkeypatch):
                                    "(%s)" % THEIRS)
     assert str(e.value).endswith('Nothing was changed.')
     assert ct.writes == [] and ct.cfg['mp1'] == THEIRS
+
+
+def test_a_replacement_is_not_held_up_by_the_old_containers_mount_points():
+    """A new container (protect: false, a create-only key changed) has no mount point of its own."""
+    from components.pve import PveGuestProvider
+    olds = dict(HELD, mounts={'mp0': MODEL_MP, 'mp1': THEIRS}, protect=False)
+    news = dict(HELD, protect=False, config={'hostname': 'sglang', 'mp1': MODEL_MP},
+                create=dict(HELD['create'], unprivileged=0))
+    assert PveGuestProvider().diff('200', olds, news).replaces == ['create']
