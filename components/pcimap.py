@@ -21,6 +21,8 @@ each entry was last written for (`written`, which a refresh leaves alone), so th
 config's own move of a GPU (an entry still at that address) from an entry edited out of band. Deleting
 a mapping (`pvesh delete /cluster/mapping/pci/<id>`) is how an operator has it recorded again from the
 device now at the address; `up` also recreates a mapping deleted out of band, after the same checks.
+A mapping is cluster-wide: writing or removing this node's entries keeps the other nodes' as they are, and a
+mapping is deleted only when no other node's entry is left in it.
 """
 
 from __future__ import annotations
@@ -274,21 +276,12 @@ class PciMappingProvider(ObservedProvider):
                 if method == 'POST':
                     api_call(what, prox.cluster.mapping.pci.post, id=mid, map=maps)
                     continue
-                # The digest is pci.cfg's, the whole file's: each write changes it, so it is read again right
-                # before this one, and the mapping must still be what the decision was made from.
-                now = api_call('reading the PCI resource mapping %s' % mid, prox.cluster.mapping.pci(mid).get,
-                               read=True)
-                if (now or {}).get('map') != seen.get('map'):
-                    raise MappingError('%s: the mapping %s changed while this run was deciding what to write (%s); '
-                                       'nothing was written to it - re-run' % (self.label(props), mid, now.get('map')))
-                params = {'map': maps}
-                if now.get('digest'):
-                    params['digest'] = now['digest']
-                api_call(what, prox.cluster.mapping.pci(mid).put, **params)
+                self.put(prox, props, mid, maps, seen, what)
             for mid in sorted(declared_before(olds) - set(props['mappings'])):
                 if mid in by_id:
-                    api_call('deleting the PCI resource mapping %s (no longer declared)' % mid,
-                             prox.cluster.mapping.pci(mid).delete)
+                    note = self.remove(prox, props, mid, by_id[mid], 'no longer declared')
+                    if note:
+                        notes.append(note)
             for note in notes:
                 warn('VM %s: %s' % (props['vmid'], note))
             if writes:
@@ -296,6 +289,35 @@ class PciMappingProvider(ObservedProvider):
                 observed = self.observe(props, by_id, facts)
         written = {mid: spec['path'] for mid, spec in props['mappings'].items()}
         return dict(props, written=written, **observed)
+
+    def put(self, prox, props, mid, maps, seen, what):
+        # The digest is pci.cfg's, the whole file's: each write changes it, so it is read again right before
+        # this one, and the mapping must still be what the decision was made from.
+        now = api_call('reading the PCI resource mapping %s' % mid, prox.cluster.mapping.pci(mid).get, read=True)
+        if (now or {}).get('map') != seen.get('map'):
+            raise MappingError('%s: the mapping %s changed while this run was deciding what to write (%s); '
+                               'nothing was written to it - re-run' % (self.label(props), mid, (now or {}).get('map')))
+        params = {'map': maps}
+        if now.get('digest'):
+            params['digest'] = now['digest']
+        api_call(what, prox.cluster.mapping.pci(mid).put, **params)
+
+    def remove(self, prox, props, mid, cfg, why) -> str:
+        """Take this node's entries out of mapping mid (as listed: cfg); the mapping itself goes only when no
+        other node's entry is left - a mapping is cluster-wide, and the other nodes' guests may use it. Returns
+        a note for the operator when the mapping stays."""
+        others = other_entries(cfg, props['node'])
+        if not others:
+            api_call('deleting the PCI resource mapping %s (%s)' % (mid, why), prox.cluster.mapping.pci(mid).delete)
+            return ''
+        nodes = sorted({parse_map_entry(m).get('node') or '?' for m in others})
+        if not node_entries(cfg, props['node']):
+            return 'mapping %s has no entry for node %s (only for %s): left as it is' % (
+                mid, props['node'], ', '.join(nodes))
+        self.put(prox, props, mid, others, cfg, 'removing the entries of node %s from the PCI resource mapping %s '
+                 '(%s)' % (props['node'], mid, why))
+        return 'mapping %s: removed the entry for node %s; the mapping stays with the entries of %s' % (
+            mid, props['node'], ', '.join(nodes))
 
     def create(self, props):
         return CreateResult('pci-mappings-%s' % props['vmid'], self.apply(props))
@@ -323,7 +345,9 @@ class PciMappingProvider(ObservedProvider):
             by_id = self.listing(prox, props)
             for mid in sorted(props.get('mappings') or {}):
                 if mid in by_id:
-                    api_call('deleting the PCI resource mapping %s' % mid, prox.cluster.mapping.pci(mid).delete)
+                    note = self.remove(prox, props, mid, by_id[mid], 'the VM no longer uses it')
+                    if note:
+                        warn('VM %s: %s' % (props['vmid'], note))
 
 
 def last_written(olds, mid) -> Optional[str]:

@@ -56,6 +56,31 @@ def changes(desired: dict, actual: dict, previously_managed) -> tuple:
     return to_set, to_delete
 
 
+MOUNT_RE = re.compile(r'^mp\d+$')
+
+
+def mounts_of(actual: dict) -> dict:
+    """The container's mount points (mpN) as Proxmox has them: what a declared mount point must not replace."""
+    return {k: v for k, v in actual.items() if MOUNT_RE.match(k) and v is not None}
+
+
+def mount_collisions(desired: dict, mounts: dict, owned) -> list:
+    """(key, theirs, ours) for each declared mount point the container already has with another value, which
+    the program did not set (owned: the config keys it managed before). Overwriting one swaps a dataset out
+    from under whatever uses it: never done, only refused."""
+    owned = set(owned or ())
+    return [(k, mounts[k], v) for k, v in sorted(desired.items())
+            if MOUNT_RE.match(k) and k not in owned and mounts.get(k) is not None and not same_value(k, v, mounts[k])]
+
+
+def collision_text(vmid, collisions) -> str:
+    return '; '.join(
+        'gpuhost:model.mp: %s would replace the container\'s own %s (%s), a mount point this program did not set, '
+        'with the model\'s (%s). It is left as it is: set gpuhost:model.mp to an index `pct config %s` does not '
+        'list, or - if %s is really to go - remove it yourself first (pct set %s --delete %s) and re-run' % (
+            k[2:], k, theirs, ours, vmid, k, vmid, k) for k, theirs, ours in collisions)
+
+
 def merge_pending(items: list) -> tuple:
     """GET .../pending -> (effective config incl. pending values, keys waiting for a restart)."""
     config, pending = {}, []
@@ -312,6 +337,11 @@ def refusals(props: dict, actual: dict) -> list:
         if have_gb is not None and abs(have_gb - float(want_gb)) > 1e-9:
             out.append('its root disk is %s GB, the config declares %s GB (gpuhost:container.rootfs_gb: %s)' % (
                 ('%g' % have_gb), want_gb, ('%d' % have_gb) if have_gb.is_integer() else 'its size in GB'))
+    # Adopting takes no key as the program's own: a declared mount point the container has with another value
+    # would be replaced.
+    collisions = mount_collisions(props.get('config') or {}, mounts_of(actual), ())
+    if collisions:
+        out.append(collision_text(props['vmid'], collisions))
     want_os, have_os = template_ostype(create.get('ostemplate', '')), actual.get('ostype')
     if want_os and have_os in OSTYPES and have_os != want_os:
         out.append('it runs %s, gpuhost:container.ostemplate is a %s template (use the template it was made from)' % (
@@ -332,7 +362,9 @@ class PveGuestProvider(ObservedProvider):
     DESIRED = ('node', 'kind', 'vmid', 'create', 'config', 'start', 'raw_lxc')
     REPLACE = ('node', 'kind', 'vmid', 'create')
     CONNECTION = ('api', 'connection')
-    OUTPUTS = ('status', 'pending', 'uid', 'pid')
+    # mounts: every mpN the container has (the program's and others'), so that a preview from the state can
+    # tell a declared mount point that would replace one the program did not set.
+    OUTPUTS = ('status', 'pending', 'uid', 'pid', 'mounts')
 
     # What each create-only input is called in the stack config, for the refusal below.
     REPLACE_KEYS = {'node': 'gpuhost:host.node', 'vmid': 'gpuhost:{side}.vmid', 'kind': 'gpuhost:{side}',
@@ -341,6 +373,11 @@ class PveGuestProvider(ObservedProvider):
 
     def diff(self, id_, olds, news):
         result = super().diff(id_, olds, news)
+        # (A replacement makes a new guest, which has no mount point of its own; protect guards that case.)
+        collisions = [] if result.replaces else mount_collisions(news.get('config') or {}, olds.get('mounts') or {},
+                                                                 olds.get('config') or {})
+        if collisions:
+            raise OperatorError('%s: %s.' % (self.label(news), collision_text(news.get('vmid'), collisions)))
         if result.replaces:
             # The vmid is fixed by config: a replacement with the same vmid must free it first. With a
             # new vmid the new guest is created first, so a taken vmid fails before anything is lost.
@@ -422,7 +459,7 @@ class PveGuestProvider(ObservedProvider):
         out = {'config': observed_config(props['config'], actual), 'create': create,
                'start': status == 'running', 'status': status, 'pending': pending,
                'pid': int(current['pid']) if current.get('pid') and status == 'running' else None,
-               'raw_lxc': self.observe_raw(props)}
+               'raw_lxc': self.observe_raw(props), 'mounts': mounts_of(actual)}
         return out
 
     # -- raw lxc.* lines (over SSH: only the file can hold them)
@@ -558,6 +595,11 @@ class PveGuestProvider(ObservedProvider):
             cfg = api_call('reading %s' % self.label(news), g.config.get, read=True)
             actual, _ = merge_pending(api_call('reading %s' % self.label(news), g.pending.get, read=True))
             to_set, to_delete = changes(news['config'], actual, (olds.get('config') or {}).keys())
+            # Read right before the write: a mount point set since the last refresh is never overwritten either.
+            collisions = mount_collisions(to_set, mounts_of(actual), (olds.get('config') or {}))
+            if collisions:
+                raise PveError('%s: %s. Nothing was changed.' % (self.label(news), collision_text(news['vmid'],
+                                                                                                  collisions)))
             foreign = self.foreign_gpus(actual, news, self.mapped_paths(prox, actual, news))
             if foreign:
                 warn('%s: repaired %s in %s - pointed at the container\'s GPU, set outside Pulumi; now %s' % (

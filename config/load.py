@@ -159,6 +159,103 @@ def model_inputs(d: Deployment, root: str) -> Optional[dict]:
     return {'checksums': checksums, 'token': m.token.get_secret_value() if m.token is not None else None}
 
 
+# ---------------------------------------------------------------- where a plain credential was recorded
+
+def backend_url() -> Optional[str]:
+    """The state backend the CLI runs against: PULUMI_BACKEND_URL, else the one `pulumi login` chose."""
+    url = os.environ.get('PULUMI_BACKEND_URL')
+    if url:
+        return url
+    home = os.environ.get('PULUMI_HOME') or os.path.expanduser('~/.pulumi')
+    try:
+        with open(os.path.join(home, 'credentials.json')) as f:
+            return json.load(f).get('current') or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def project_name() -> Optional[str]:
+    """The project's name, from Pulumi.yaml in the project directory (the working directory)."""
+    import yaml
+    try:
+        with open('Pulumi.yaml') as f:
+            return (yaml.safe_load(f) or {}).get('name')
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+
+
+def config_leaf(cfg, full: tuple):
+    """The value at full (('host', 'api', 'password'), ('hosts', '1', ...)) of a config map as an update
+    record keeps it ({'gpuhost:host': {...}}; a structured value may also be kept as JSON text)."""
+    node = (cfg or {}).get('gpuhost:' + full[0]) if isinstance(cfg, dict) else None
+    for p in full[1:]:
+        if isinstance(node, str):
+            try:
+                node = json.loads(node)
+            except ValueError:
+                return None
+        if isinstance(node, dict):
+            node = node.get(p)
+        elif isinstance(node, list) and p.isdigit() and int(p) < len(node):
+            node = node[int(p)]
+        else:
+            return None
+    return node
+
+
+def history_records(root: str, stack: str, full: tuple, value) -> tuple:
+    """(the stack's history directory in a file backend, [its update records holding value at full]). The
+    file backend writes one <stack>-<time>.history.json per update, refresh and destroy, with the stack's
+    config as it was - plain values in plain text."""
+    project = project_name()
+    dirs = ([os.path.join(root, '.pulumi', 'history', project, stack)] if project else []) + \
+        [os.path.join(root, '.pulumi', 'history', stack)]   # (the layout before project-scoped stacks)
+    for d in dirs:
+        if not os.path.isdir(d):
+            continue
+        found = []
+        for name in sorted(os.listdir(d)):
+            if not name.endswith('.history.json'):
+                continue
+            try:
+                with open(os.path.join(d, name)) as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and config_leaf(record.get('config'), full) == value:
+                found.append(os.path.join(d, name))
+        return d, found
+    return dirs[0], []
+
+
+def plain_text_note(full: tuple, value, stack: Optional[str], dry_run: bool) -> str:
+    """Where a credential given as plain text already is (the stack's file; the backend's update history,
+    which keeps it for good), and so whether it must be rotated. Never the value itself."""
+    file = 'Pulumi.%s.yaml' % stack if stack else 'the stack\'s config file (Pulumi.<stack>.yaml)'
+    url = backend_url()
+    root = url[len('file://'):].split('?', 1)[0] if url and url.startswith('file://') else None
+    if root is None or not stack:
+        return ('It is recorded in plain text in %s, and the backend %s keeps each update\'s config in the stack\'s '
+                'update history (pulumi stack history): if an update, refresh or destroy ran with it, it is there - '
+                'treat it as disclosed and rotate it (a new one where it is used)' % (file, url or 'in use'))
+    if root.startswith('~'):
+        root = os.path.expanduser(root)
+    hist, records = history_records(root, stack, full, value)
+    where = []
+    if records:
+        where.append('%d update record%s of the stack\'s history in the backend %s (%s%s)' % (
+            len(records), '' if len(records) == 1 else 's', url, ', '.join(records[:3]),
+            ', ...' if len(records) > 3 else ''))
+    if not dry_run:
+        where.append('this run\'s record, written to %s/ when it ends' % hist)
+    if not where:
+        return ('It is recorded in plain text in %s (the update history in the backend, %s/, holds no record of '
+                'it): if that file was committed or shared, rotate it' % (file, hist))
+    return ('It is already recorded in plain text - in %s and in %s - treat it as disclosed: rotate it (a new one '
+            'where it is used), delete those records, and make the new one a secret' % (
+                file, ' and in '.join(where)))
+
+
 def fleet_from_pulumi() -> 'Fleet':
     """The fleet from the running stack's `gpuhost:*` config (secure leaves arrive decrypted and go
     into SecretStr fields; the program hands them to resources only as Pulumi secrets)."""
@@ -175,20 +272,23 @@ def fleet_from_pulumi() -> 'Fleet':
             data[key] = json.loads(raw)
         except ValueError:
             data[key] = raw
-    return fleet_from_data(data, is_config_secret, stack_file_secure_paths(pulumi.get_stack()))
+    return fleet_from_data(data, is_config_secret, stack_file_secure_paths(pulumi.get_stack()),
+                           stack=pulumi.get_stack(), dry_run=pulumi.runtime.is_dry_run())
 
 
-def fleet_from_data(data: dict, is_secret, secure_paths: Optional[set]) -> 'Fleet':
+def fleet_from_data(data: dict, is_secret, secure_paths: Optional[set], stack: Optional[str] = None,
+                    dry_run: bool = True) -> 'Fleet':
     """The fleet from a stack's `gpuhost:*` values ({key without the namespace: value}), its credentials
     refused where they are plain text (is_secret('gpuhost:<key>'), secure_paths: check_secrets) - the
-    program's way (fleet_from_pulumi) and the read-only check's (tools/check.py) alike."""
+    program's way (fleet_from_pulumi) and the read-only check's (tools/check.py) alike. stack, dry_run: for
+    the refusal's account of where a plain credential was recorded (dry_run: no update record of this run)."""
     hosts = data.get('hosts')
     defaults = {k: v for k, v in data.items() if k not in FLEET_KEYS}
-    check_secrets(defaults, is_secret, secure_paths)
+    check_secrets(defaults, is_secret, secure_paths, stack=stack, dry_run=dry_run)
     if isinstance(hosts, list):
         for i, entry in enumerate(hosts):
             if isinstance(entry, dict):
-                check_secrets(entry, is_secret, secure_paths, prefix=('hosts', str(i)))
+                check_secrets(entry, is_secret, secure_paths, prefix=('hosts', str(i)), stack=stack, dry_run=dry_run)
     return parse_fleet(data)
 
 
@@ -273,9 +373,11 @@ def stack_file_secure_paths(stack: str) -> Optional[set]:
     return out
 
 
-def check_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tuple = ()) -> None:
-    """A password or key written as plain config ends up in plain text in the state: refuse it.
-    `prefix`: where `data` sits in the config (('hosts', '1') for a fleet's host entry)."""
+def check_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tuple = (), stack: Optional[str] = None,
+                  dry_run: bool = True) -> None:
+    """A password or key written as plain config ends up in plain text in the state: refuse it, saying where
+    it is recorded already (plain_text_note). `prefix`: where `data` sits in the config (('hosts', '1') for a
+    fleet's host entry)."""
     for path in SECRET_PATHS:
         node = data
         for p in path:
@@ -289,5 +391,6 @@ def check_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tu
             plain = not any(full[:len(s)] == s for s in secure_paths)
         if plain:
             raise ConfigError('%s is set as plain text, so it would be stored unencrypted in the stack\'s config and '
-                              'state. Make it a secret: pulumi config rm --path %s && pulumi config set --secret '
-                              '--path %s%s' % (key, key, key, ' < ~/.ssh/<key>' if 'key' in path[-1] else ''))
+                              'state. %s. Make it a secret: pulumi config rm --path %s && pulumi config set --secret '
+                              '--path %s%s' % (key, plain_text_note(full, node, stack, dry_run), key, key,
+                                               ' < ~/.ssh/<key>' if 'key' in path[-1] else ''))

@@ -39,6 +39,25 @@ CUDA_RUN_RE = re.compile(r'^cuda_(\d+\.\d+\.\d+)_(\d[\d.]*?)_linux(?:_sbsa)?\.ru
 CUDA_MIN_DRIVER = {13: 580, 12: 525}
 
 
+# The environments directory holds one directory per environment, and `up` removes the old ones there: it must be
+# a directory of its own - never one of the container's system directories or their parents (/usr: the program
+# would build /usr/<id>, and prune there), and nothing inside the parts of the system a package manager, the
+# kernel or systemd own.
+ENVS_NOT = ('/', '/bin', '/boot', '/dev', '/etc', '/home', '/lib', '/lib32', '/lib64', '/libx32', '/media', '/mnt',
+            '/opt', '/proc', '/root', '/run', '/sbin', '/srv', '/sys', '/tmp', '/usr', '/var', '/var/backups',
+            '/var/cache', '/var/lib', '/var/local', '/var/log', '/var/mail', '/var/opt', '/var/spool', '/var/tmp')
+ENVS_NOT_BELOW = ('/proc', '/sys', '/dev', '/etc', '/usr', '/boot', '/run', '/bin', '/sbin', '/lib', '/lib32', '/lib64',
+                  '/libx32')
+
+
+def dedicated_dir(value: str) -> str:
+    if value in ENVS_NOT or any(value.startswith(d + '/') for d in ENVS_NOT_BELOW):
+        raise ValueError('%s is a system directory of the container (or inside one), and the program builds an '
+                         'environment per lock there and removes the old ones; give the environments a directory of '
+                         'their own, e.g. /opt/sglang/envs' % show(value))
+    return value
+
+
 def repo_path(value: str) -> str:
     """A file in the repository, relative to the project directory, that stays inside it."""
     no_control(value)
@@ -147,7 +166,7 @@ class PythonEnvironment(Model):
                                                 'packages (paths relative to site-packages; git\'s a/ b/ are stripped)')
     version: PythonVersion = Field('3.11', description='The container python3\'s minor version the lock is for')
     keep: int = Field(1, ge=0, le=10, description='How many previous environments to keep beside the current one')
-    envs_dir: Path = Field('/opt/sglang/envs', description='Where the environments live, one directory each, named '
+    envs_dir: Annotated[Path, AfterValidator(dedicated_dir)] = Field('/opt/sglang/envs', description='Where the environments live, one directory each, named '
                                                            'after the hash of lock, patches and Python version')
 
     @model_validator(mode='after')

@@ -59,7 +59,7 @@ def stack_fleet(stack: str, project: str):
             data[name] = raw
     secret = {k for k, entry in keys.items() if entry.get('secret')}
     # (Pulumi.<stack>.yaml's secure: leaves, read from the project directory, where main() runs)
-    return config.fleet_from_data(data, lambda key: key in secret, config.stack_file_secure_paths(stack))
+    return config.fleet_from_data(data, lambda key: key in secret, config.stack_file_secure_paths(stack), stack=stack)
 
 
 def host_lines(results) -> list:

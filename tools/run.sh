@@ -7,6 +7,9 @@ cd "$root"
 # The lab stack's config holds no secrets (its credentials are files the lab generates), so its
 # passphrase is fixed and public. Other stacks need the operator's PULUMI_CONFIG_PASSPHRASE(_FILE).
 LAB_PASSPHRASE=gpuhost-lab
+# The backend the operator named, before .env.sh defaults PULUMI_BACKEND_URL to the checkout's .state: a
+# missing stack's message says which of the two was in use.
+operator_backend=${PULUMI_BACKEND_URL:-}
 
 deps() {
   # The lab makes its SSH keys with OpenSSH's ssh-keygen; its host and containers boot with systemd-nspawn
@@ -31,7 +34,7 @@ deps() {
 }
 
 stack_env() {
-  if [ "$1" = lab ] || [ "$1" = lab-fleet ]; then
+  if is_lab_stack "$1"; then
     # The lab's stacks describe this machine's lab: their state stays in the checkout, whatever backend the
     # operator set for real hosts (a fresh lab forgets its stack - never a shared backend's `lab` stack).
     mkdir -p "$root/.state"
@@ -44,9 +47,35 @@ stack_env() {
   fi
 }
 
+is_lab_stack() {
+  [ "$1" = lab ] || [ "$1" = lab-fleet ]
+}
+
+# select_stack STACK: the lab's stacks are made when missing (a fresh lab forgets its stack). Any other stack
+# must exist already: a shell or CI job that forgot PULUMI_BACKEND_URL would otherwise create an empty one in
+# .state, whose `up` plans to create (or adopt) everything on a real host. Making one is the operator's act.
 select_stack() {
   stack_env "$1"
-  pulumi stack select --create --secrets-provider passphrase "$1" >/dev/null
+  if is_lab_stack "$1"; then
+    pulumi stack select --create --secrets-provider passphrase "$1" >/dev/null
+    return
+  fi
+  local err where
+  if err=$(pulumi stack select "$1" 2>&1 >/dev/null); then
+    return
+  fi
+  if ! grep -q "no stack named" <<<"$err"; then
+    echo "$err" >&2
+    echo "run: cannot select stack $1 in the backend $PULUMI_BACKEND_URL (pulumi's error above)" >&2
+    exit 1
+  fi
+  if [ -n "$operator_backend" ]; then
+    where="the backend $PULUMI_BACKEND_URL (PULUMI_BACKEND_URL)"
+  else
+    where="the default backend $PULUMI_BACKEND_URL (this checkout's .state: PULUMI_BACKEND_URL is not set)"
+  fi
+  echo "run: stack $1 does not exist in $where, and only the lab's stacks are created here; if its state lives elsewhere, export PULUMI_BACKEND_URL=<that backend> (s3://..., azblob://..., gs://..., file://...) and re-run; to start a new stack in this backend on purpose: . ./.env.sh && pulumi stack init --secrets-provider passphrase $1" >&2
+  exit 2
 }
 
 # The safety rules (policy/, README "Policy pack"), mandatory; policy/config.<stack>.json, when present,
@@ -154,8 +183,8 @@ case "$cmd" in
     deps
     # The lab stack's host is the lab: started unless running (its config names the lab's generated keys).
     if [ "${1:?stack}" = lab ]; then start_lab; fi
-    # Read-only on the hosts (components/preflight.py); selecting the stack only creates it in the backend
-    # when it is new (a first day's Pulumi.<stack>.yaml), as `make preview` does.
+    # Read-only on the hosts (components/preflight.py) and on the backend: a stack that does not exist there
+    # stops it (select_stack), as it stops `make preview` and `make up`.
     select_stack "${1:?stack}"
     python -m tools.check "$1"
     ;;

@@ -12,9 +12,10 @@
 # container's own python3 (`-m venv --without-pip`: Debian's python3 has no ensurepip); pip's wheel, pinned by
 # the lock, fetched from the source and checked against the lock's hash; `pip install --require-hashes
 # --no-deps` of the lock run from that wheel; the patches; the version check; the scripts' paths rewritten to
-# the final name; the marker; then one rename. A half-built environment never has the final name, and every
-# failure removes it. The index password goes to pip as a root-only netrc file in a private directory under
-# /run (NETRC=<file>), never on a command line, and is removed afterwards.
+# the final name; the marker (written first, to claim the directory, and again, synced, last); then one
+# rename. A half-built environment never has the final name, and every failure removes it. The index password
+# goes to pip as a root-only netrc file in a private directory under /run (NETRC=<file>), never on a command
+# line, and is removed afterwards.
 # Exit codes (components/runtime.py turns them into the operator's message, naming the config key):
 #   3 the source did not answer or refused the login   4 a file's hash differs from the lock's
 #   5 the source lacks a pinned package                 6 a patch does not apply
@@ -284,6 +285,14 @@ def apply_patches(job, site):
     return sorted(result)
 
 
+def write_marker(directory, job, sync):
+    with open(os.path.join(directory, MARKER), 'w') as f:
+        f.write(json.dumps(job['marker'], sort_keys=True) + '\n')
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def build(job, work):
     final = job['path']
     envs = os.path.dirname(final)
@@ -328,6 +337,10 @@ def build(job, work):
             if 'No space left' in out:
                 raise Failed(9, 'no space left on device while making the virtualenv')
             raise Failed(11, 'python3 -m venv --without-pip failed: %s' % out.strip()[-400:])
+        # The program's claim on the directory from its first moment: pruning (ct_env_link.sh) removes only
+        # directories that carry the marker, and a build cut short where this cleanup cannot run (kill -9, the
+        # container stopped) must still be recognised as the program's. Written again, synced, before the rename.
+        write_marker(tmp, job, sync=False)
         python = os.path.join(tmp, 'bin', 'python')
         code, out = run([python, os.path.join(wheel, 'pip'), 'install', '--no-deps', '--require-hashes', '--no-input',
                          '--disable-pip-version-check', '--no-cache-dir', '--no-warn-script-location',
@@ -350,10 +363,7 @@ def build(job, work):
         if got != job['sglang']:
             raise Failed(7, 'the new environment\'s sglang reports %s, not %s' % (got, job['sglang']))
         relocate(tmp, final)
-        with open(os.path.join(tmp, MARKER), 'w') as f:
-            f.write(json.dumps(job['marker'], sort_keys=True) + '\n')
-            f.flush()
-            os.fsync(f.fileno())
+        write_marker(tmp, job, sync=True)
         os.rename(tmp, final)
         return {'built': final, 'sglang': got, 'patched': patched}
     except BaseException:

@@ -1,5 +1,6 @@
-"""Guards around a deployed stack: a typo never destroys or replaces a guest, and `up` checks the host
-and Proxmox before any step (preflight). The tests share one deployed lab stack, in order."""
+"""Guards around a deployed stack: a typo never destroys or replaces a guest, a mount point the container has of
+its own is never replaced by the model's, and `up` checks the host and Proxmox before any step (preflight). The
+tests share one deployed lab stack, in order."""
 
 import copy
 import os
@@ -7,7 +8,7 @@ import os
 import pytest
 
 STACK = 'guards'
-H, C, V, S = 'gpuhost:host', 'gpuhost:container', 'gpuhost:vm', 'gpuhost:sglang'
+H, C, V, S, M = 'gpuhost:host', 'gpuhost:container', 'gpuhost:vm', 'gpuhost:sglang', 'gpuhost:model'
 
 
 def with_changes(cfg, *changes):
@@ -66,6 +67,35 @@ def test_a_namespace_typo_is_refused_and_the_vm_stays(lab, deployed):
     cfg['gpuhots:vm'] = cfg.pop(V)
     out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
     assert 'did you mean gpuhost:vm' in out
+
+
+def ct_config(lab):
+    """Container 200's config as its next start has it (pending values applied)."""
+    from components.pve import merge_pending
+    return merge_pending(lab.node().lxc(200).pending.get())[0]
+
+
+def test_a_model_mount_point_the_container_has_of_its_own_is_never_replaced(lab, deployed):
+    """gpuhost:model.mp: 1 while container 200 has its own mp1 (another dataset, set outside the program): the
+    preview with a refresh and `up` stop, naming both mount points, and mp1 stays as it is."""
+    theirs, model = '/srv/data,mp=/data,ro=1', deployed[M].get('storage', '') + ',mp=/models,ro=1'
+    lab.node().lxc(200).config.put(mp1=theirs)
+    try:
+        lab.write_stack(STACK, with_changes(deployed, ((M, 'mp'), 1)))
+        before, starts = guests(lab), lab.unit_starts()
+        for command in (('preview', '--refresh'), ('up', '--yes', '--skip-preview', '--refresh')):
+            res = lab.pulumi(*command, stack=STACK, check=False)
+            out = res.stdout + res.stderr
+            assert res.returncode != 0 and 'Traceback' not in out, out[-3000:]
+            assert ("container 200 on pve-lab: gpuhost:model.mp: 1 would replace the container's own mp1 (%s), a "
+                    "mount point this program did not set, with the model's (%s)" % (theirs, model)) in out, out[-3000:]
+            have = ct_config(lab)
+            assert (have['mp1'], have['mp0']) == (theirs, model)
+            assert guests(lab) == before and lab.unit_starts() == starts
+    finally:
+        lab.node().lxc(200).config.put(delete='mp1')
+        lab.write_stack(STACK, deployed)
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
 
 
 def test_unprotected_wrong_node_stops_at_preflight_before_anything_is_deleted(lab, deployed):

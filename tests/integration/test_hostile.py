@@ -329,6 +329,8 @@ CASES = [
     ('patch listed twice', m(((R, 'python', 'patches'), ['p/a.patch', 'p/a.patch'])), ['listed twice']),
     ('environments inside the venv', m(((R, 'python', 'envs_dir'), '/opt/sglang/venv/envs')),
      ['gpuhost:runtime.python.envs_dir', 'overlap']),
+    ('environments in /usr', m(((R, 'python', 'envs_dir'), '/usr')),
+     ["gpuhost:runtime.python.envs_dir: '/usr' is a system directory", 'e.g. /opt/sglang/envs']),
     ('keep too many', m(((R, 'python', 'keep'), 50)), ['gpuhost:runtime.python.keep']),
     ('python version', m(((R, 'python', 'version'), '3')), ['gpuhost:runtime.python.version', 'Python minor version']),
     ('unknown runtime key', m(((R, 'nvidia', 'driver'), '580.95.05')),
@@ -451,13 +453,20 @@ def load(lab, cfg):
     def run():
         pulumi.runtime.config.set_all_config(engine_config(cfg), [])
         pulumi.runtime.settings._set_stack(STACK)
+        pulumi.runtime.settings.SETTINGS.dry_run = True   # (a preview)
         return config.load_stack(lab.project)
-    cwd = os.getcwd()
+    cwd, backend = os.getcwd(), os.environ.get('PULUMI_BACKEND_URL')
     os.chdir(lab.project)
+    # The program sees the CLI's environment: the lab project's backend.
+    os.environ['PULUMI_BACKEND_URL'] = lab.env['PULUMI_BACKEND_URL']
     try:
         return contextvars.copy_context().run(run)
     finally:
         os.chdir(cwd)
+        if backend is None:
+            os.environ.pop('PULUMI_BACKEND_URL', None)
+        else:
+            os.environ['PULUMI_BACKEND_URL'] = backend
 
 
 def refusal(lab, cfg):
@@ -521,3 +530,46 @@ def test_a_password_set_as_a_secret_is_accepted(lab, base):
         lab.pulumi('config', 'set', '--secret', '--path', 'gpuhost:host.api.password', f.read(), stack=STACK)
     res = lab.pulumi('preview', stack=STACK, check=False)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+
+
+def history_records(lab, text):
+    """The stack's update records in the lab project's file backend that hold `text`."""
+    d = os.path.join(lab.env['PULUMI_BACKEND_URL'][len('file://'):], '.pulumi', 'history', 'gpuhost', STACK)
+    out = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.endswith('.history.json'):
+            with open(os.path.join(d, name)) as f:
+                if text in f.read():
+                    out.append(os.path.join(d, name))
+    return d, out
+
+
+def test_a_plain_credential_the_update_history_already_holds_is_named_there_with_rotate(lab, base):
+    """Refused at preview - but an `up --skip-preview` (or a `pulumi refresh`, which does not run the program)
+    has already written the stack's config, the plain password with it, into the backend's update history:
+    the refusal says so, where, and to rotate it; once the records are gone, it says that too."""
+    password = 'hunter2-pasted-by-mistake'
+    cfg = apply(base, [((H, 'api', 'password_file'), DELETE), ((H, 'api', 'password'), password)])
+    cfg = put_files(lab.project, cfg)
+    lab.write_stack(STACK, cfg)
+    sessions = lab.ssh_sessions()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and lab.ssh_sessions() == sessions, out[-3000:]
+    hist, records = history_records(lab, password)
+    assert len(records) == 1, 'the refused update was not recorded with the password: %s' % hist
+    assert "and in this run's record, written to %s/ when it ends" % hist in out, out[-3000:]
+    res, out = preview(lab, cfg)
+    assert res.returncode != 0 and password not in out
+    assert ('gpuhost:host.api.password is set as plain text, so it would be stored unencrypted in the stack\'s config '
+            'and state. It is already recorded in plain text - in Pulumi.%s.yaml and in 1 update record of the stack\'s '
+            'history in the backend %s (%s)' % (STACK, lab.env['PULUMI_BACKEND_URL'], records[0])) in out, out[-3000:]
+    assert 'treat it as disclosed: rotate it (a new one where it is used), delete those records' in out
+    assert 'pulumi config set --secret --path gpuhost:host.api.password' in out
+    for record in records:   # as the refusal says
+        os.unlink(record)
+    res, out = preview(lab, cfg)
+    assert res.returncode != 0
+    assert ('It is recorded in plain text in Pulumi.%s.yaml (the update history in the backend, %s/, holds no record '
+            'of it): if that file was committed or shared, rotate it' % (STACK, hist)) in out, out[-3000:]
+    lab.write_stack(STACK, base)

@@ -2,7 +2,8 @@
 the real CLI against the lab, whose Proxmox keeps the mappings and refuses a VM start as qemu-server does
 (lab/pvemap.py): made from the host's facts from empty and used by the VM, a second `up` changes nothing; a
 mapping deleted or edited out of band is seen by `preview --refresh` and put back by `up`; a renumbered bus
-is shown by `preview --refresh` and stops `up` before the VM starts, changing nothing.
+is shown by `preview --refresh` and stops `up` before the VM starts, changing nothing; removing the mappings
+keeps another node's entries.
 The tests run in order on one stack (each starts where the previous one ended)."""
 
 import json
@@ -163,15 +164,21 @@ def test_a_renumbered_bus_is_shown_and_stops_up_before_the_vm_starts(stack):
 
 
 def test_gpu_binding_address_passes_raw_addresses_and_removes_the_mappings(stack):
+    """One of the mappings is shared with another node of the cluster (its entry added by hand, as the GUI
+    does): removing the mappings takes only this node's entries, and that mapping stays with the other one."""
     lab = stack
+    other = entry(lab, VM_GPUS[0]).replace('node=pve-lab', 'node=pve-other')
+    lab.api().cluster.mapping.pci(IDS[0]).put(map=mappings(lab)[0][IDS[0]] + [other])
     cfg = lab.stack_config()
     cfg['gpuhost:vm']['gpu_binding'] = 'address'
     lab.write_stack(STACK, cfg)
     plan = lab.preview_json(STACK)
     ops = {s['urn'].split('::')[-1]: s['op'] for s in plan['steps'] if s['op'] != 'same'}
     assert ops.get('vm-pci-mappings') == 'delete' and ops.get('vm-qemu') == 'update', ops
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    assert mappings(lab) == ({}, None)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert mappings(lab)[0] == {IDS[0]: [other]}
+    assert ('mapping %s: removed the entry for node pve-lab; the mapping stays with the entries of pve-other'
+            % IDS[0]) in res.stdout, res.stdout[-3000:]
     # The running VM keeps its devices until its next start: the raw addresses wait in its pending config.
     pending = {i['key']: i.get('pending', i.get('value')) for i in lab.node().qemu(300).pending.get()}
     assert [pending['hostpci%d' % i] for i in range(4)] == ['%s,pcie=1' % b for b in VM_GPUS]

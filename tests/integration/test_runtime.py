@@ -144,6 +144,10 @@ def test_a_new_version_that_fails_its_check_is_rolled_back(lab, base):
 
 def test_a_version_bump_builds_beside_restarts_once_and_keeps_the_old_one(lab, base):
     state = service_state(lab)
+    # A directory in envs_dir that is not the program's (named like an environment, without its marker): the
+    # pruning after the switch leaves it.
+    foreign = os.path.join(lab.ct_root(), 'opt', 'sglang', 'envs', '0123456789abcdef')
+    os.makedirs(os.path.join(foreign, 'data'))
     configure(lab, base, NEW, [('sm120-fp4.patch', GOOD_PATCH)])
     res = lab.pulumi('preview', '--diff', stack=STACK)
     # With --diff the CLI writes the diagnostics (this message among them) to stderr.
@@ -157,8 +161,8 @@ def test_a_version_bump_builds_beside_restarts_once_and_keeps_the_old_one(lab, b
     new_env = '/opt/sglang/envs/' + out['env']
     assert lab.ct_exec([new_env + '/bin/python', '-c', 'import sglang; print(sglang.SM120_FP4)']).stdout == 'True\n'
     assert os.readlink(os.path.join(lab.ct_root(), 'opt', 'sglang', 'venv')) == new_env
-    # The previous confirmed environment is kept (keep: 1); the one that failed is gone.
-    assert envs(lab) == sorted([out['env'], os.path.basename(state['link'])])
+    # The previous confirmed environment is kept (keep: 1); the one that failed is gone; the foreign one stays.
+    assert envs(lab) == sorted([out['env'], os.path.basename(state['link']), '0123456789abcdef'])
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 

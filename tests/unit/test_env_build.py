@@ -41,12 +41,16 @@ PATCH = ('--- a/sglang/__init__.py\n+++ b/sglang/__init__.py\n@@ -1,2 +1,3 @@\n'
          '+PATCHED = "sm120"\n import os\n')
 
 
-def build(tmp_path, wheelhouse, lock_text, patches=(), sglang='0.5.23', python=None):
+def job_for(tmp_path, lock_text, patches=(), sglang='0.5.23', python=None):
     envs = tmp_path / 'envs'
     final = str(envs / ('%016x' % 1))
-    job = {'path': final, 'marker': {'id': 'x', 'sglang': sglang}, 'lock': lock_text,
-           'patches': [{'name': n, 'text': t} for n, t in patches], 'python': python or minor(), 'sglang': sglang,
-           'index': None}
+    return {'path': final, 'marker': {'id': 'x', 'sglang': sglang}, 'lock': lock_text,
+            'patches': [{'name': n, 'text': t} for n, t in patches], 'python': python or minor(), 'sglang': sglang,
+            'index': None}, final, envs
+
+
+def build(tmp_path, wheelhouse, lock_text, patches=(), sglang='0.5.23', python=None):
+    job, final, envs = job_for(tmp_path, lock_text, patches, sglang, python)
     res = subprocess.run([PYTHON, '-c', runtime.builder_source(), wheelhouse], input=json.dumps(job), text=True,
                          capture_output=True, timeout=300)
     return res, final, envs
@@ -105,3 +109,47 @@ def test_each_failure_leaves_nothing(tmp_path, wheelhouse, case, code, words):
         assert w in line, line
     assert not os.path.exists(final)
     assert not os.path.isdir(str(envs)) or os.listdir(str(envs)) == [], 'a half-built environment was left'
+
+
+def test_a_build_cut_short_leaves_a_directory_with_the_programs_marker(tmp_path, wheelhouse):
+    """Pruning (ct_env_link.sh) removes only directories that carry the marker: a build killed where its own
+    cleanup cannot run (kill -9, the container stopped) must leave one that carries it - written as soon as
+    the virtualenv exists, before pip has installed anything."""
+    import glob
+    import signal
+    import time
+    job, final, envs = job_for(tmp_path, lock(wheelhouse))
+    proc = subprocess.Popen([PYTHON, '-c', runtime.builder_source(), wheelhouse], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc.stdin.write(json.dumps(job))
+    proc.stdin.close()
+    def installing():
+        """pip's install (of the lock, into the new virtualenv) is running in the build's session."""
+        for pid in filter(str.isdigit, os.listdir('/proc')):
+            try:
+                with open('/proc/%s/cmdline' % pid, 'rb') as f:
+                    argv = f.read().split(b'\0')
+                if b'--require-hashes' in argv and os.getsid(int(pid)) == proc.pid:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    killed = None
+    try:
+        while proc.poll() is None and killed is None:
+            if installing():
+                os.killpg(proc.pid, signal.SIGKILL)   # the builder and pip at once
+                killed = glob.glob(str(envs / '.building-*'))
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert killed, 'the build ended before it could be cut short (returncode %s)' % proc.returncode
+    assert len(killed) == 1 and not os.path.exists(final), killed
+    assert os.path.exists(os.path.join(killed[0], 'bin', 'python'))
+    marker = os.path.join(killed[0], '.gpuhost-env.json')
+    assert os.path.exists(marker), 'the half-built %s carries no marker: pruning would never remove it' % killed[0]
+    with open(marker) as f:
+        assert json.load(f) == job['marker']

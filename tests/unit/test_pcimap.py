@@ -293,3 +293,26 @@ def test_apply_after_a_refresh_recorded_an_edit_still_calls_it_out_of_band(fake,
     assert fake.pci.writes[0][:2] == ('PUT', MID)
     assert 'repaired mapping %s: its entry for node pve-lab points at DANGER - %s' % (MID, CT_GPU_PATH) in \
         capsys.readouterr().err
+
+
+OTHER_NODE = 'node=pve-b,path=0000:01:00.0,id=10de:2bb5'
+
+
+def test_apply_removes_only_this_nodes_entry_of_a_mapping_no_longer_declared(fake):
+    """A mapping the cluster shares: the other node's entry stays, with the digest read right before the write."""
+    from components.pcimap import PciMappingProvider
+    fake.pci = FakePci({MID: [map_entry(ENTRY)],
+                        'gpuhost-300-gpu1': [OTHER_NODE, map_entry(dict(ENTRY, path='0000:91:00.0'))]})
+    fake.facts = remote.parse_facts(PCI_FACTS + 'pci\t0000:91:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t41\n')
+    PciMappingProvider().apply(props(), props(('0000:81:00.0', '0000:91:00.0')))
+    assert fake.pci.writes == [('PUT', 'gpuhost-300-gpu1', [OTHER_NODE])]
+
+
+def test_delete_keeps_other_nodes_entries_and_deletes_a_mapping_left_empty(fake):
+    from components.pcimap import PciMappingProvider
+    fake.pci = FakePci({MID: [OTHER_NODE, map_entry(ENTRY)],
+                        'gpuhost-300-gpu1': [map_entry(dict(ENTRY, path='0000:91:00.0'))],
+                        'gpuhost-300-gpu2': [OTHER_NODE]})
+    PciMappingProvider().delete('pci-mappings-300', props(('0000:81:00.0', '0000:91:00.0', '0000:e1:00.0')))
+    assert sorted(fake.pci.writes) == [('DELETE', 'gpuhost-300-gpu1'), ('PUT', MID, [OTHER_NODE])]
+    assert fake.pci.ids == {MID: {'map': [OTHER_NODE]}, 'gpuhost-300-gpu2': {'map': [OTHER_NODE]}}

@@ -88,3 +88,83 @@ def test_a_guest_the_stack_holds_is_never_adopted_again():
     from components.pve import PveGuestProvider
     olds = {'kind': 'lxc', 'vmid': 200, 'adopt': True}
     assert PveGuestProvider().check(olds, dict(olds, vmid=201)).inputs['adopt'] is False
+
+
+# A mount point the container already has that the program did not set (gpuhost:model.mp colliding with it).
+MODEL_MP = '/var/lib/gpuhost-models,mp=/models,ro=1'
+THEIRS = 'tank:subvol-200-disk-1,mp=/srv/data,size=500G'
+HELD = dict(CT, node='pve1', config={'hostname': 'sglang', 'mp0': MODEL_MP}, start=True, raw_lxc={})
+
+
+def test_a_model_mount_point_the_container_has_of_its_own_is_refused_at_preview():
+    """The preview's diff: the state (after the last up or refresh) recorded the container's mount points; mp1
+    there, not set by the program, and the config now declares the model at mp1."""
+    from components.pve import PveGuestProvider
+    from components.state import Failed
+    import pytest
+    olds = dict(HELD, mounts={'mp0': MODEL_MP, 'mp1': THEIRS})
+    news = dict(HELD, config={'hostname': 'sglang', 'mp1': MODEL_MP})
+    with pytest.raises(Failed) as e:   # (the message alone, as the engine shows it)
+        PveGuestProvider().diff('200', olds, news)
+    text = str(e.value)
+    assert text.startswith('container 200 on pve1: gpuhost:model.mp: 1 would replace the container\'s own mp1 (%s), '
+                           'a mount point this program did not set, with the model\'s (%s)' % (THEIRS, MODEL_MP)), text
+    assert 'pct config 200' in text and 'pct set 200 --delete mp1' in text
+    # The program's own mount point changing, or a free one: no refusal.
+    assert PveGuestProvider().diff('200', dict(HELD, mounts={'mp0': MODEL_MP}), news).changes
+    same = dict(HELD, mounts={'mp0': MODEL_MP, 'mp1': MODEL_MP})
+    assert PveGuestProvider().diff('200', same, news).changes
+
+
+def test_adopting_a_container_whose_mount_point_the_model_would_replace_is_refused():
+    from components.pve import refusals
+    props = dict(CT, config={'hostname': 'sglang', 'mp1': MODEL_MP})
+    out = refusals(props, dict(RUNNING, mp1=THEIRS))
+    assert len(out) == 1 and out[0].startswith("gpuhost:model.mp: 1 would replace the container's own mp1 (%s)"
+                                               % THEIRS), out
+    assert refusals(props, dict(RUNNING, mp1=MODEL_MP)) == []
+
+
+class FakeGuest(object):
+    """prox.nodes(node).lxc(vmid) as far as update() uses it; records every write."""
+
+    def __init__(self, config):
+        import types
+        self.cfg, self.writes = dict(config), []
+        guest = self
+        self.config = types.SimpleNamespace(get=lambda: dict(guest.cfg, digest='d1'), put=self.put, post=self.put)
+        self.pending = types.SimpleNamespace(get=lambda: [{'key': k, 'value': v} for k, v in sorted(guest.cfg.items())])
+        self.status = types.SimpleNamespace(current=types.SimpleNamespace(get=lambda: {'status': 'running', 'pid': 7}))
+
+    def put(self, **params):
+        self.writes.append(params)
+        self.cfg.update({k: v for k, v in params.items() if k not in ('digest', 'delete')})
+
+
+def test_up_never_overwrites_a_mount_point_the_program_did_not_set(monkeypatch):
+    """A state from before the mount points were recorded (or `up` without a refresh after mp1 was set): the
+    update reads the container and refuses before any write."""
+    import contextlib
+    import types
+    import pytest
+    from components import pve
+    from components.state import Failed
+    ct = FakeGuest({'hostname': 'sglang', 'mp0': MODEL_MP, 'mp1': THEIRS})
+    prox = types.SimpleNamespace(nodes=lambda node: types.SimpleNamespace(lxc=lambda vmid: ct))
+    monkeypatch.setattr(pve, 'client', contextlib.contextmanager(lambda api: (yield prox)))
+    news = dict(HELD, api={}, connection={}, raw_lxc=None, config={'hostname': 'sglang', 'cores': 8, 'mp1': MODEL_MP})
+    with pytest.raises(Failed) as e:
+        pve.PveGuestProvider().update('200', dict(HELD), news)
+    assert str(e.value).startswith("container 200 on pve1: gpuhost:model.mp: 1 would replace the container's own mp1 "
+                                   "(%s)" % THEIRS)
+    assert str(e.value).endswith('Nothing was changed.')
+    assert ct.writes == [] and ct.cfg['mp1'] == THEIRS
+
+
+def test_a_replacement_is_not_held_up_by_the_old_containers_mount_points():
+    """A new container (protect: false, a create-only key changed) has no mount point of its own."""
+    from components.pve import PveGuestProvider
+    olds = dict(HELD, mounts={'mp0': MODEL_MP, 'mp1': THEIRS}, protect=False)
+    news = dict(HELD, protect=False, config={'hostname': 'sglang', 'mp1': MODEL_MP},
+                create=dict(HELD['create'], unprivileged=0))
+    assert PveGuestProvider().diff('200', olds, news).replaces == ['create']

@@ -85,3 +85,62 @@ def test_a_host_driver_upgraded_under_the_container_is_danger_with_the_fix():
     assert 'set gpuhost:runtime.nvidia.version: 580.105.08' in message
     with pytest.raises(runtime.RuntimeStepError, match='Nothing was changed, nothing restarted'):
         runtime.check_host_driver({'runtime': {'nvidia': '580.95.05'}}, f)
+
+
+# ------------------------------------------------------------------ ct_env_link.sh: the link and the pruning
+
+PCT = '#!/bin/sh\n# pct exec VMID -- CMD...: the command run here (the "container" is this machine\'s files)\n' \
+      '[ "$1" = exec ] && [ "$3" = -- ] || exit 2\nshift 3\nexec "$@"\n'
+
+
+def env_dir(envs, name, ident=None, marker=True):
+    """A directory as the builder leaves it: its marker (json.dumps(env, sort_keys=True), as ct_env_build.py
+    writes it) names the environment's id and final path."""
+    import os
+    d = os.path.join(envs, name)
+    os.makedirs(os.path.join(d, 'bin'))
+    if marker:
+        ident = ident or name
+        with open(os.path.join(d, '.gpuhost-env.json'), 'w') as f:
+            f.write(json.dumps({'id': ident, 'path': os.path.join(envs, ident), 'sglang': '0.5.23'},
+                               sort_keys=True) + '\n')
+    return d
+
+
+def test_pruning_removes_only_the_programs_own_environments(tmp_path):
+    """envs_dir may hold what is not the program's - a directory named like an id without the marker, one
+    whose marker names another place, a link, another tool's half-made directory: all kept; the program's
+    old environments and its interrupted builds (their marker written before the packages) go."""
+    import os
+    import subprocess
+    from components import remote
+    bin_ = tmp_path / 'bin'
+    bin_.mkdir()
+    (bin_ / 'pct').write_text(PCT)
+    (bin_ / 'pct').chmod(0o755)
+    envs = str(tmp_path / 'envs')
+    cur, prev, old = '%016x' % 1, '%016x' % 2, '%016x' % 3
+    for name in (cur, prev, old):
+        env_dir(envs, name)
+    env_dir(envs, '.building-%016x-41' % 4, ident='%016x' % 4)
+    foreign = [env_dir(envs, '%016x' % 5, marker=False), env_dir(envs, '.building-by-someone-else', marker=False),
+               env_dir(envs, '%016x' % 6)]
+    # ... its marker copied from another envs_dir (a restored backup): not an environment of this directory.
+    with open(os.path.join(foreign[2], '.gpuhost-env.json'), 'w') as f:
+        f.write(json.dumps({'id': '%016x' % 6, 'path': '/elsewhere/%016x' % 6}, sort_keys=True) + '\n')
+    target = str(tmp_path / 'data')
+    env_dir(target, 'x')
+    os.symlink(os.path.join(target, 'x'), os.path.join(envs, '%016x' % 7))
+    venv = str(tmp_path / 'venv')
+    with open(os.path.join(remote.SCRIPTS, 'ct_env_link.sh')) as f:
+        script = f.read()
+    res = subprocess.run(['bash', '-c', script, 'ct_env_link.sh', '200', venv, os.path.join(envs, cur), envs, cur, prev],
+                         env=dict(os.environ, PATH='%s:%s' % (bin_, os.environ['PATH'])), capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    assert os.readlink(venv) == os.path.join(envs, cur)
+    assert sorted(os.listdir(envs)) == sorted([cur, prev, '%016x' % 5, '%016x' % 6, '%016x' % 7,
+                                               '.building-by-someone-else'])
+    assert os.path.isdir(os.path.join(target, 'x', 'bin')), 'a link is removed at most, never followed'
+    assert sorted(res.stdout.splitlines()) == ['removed\t%s/.building-%016x-41' % (envs, 4),
+                                               'removed\t%s/%s' % (envs, old)]

@@ -156,3 +156,23 @@ def test_runtime_parts_are_optional_and_versions_are_strings():
     assert d.runtime.cuda is None and d.runtime.python is None
     with pytest.raises(config.ConfigError, match='gpuhost:runtime.cuda.version'):
         parse(runtime__cuda__version=13.0)
+
+
+@pytest.mark.parametrize('envs_dir', ['/', '/usr', '/etc', '/var', '/opt', '/home', '/root', '/tmp', '/srv', '/boot',
+                                      '/bin', '/lib', '/lib64', '/var/lib', '/usr/local', '/usr/lib/sglang',
+                                      '/etc/sglang', '/proc/1', '/sys/x', '/dev/shm', '/boot/envs', '/run/sglang',
+                                      '/sbin/x', '/lib/x'])
+def test_the_environments_directory_is_never_a_system_directory(envs_dir):
+    """The program builds one directory per environment there and removes the old ones: never /usr (tried as a
+    new user would: accepted, /usr/<id> built), a parent of system directories, or anything inside one."""
+    with pytest.raises(config.ConfigError) as e:
+        parse(runtime__python__envs_dir=envs_dir)
+    line = next(l for l in str(e.value).splitlines() if 'envs_dir' in l)
+    assert line.startswith("  - gpuhost:runtime.python.envs_dir: %r is a system directory of the container" % envs_dir)
+    assert 'give the environments a directory of their own, e.g. /opt/sglang/envs' in line, line
+
+
+@pytest.mark.parametrize('envs_dir', ['/opt/sglang/envs', '/srv/sglang/envs', '/var/lib/gpuhost/envs',
+                                      '/home/sglang/envs', '/opt/envs'])
+def test_an_environments_directory_of_its_own_is_accepted(envs_dir):
+    assert parse(runtime__python__envs_dir=envs_dir).runtime.python.envs_dir == envs_dir

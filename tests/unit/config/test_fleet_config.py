@@ -105,6 +105,36 @@ def test_plain_secret_in_a_host_entry_is_refused():
         config.check_secrets(e, lambda k: True, {('hosts', '0', 'host', 'api', 'password')}, prefix=('hosts', '1'))
 
 
+def test_a_plain_secret_of_a_host_entry_is_found_in_the_update_history_that_kept_it(tmp_path, monkeypatch):
+    """The file backend keeps each update's config: the record holding this host entry's password is named
+    (never the password), and only that one."""
+    import json
+    state = tmp_path / 'state'
+    hist = state / '.pulumi' / 'history' / 'gpuhost' / 'prod'
+    hist.mkdir(parents=True)
+    for name, password in (('prod-1.history.json', 'hunter2'), ('prod-2.history.json', 'rotated-later')):
+        hosts = [{'host': {'api': {'password': 'other'}}}, {'host': {'api': {'password': password}}}]
+        (hist / name).write_text(json.dumps({'kind': 'update', 'config': {'gpuhost:hosts': hosts}}))
+    (tmp_path / 'Pulumi.yaml').write_text('name: gpuhost\nruntime: python\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('PULUMI_BACKEND_URL', 'file://%s' % state)
+    e = entry('gpu02', 2, host={'api': {'password': 'hunter2', 'password_file': None}})
+    with pytest.raises(config.ConfigError) as err:
+        config.check_secrets(e, lambda k: False, None, prefix=('hosts', '1'), stack='prod')
+    text = str(err.value)
+    assert ('It is already recorded in plain text - in Pulumi.prod.yaml and in 1 update record of the stack\'s history '
+            'in the backend file://%s (%s) - treat it as disclosed: rotate it' % (state, hist / 'prod-1.history.json')) \
+        in text, text
+    assert 'hunter2' not in text
+    # Another backend (S3, Pulumi Cloud): not read from here - said as what it keeps.
+    monkeypatch.setenv('PULUMI_BACKEND_URL', 's3://bucket/gpuhost')
+    with pytest.raises(config.ConfigError) as err:
+        config.check_secrets(e, lambda k: False, None, prefix=('hosts', '1'), stack='prod')
+    assert ('the backend s3://bucket/gpuhost keeps each update\'s config in the stack\'s update history (pulumi stack '
+            'history): if an update, refresh or destroy ran with it, it is there - treat it as disclosed and rotate '
+            'it') in str(err.value)
+
+
 def test_unknown_fleet_level_namespace_key_is_still_refused():
     config.check_namespaces(['gpuhost:hosts', 'gpuhost:rollout', 'gpuhost:sglang'])
     with pytest.raises(config.ConfigError, match='gpuhost:host_list is not a setting'):
