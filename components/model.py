@@ -188,9 +188,10 @@ class ModelProvider(ObservedProvider):
         target = remote.Target.from_inputs(props['connection'])
         rep = run_verify(target, props, full=False)
         (info if rep['verified'] else warn)('model: %s' % line(rep))
+        # A shard without a cached sum (new, or changed since it was hashed: another size, mtime or inode) is not
+        # verified: a refresh does not read 244 GB, but the `up` after it does - its job hashes what changed and,
+        # with a source, fetches again what does not match.
         outs = dict(props, **self.observed(props, rep))
-        if rep['unhashed'] and not _broken(rep):
-            outs['verified'] = props.get('verified')   # sums not computed yet: a refresh does not read 244 GB
         return self.read_result(id_, outs)
 
     def delete(self, _id, props):
