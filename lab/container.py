@@ -8,8 +8,9 @@ the machine's: the container's address is a loopback address (the lab's addresse
 what it serves on it is reachable from the program as from any other host.
 
 The lab daemon (lab/labctl.py) creates, starts, stops and destroys containers as fakepve's state
-changes; `pct` (lab/faketools.py) enters a running one with nsenter, as the real pct enters an LXC
-container. Layout under LAB/ct/<vmid>/:
+changes; `pct` (lab/faketools.py, on the lab host) enters a running one through the lab daemon, which runs
+the nsenter (lab/pctbroker.py), as the real pct enters an LXC container with lxc-attach. The lab host itself
+is a machine of this kind too (lab/labhost.py). Layout under LAB/ct/<vmid>/:
 
   upper/, work/   overlayfs' layers (the container's own files)
   rootfs/         the merged root, mounted for as long as the container exists (tests read it)
@@ -18,7 +19,7 @@ container. Layout under LAB/ct/<vmid>/:
   nspawn.pid      systemd-nspawn's pid
   boot.log        the console
 
-Stdlib only: `pct` uses it under the simulated host's system python3.
+Stdlib only.
 """
 
 import os

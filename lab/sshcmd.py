@@ -18,7 +18,7 @@ as when a host or a network path dies:
 For 'after' and 'during' the command's exit code on the host is logged in LAB/control/ssh-results.log
 ({"n", "exit", and for 'during' "stdin_sent", "stdin_total"}).
 
-Stdlib only, no site packages (runs under the host's python3 inside the lab's namespace).
+Stdlib only, no site packages (runs under the lab host's python3).
 """
 
 import fcntl

@@ -11,7 +11,7 @@ from tests.lablib import Lab, claim_net
 def lab(tmp_path_factory):
     if os.geteuid() != 0:
         # A skipped integration test would let the suite pass without testing anything: fail instead.
-        pytest.fail('the integration tests need root: the lab uses mount namespaces for the simulated host '
+        pytest.fail('the integration tests need root: the lab host and its containers are machines of systemd-nspawn '
                     '(run `make test` as root)')
     base = str(tmp_path_factory.mktemp('lab'))
     net, lock = claim_net()

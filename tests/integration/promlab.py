@@ -1,6 +1,6 @@
 """Monitoring against a lab, as README's "Monitoring" wires it up: the stack's prometheus_file_sd output written
 to the file Prometheus' file_sd reads, Debian's node_exporter reading the simulated host's textfile directory
-(inside the host's mount namespace, on the host's address), a real Prometheus (Debian's) scraping both with
+(the host's /var through its root, on the host's address), a real Prometheus (Debian's) scraping both with
 the rules `make monitoring` renders - every second, so the tests wait seconds, not minutes. Shared by
 test_monitoring.py and test_collector.py; each module starts one and keeps it for all its tests."""
 

@@ -85,7 +85,7 @@ def xid(text, bdf, code):
 
 def host_facts_sh(h):
     """components/scripts/host_facts.sh, unmodified, with the simulated host's sysfs and procfs files
-    bind-mounted over the real paths in a private mount namespace (as the lab's SSH server has them)."""
+    bind-mounted over the real paths in a private mount namespace (as the lab host has them)."""
     if os.geteuid() != 0:
         pytest.fail('this test runs host_facts.sh in a mount namespace of its own, which needs root')
     ns = ('set -e\nfor p in sys/bus/pci sys/kernel/iommu_groups proc/cmdline proc/driver; do '
