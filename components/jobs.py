@@ -107,6 +107,7 @@ class Poll:
     out: Optional[str]
     log: list
     stopped_now: bool = False       # `stop` found it running and stopped it
+    output: Optional[int] = None    # bytes of its log and stdout so far
 
     @property
     def running(self) -> bool:
@@ -146,7 +147,7 @@ def parse_poll(text: str) -> Poll:
                       'ended': int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else None}
     return Poll(state=kv.get('state', 'unknown'), sub=kv.get('sub', ''), cpu=num('cpu'), spec=opt('spec'),
                 started=num('started'), now=num('now'), progress=progress, result=result, stop=opt('stop'),
-                out=kv.get('out'), log=log, stopped_now=kv.get('stopped') == 'yes')
+                out=kv.get('out'), log=log, stopped_now=kv.get('stopped') == 'yes', output=num('output'))
 
 
 def _job_sh() -> str:
@@ -256,7 +257,9 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                 time.sleep(1.0)
                 continue
             return p
-        counter = (p.progress or {}).get('counter')
+        # Moving: its own counter, or (a job that writes none, an installer) its output growing; or CPU time where
+        # the host accounts it (cgroup v2; a v1 host says "[not set]").
+        counter = ((p.progress or {}).get('counter'), p.output)
         worked = p.cpu is not None and (mark_cpu is None or p.cpu - mark_cpu >= CPU_WORK_NS)
         if counter != mark_counter or worked:
             mark_counter, mark_cpu, last_change = counter, p.cpu, now

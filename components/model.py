@@ -158,7 +158,7 @@ class ModelProvider(ObservedProvider):
         if fetch:
             # Only when something is missing or wrong: a quick look (cached sums) decides.
             quick = run_verify(target, props, full=False)
-            fetch = _broken(quick) or bool(quick.get('dir_missing'))
+            fetch = not quick['verified']
         rep = run_verify(target, props, full=True, textfile=True, fetch=fetch)
         if rep.get('fetch_error'):
             raise ModelError('%s: the download from %s failed: %s. The serving model and the SGLang unit were not '

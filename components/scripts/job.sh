@@ -50,6 +50,7 @@ poll() {
   cpu=$(systemctl show "$unit" -p CPUUsageNSec --value 2>/dev/null || echo -)
   printf 'state\t%s\nsub\t%s\ncpu\t%s\n' "$state" "$sub" "$cpu"
   printf 'spec\t%s\nstarted\t%s\nnow\t%s\n' "$(one_line "$dir/spec")" "$(one_line "$dir/started")" "$(date +%s)"
+  printf 'output\t%s\n' "$(( $(stat -c %s "$dir/log" 2>/dev/null || echo 0) + $(stat -c %s "$dir/stdout" 2>/dev/null || echo 0) ))"
   printf 'progress\t%s\nresult\t%s\nstop\t%s\n' "$(one_line "$dir/progress.json")" "$(one_line "$dir/result")" \
     "$(one_line "$dir/stop")"
   case $state in
