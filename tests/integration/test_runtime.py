@@ -229,3 +229,65 @@ def lab_installer(version):
     sys.path.insert(0, os.path.join(REPO, 'lab'))
     import hostsim
     return hostsim.nvidia_installer(version)
+
+
+def test_a_build_outlives_a_killed_pulumi_and_the_index_login_never_follows_a_redirect(lab, base):
+    """The environment build is a job in the container (gpuhost-envbuild): `pulumi` killed with SIGKILL while it
+    runs leaves it running, and the next `up` re-attaches to it - one builder, each file fetched once. The index
+    sends its files from a CDN on another loopback host (a 302, as Artifactory or Nexus serving from S3 do): the
+    CDN never sees the index's login, neither from pip nor from the builder's own fetch of pip."""
+    import signal
+    import subprocess
+    import threading
+    import time
+    # The stack as the test before left it (the host's new driver declared), with one more patch: a new build.
+    import yaml
+    with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK)) as f:
+        cfg = yaml.safe_load(f)['config']
+    path = os.path.join(lab.project, 'runtime', 'patches', 'job.patch')
+    with open(path, 'w') as f:
+        f.write('--- a/sglang/__init__.py\n+++ b/sglang/__init__.py\n@@ -2,2 +2,3 @@\n SM120_FP4 = True\n'
+                '+SM120_FP4_JOB = True\n import os\n')
+    cfg['gpuhost:runtime']['python']['patches'] = cfg['gpuhost:runtime']['python']['patches'] + ['runtime/patches/job.patch']
+    lab.write_stack(STACK, cfg)
+    # pip's own wheel (~2 MB) at 150 kB/s: the build lasts long enough to be cut off.
+    lab.index_files('redirect', rate=150000)
+    since = time.time()
+    proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=lab.project,
+                            env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen, lines = threading.Event(), []
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            if 'building the Python environment' in line:
+                seen.set()
+    threading.Thread(target=reader, daemon=True).start()
+    try:
+        assert seen.wait(180), ''.join(lines)[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        time.sleep(2)
+        assert lab.ct_exec(['systemctl', 'is-active', 'gpuhost-envbuild.service'], check=False).stdout.strip() == \
+            'active', 'the build died with pulumi'
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        out = res.stdout + res.stderr
+        if res.returncode != 0:   # README, "if a run was interrupted"
+            assert 'locked' in out, out[-3000:]
+            lab.pulumi('cancel', '--yes', stack=STACK)
+            lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
+            res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+            out = res.stdout + res.stderr
+    finally:
+        lab.index_files('index')
+    assert 're-attached to job gpuhost-envbuild, still running in container 200' in out, out[-3000:]
+    assert health(lab) == 200 and server_version(lab) == NEW
+    assert lab.ct_exec(['/opt/sglang/venv/bin/python', '-c', 'import sglang; print(sglang.SM120_FP4_JOB)']).stdout == \
+        'True\n'
+    cdn = [r for r in lab.cdn_requests() if r['t'] >= since]
+    # One build: SGLang's wheel fetched once (pip's own twice in a build: the builder's copy to run pip from, and
+    # pip installing the lock's pip into the environment).
+    assert len([r for r in cdn if '/sglang-' in r['path']]) == 1 and len([r for r in cdn if '/pip-' in r['path']]) == 2, cdn
+    assert cdn and not any(r['authorization'] for r in cdn), cdn
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
