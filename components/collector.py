@@ -86,6 +86,10 @@ class ConfigError(Exception):
     pass
 
 
+class OlderConfig(ConfigError):
+    """A config of an earlier version than this script's: the program is replacing it right now."""
+
+
 # ------------------------------------------------------------------------------------ the config
 
 def _str(value, key, pattern=None, example=''):
@@ -119,6 +123,8 @@ def validate_config(doc) -> dict:
     if set(doc) != want:
         raise ConfigError('keys %s missing, %s unknown' % (sorted(want - set(doc)) or 'none',
                                                            sorted(set(doc) - want) or 'none'))
+    if isinstance(doc['version'], int) and not isinstance(doc['version'], bool) and doc['version'] < CONFIG_VERSION:
+        raise OlderConfig('version %d is older than this collector\'s %d' % (doc['version'], CONFIG_VERSION))
     if doc['version'] != CONFIG_VERSION:
         raise ConfigError('version: %r, this collector reads version %d' % (doc['version'], CONFIG_VERSION))
     textfile = _path(doc['textfile'], 'textfile')
@@ -521,6 +527,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config)
+    except OlderConfig as e:
+        # `pulumi up` writes this script before its config (components/monitoring.py): between the two, the new
+        # script meets the old config. It skips the run rather than fail it; a config that stays old (the run
+        # died in between) shows as the collector's stale alert, and the next `up` writes it.
+        sys.stderr.write('gpuhost-collector: %s: %s: `pulumi up` is replacing it; this run is skipped.\n' % (
+            args.config, e))
+        return 0
     except ConfigError as e:
         sys.stderr.write('gpuhost-collector: %s: %s. The file is written by `pulumi up`: run it again rather than '
                          'editing the file.\n' % (args.config, e))

@@ -362,7 +362,10 @@ class CollectorProvider(ObservedProvider):
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
         current = self.observe(target, props)
-        todo = [p for p in sorted(props['files']) if current['files'][p] != props['files'][p]]
+        # The script before its config: a running timer meets the new script with the old config (which it
+        # skips: collector.OlderConfig), never the old script with a config it cannot read.
+        todo = [p for p in sorted(props['files'], key=lambda p: (p != props['script'], p))
+                if current['files'][p] != props['files'][p]]
         if todo or current['timer'] != self.TIMER_ON:
             for directory in sorted({posixpath.dirname(p) for p in todo if current['files'][p] is None} |
                                     {props['textfile_dir']}):

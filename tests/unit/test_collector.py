@@ -470,3 +470,36 @@ def test_render_writes_the_collector_files():
     assert files['host/usr/local/sbin/gpuhost-collector'] == monitoring.collector_script()
     assert json.loads(files['host/etc/gpuhost/collector.json'])['interval_s'] == 30
     assert 'OnUnitActiveSec=30s' in files['host/etc/systemd/system/gpuhost-collector.timer']
+
+
+def test_a_config_bump_never_meets_a_script_that_cannot_read_it(tmp_path, monkeypatch):
+    """Issue 27, item 5: `up` writes the collector's script before its config, so a timer firing in between runs
+    the new script on the old config - which it skips (exit 0, said why), never failing - and an older script
+    never meets a newer config."""
+    d = lab_deployment()
+    files = monitoring.collector_files(d)
+    props = {'connection': {}, 'files': {p: c for p, (c, _) in files.items()},
+             'modes': {p: m for p, (_, m) in files.items()}, 'timer': monitoring.CollectorProvider.TIMER_ON,
+             'service_unit': monitoring.COLLECTOR_SERVICE, 'timer_unit': monitoring.COLLECTOR_TIMER,
+             'textfile_dir': monitoring.TEXTFILE_DIR, 'script': monitoring.COLLECTOR_SCRIPT,
+             'config': monitoring.COLLECTOR_CONFIG}
+    written = []
+    provider = monitoring.CollectorProvider()
+    old = {'files': {p: 'old ' + c for p, c in props['files'].items()}, 'timer': dict(props['timer'])}
+    monkeypatch.setattr(provider, 'observe', lambda target, props: old)
+    monkeypatch.setattr(remote.Target, 'from_inputs', classmethod(lambda cls, c: None))
+    monkeypatch.setattr(remote, 'put_file', lambda target, p, *a, **k: written.append(p))
+    monkeypatch.setattr(remote, 'run', lambda *a, **k: remote.Result('', '', 0))
+    provider.apply(props)
+    assert written.index(monitoring.COLLECTOR_SCRIPT) < written.index(monitoring.COLLECTOR_CONFIG), written
+    # The new script on the config of the version before: the run is skipped, not failed.
+    cfg = json.loads(monitoring.collector_config(d))
+    cfg.update(version=collector.CONFIG_VERSION - 1, textfile=str(tmp_path / 'x.prom'), state=str(tmp_path / 's.json'))
+    path = tmp_path / 'collector.json'
+    path.write_text(json.dumps(cfg))
+    assert collector.main(['--config', str(path)]) == 0
+    assert not (tmp_path / 'x.prom').exists()
+    # A config newer than the script is refused, as before (written by a newer program).
+    cfg['version'] = collector.CONFIG_VERSION + 1
+    path.write_text(json.dumps(cfg))
+    assert collector.main(['--config', str(path)]) == collector.EXIT_CONFIG
