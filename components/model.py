@@ -67,7 +67,9 @@ def line(rep: dict) -> str:
                 parts.append('%d %s: %s' % (len(rep[key]), what, ', '.join(rep[key][:5]) +
                                             (', ...' if len(rep[key]) > 5 else '')))
         if rep.get('unhashed'):
-            parts.append('%d sha256 to compute' % len(rep['unhashed']))
+            due = len(rep.get('due') or [])
+            parts.append('%d sha256 to compute%s' % (len(rep['unhashed']), ' (%d older than gpuhost:model.rehash_days)'
+                                                     % due if due else ''))
         parts += rep.get('problems') or []
     return '%s: %s' % (name, ', '.join(parts))
 
@@ -85,7 +87,8 @@ def verify_args(props, full: bool, textfile: bool = False, fetch: bool = False) 
     job = {'dir': props['dir'], 'id': props['id'], 'revision': props['revision'],
            'checksums': props.get('checksums'), 'hash': full,
            'cache': cache_path(props['dir']), 'storage': props.get('storage'),
-           'textfile': props.get('textfile') if textfile else None}
+           'textfile': props.get('textfile') if textfile else None,
+           'rehash_s': int(float(props['rehash_days']) * 86400) if props.get('rehash_days') else None}
     if fetch and props.get('source'):
         job['source'] = props['source']
         for key in ('connections', 'max_bytes_per_s'):
@@ -225,6 +228,7 @@ def unit_check(d, model_files=None):
         return None
     return {'id': d.model.id, 'revision': d.model.revision, 'dir': d.model.host_dir(d.sglang.model_path),
             'storage': d.model.storage, 'timeout_s': d.model.timeout_s, 'stall_timeout_s': d.model.stall_timeout_s,
+            'rehash_days': d.model.rehash_days,
             'checksums': (model_files or {}).get('checksums')}
 
 
@@ -243,6 +247,7 @@ def model_weights(name, d, connection, model_files=None, opts=None):
              'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage, 'source': m.base_url(),
              'token': pulumi.Output.secret(token) if token else None,
              'checksums': (model_files or {}).get('checksums'), 'verified': True, 'textfile': TEXTFILE,
-             'timeout_s': m.timeout_s, 'stall_timeout_s': m.stall_timeout_s, **m.download_options(),
+             'timeout_s': m.timeout_s, 'stall_timeout_s': m.stall_timeout_s, 'rehash_days': m.rehash_days,
+             **m.download_options(),
              **dict.fromkeys(ModelProvider.OUTPUTS)}
     return ModelWeightsResource(ModelProvider(), name, props, opts)

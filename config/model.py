@@ -116,6 +116,9 @@ class ModelWeights(Model):
                                        'uplink allows; the stall detector catches a download that stopped moving)')
     stall_timeout_s: float = Field(600.0, ge=5, le=86400, description='The download or verification job is stopped '
                                    'and the step fails when no byte was downloaded or hashed for this long')
+    rehash_days: Optional[float] = Field(30.0, ge=1, le=3650, description='A shard\'s sha256 is computed again when '
+                                         'the cached one is older than this (bit rot changes no file metadata); null '
+                                         'for never. The oldest sum\'s time is in the model\'s metrics')
     connections: int = Field(8, description='How many files the host downloads from the source at once (one '
                                             'connection each); 1-32')
     max_bytes_per_s: Optional[int] = Field(None, description='The whole download\'s rate limit on the host, in bytes '

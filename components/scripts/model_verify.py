@@ -266,7 +266,10 @@ def sha256_file(path, counter=None, progress=None):
 
 
 def stat_key(st):
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    """What a cached sum is valid for. The size, mtime and inode alone can be kept by a rewrite in place (`touch
+    -d`, `rsync --inplace -t` set the mtime back); the ctime cannot be set from user space and moves with any write,
+    and the device tells a file on another file system with the same inode number apart."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev]
 
 
 class SumCache(object):
@@ -366,7 +369,10 @@ def verify(job, progress=None):
     do_hash = bool(job.get('hash'))
     rep = {'dir': d, 'id': job.get('id'), 'revision': job.get('revision'), 'problems': [], 'missing': [],
            'short': [], 'long': [], 'mismatch': [], 'unreadable': [], 'unhashed': [], 'shards': 0, 'present': 0,
-           'bytes': 0, 'expected_bytes': 0, 'read_bytes': 0, 'hashed': 0, 'checked_sums': 0}
+           'bytes': 0, 'expected_bytes': 0, 'read_bytes': 0, 'hashed': 0, 'checked_sums': 0, 'due': [],
+           'oldest_sha256_at': None}
+    # Bit rot does not change a file's metadata: a sum older than this is computed again (gpuhost:model.rehash_days).
+    rehash_s = job.get('rehash_s')
     counter = [0]
     if not os.path.isdir(d):
         rep['problems'].append('%s does not exist on the host' % d)
@@ -453,6 +459,9 @@ def verify(job, progress=None):
             continue
         if st.st_size > entry['end']:
             rep['long'].append('%s (%d bytes, its header ends the data at %d)' % (name, st.st_size, entry['end']))
+        if rehash_s and 'sha256' in entry and time.time() - entry.get('hashed_at', 0) > rehash_s:
+            del entry['sha256']
+            rep['due'].append(name)
         if sums.get(name) and 'sha256' not in entry:
             if do_hash:
                 to_hash.append(name)
@@ -464,6 +473,8 @@ def verify(job, progress=None):
         entry, want = new_cache.get(name), sums.get(name)
         if entry and want and 'sha256' in entry and entry['end'] <= entry['stat'][0]:
             rep['checked_sums'] += 1
+            at = entry.get('hashed_at') or 0
+            rep['oldest_sha256_at'] = at if rep['oldest_sha256_at'] is None else min(rep['oldest_sha256_at'], at)
             if entry['sha256'] != want:
                 rep['mismatch'].append('%s (sha256 %s..., %s says %s...)' % (
                     name, entry['sha256'][:12], SAYS[rep['sums_from']], want[:12]))
@@ -517,6 +528,7 @@ def hash_shards(d, names, entries, cache, workers, progress, rep, counter):
         with lock:
             read[0] += got[0]
             entries[name]['sha256'] = digest
+            entries[name]['hashed_at'] = int(time.time())
             rep['hashed'] += 1
             entry = dict(entries[name])
         cache.record(name, entry)
@@ -799,7 +811,8 @@ class Download(object):
             os.chmod(self.part, 0o644)
             os.rename(self.part, self.final)
             discard(self.side)
-            self.staged_sums.record(self.name, {'stat': stat_key(os.stat(self.final)), 'sha256': digest})
+            self.staged_sums.record(self.name, {'stat': stat_key(os.stat(self.final)), 'sha256': digest,
+                                                'hashed_at': int(time.time())})
             ok = True
         finally:
             self.progress.finished(self.name, ok)
@@ -1063,11 +1076,12 @@ def fetch(job, progress=None):
         os.chmod(os.path.join(staging, name), 0o644)
         os.replace(os.path.join(staging, name), os.path.join(d, name))
     fsync_dir(d)
-    # The sums travel with the files (a rename keeps size, mtime and inode): the verification after this reads none.
+    # The sums travel with the files (this run checked them and moved them; the move changed only their ctime): the
+    # verification after this reads none.
     dir_cache = SumCache(job.get('cache'))
     for name in staged:
         if isinstance(kept.get(name), dict) and 'sha256' in kept[name]:
-            dir_cache.data[name] = kept[name]
+            dir_cache.data[name] = dict(kept[name], stat=stat_key(os.stat(os.path.join(d, name))))
     dir_cache.replace(dir_cache.data)
     discard(staged_sums.path)   # everything moved: the staging directory is empty again
     return {'downloaded': staged, 'downloaded_bytes': stats.data['received'], 'resumed_bytes': stats.data['resumed'],
@@ -1110,6 +1124,12 @@ def textfile(path, rep):
         '# TYPE gpuhost_model_verification_timestamp_seconds gauge',
         'gpuhost_model_verification_timestamp_seconds{%s} %d' % (labels, int(time.time())),
     ]
+    if rep.get('oldest_sha256_at') is not None:
+        lines += [
+            '# HELP gpuhost_model_oldest_sha256_timestamp_seconds When the shard whose sha256 was computed longest ago '
+            'was hashed (Unix time): sums older than gpuhost:model.rehash_days are computed again by the next up.',
+            '# TYPE gpuhost_model_oldest_sha256_timestamp_seconds gauge',
+            'gpuhost_model_oldest_sha256_timestamp_seconds{%s} %d' % (labels, rep['oldest_sha256_at'])]
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     atomic_write(path, '\n'.join(lines) + '\n')
 

@@ -61,6 +61,50 @@ def test_quick_look_does_not_hash_new_shards(model):
     assert line(rep).endswith('3 sha256 to compute')
 
 
+def test_a_shard_rewritten_in_place_with_its_mtime_set_back_is_hashed_again(model):
+    """Issue 27, item 6: `rsync --inplace -t` or `touch -d` keep size, mtime and inode; the ctime moves."""
+    assert mv.verify(model)['verified']
+    path = os.path.join(model['dir'], SHARD)
+    st = os.stat(path)
+    time.sleep(0.01)
+    with open(path, 'r+b') as f:
+        f.seek(st.st_size - 64)
+        f.write(b'\xff' * 64)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_ino == st.st_ino and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    quick = mv.verify(dict(model, hash=False))
+    assert not quick['verified'] and quick['unhashed'] == [SHARD], quick
+    full = mv.verify(model)
+    assert not full['verified'] and full['mismatch'][0].startswith(SHARD + ' (sha256 '), full
+
+
+def test_sums_older_than_the_period_are_computed_again(model):
+    """Bit rot changes no metadata: a sum older than gpuhost:model.rehash_days is computed again by the next full
+    verification, and the textfile says when the oldest sum was computed."""
+    first = mv.verify(dict(model, rehash_s=86400))
+    assert first['verified'] and first['oldest_sha256_at'] >= int(time.time()) - 5
+    with open(model['cache']) as f:
+        cache = json.load(f)
+    cache[SHARD]['hashed_at'] = int(time.time()) - 2 * 86400
+    with open(model['cache'], 'w') as f:
+        json.dump(cache, f)
+    quick = mv.verify(dict(model, hash=False, rehash_s=86400))
+    assert not quick['verified'] and quick['due'] == [SHARD] and quick['read_bytes'] < 10000
+    assert line(quick).endswith('1 sha256 to compute (1 older than gpuhost:model.rehash_days)'), line(quick)
+    full = mv.verify(dict(model, rehash_s=86400))
+    assert full['verified'] and full['hashed'] == 1 and full['read_bytes'] >= SIZES[SHARD]
+    again = mv.verify(dict(model, rehash_s=86400))
+    assert again['verified'] and again['hashed'] == 0
+    # Without a period (null): never again.
+    cache_path = model['cache']
+    with open(cache_path) as f:
+        cache = json.load(f)
+    cache[SHARD]['hashed_at'] = 0
+    with open(cache_path, 'w') as f:
+        json.dump(cache, f)
+    assert mv.verify(dict(model, hash=False))['verified']
+
+
 def test_short_missing_mismatching_and_unreadable_shards_are_named(model):
     mv.verify(model)
     path = os.path.join(model['dir'], SHARD)
