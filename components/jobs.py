@@ -232,7 +232,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
     last_said = 0.0
     mark_counter, mark_cpu, last_change = None, None, time.monotonic()
     lost_since = None
-    settled = False
+    settled = 0
     while True:
         try:
             p = poll(target, job)
@@ -248,12 +248,14 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
             time.sleep(min(poll_s * 2, 5.0))
             continue
         now = time.monotonic()
-        if not p.running:
+        # 'unknown': systemd did not answer (a loaded host) - neither running nor ended; asked again below, and
+        # the stall detector goes on counting.
+        if not p.running and p.state != 'unknown':
             if p.spec is None:
                 raise JobFailed('%s: job %s %s is gone without a result (its directory %s/%s is missing)' % (
                     job.label, job.name, job.where, JOBS_DIR, job.name), job)
-            if p.result is None and not settled:
-                settled = True      # the outcome is written by ExecStopPost: give a loaded host a moment
+            if p.result is None and settled < 5:
+                settled += 1        # the outcome is written by ExecStopPost: give a loaded host a moment
                 time.sleep(1.0)
                 continue
             return p

@@ -249,8 +249,10 @@ class SglangUnitProvider(ObservedProvider):
     # observed_at: when `resolved` was read from SGLang (UTC, ISO 8601): at every apply, and at a refresh
     # that found it different (an unchanged value keeps its time, so a refresh alone is no change).
     # runtime_facts: driver versions (host module, container libraries), CUDA, the running environment.
+    # pending_cleanup: previous revisions' directories whose removal failed after the new one served ([{storage,
+    # dir, revision}]): retried by every `up` until they go; never a reason to fail a run that served.
     OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at', 'runtime_facts', 'confirmed_unit',
-               'confirmed_envs')
+               'confirmed_envs', 'pending_cleanup')
     ROLLOUT_STEP = 'its SGLang unit'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
 
     def facts(self, target, props) -> dict:
@@ -278,7 +280,7 @@ class SglangUnitProvider(ObservedProvider):
                      'api_key': key, 'sha256': facts.get('unit') if running and facts.get('unit') != '-' else None,
                      'dropins': facts.get('dropins', [])}, **rt)
 
-    def apply(self, props, force_restart=False, previous=None):
+    def apply(self, props, force_restart=False, previous=None, pending=None):
         """previous: the last confirmed unit ({unit, env_id, envs, expect, version}), put back when the unit
         fails its check after switching to a new environment."""
         target = remote.Target.from_inputs(props['connection'])
@@ -346,17 +348,37 @@ class SglangUnitProvider(ObservedProvider):
             confirmed_envs = runtime.confirmed_history(props['env']['id'], (previous or {}).get('envs'),
                                                        props['install']['python']['keep'])
             runtime.finish(target, props, confirmed_envs)
-        if old_model:
-            # The new revision served (/health, /server_info): the previous one's directory goes.
-            remote.run(target, 'model_remove.sh', [props['model_check']['storage'], old_model['dir'],
-                                                   model_mod.cache_path(old_model['dir'])])
-            note('sglang-unit: %s serves revision %s; the previous revision %s was removed from the host (%s)' % (
-                props['unit_name'], props['model']['revision'], old_model['revision'], old_model['dir']))
+        # The new revision served (/health, /server_info): the previous one's directory goes - and any an earlier
+        # run could not remove. A removal that fails is said and kept for the next `up`, never failing this one.
+        pending_cleanup = self.clean_up(target, props, (pending or []) + ([old_model] if old_model else []))
         after = self.observe(target, props)
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
                     confirmed=remote.sha256_hex(props['unit']), confirmed_unit=props['unit'],
-                    confirmed_envs=confirmed_envs, observed_at=utc_now())
+                    confirmed_envs=confirmed_envs, observed_at=utc_now(), pending_cleanup=pending_cleanup or None)
+
+    def clean_up(self, target, props, dirs) -> list:
+        """Remove previous revisions' directories, each below its own storage; returns those that stay."""
+        current = (props.get('model_check') or {}).get('dir')
+        left, seen = [], set()
+        for old in dirs:
+            if not old or old['dir'] == current or old['dir'] in seen:
+                continue
+            seen.add(old['dir'])
+            storage = old.get('storage') or (props.get('model_check') or {}).get('storage')
+            try:
+                res = remote.run(target, 'model_remove.sh', [storage, old['dir'], model_mod.cache_path(old['dir'])])
+            except remote.RemoteError as e:
+                left.append(dict(old, storage=storage))
+                warn('sglang-unit: %s serves revision %s, but removing the previous revision %s (%s) failed: %s. The '
+                     'service is fine; the next `up` tries again (or remove the directory by hand)' % (
+                         props['unit_name'], (props.get('model') or {}).get('revision'), old.get('revision'),
+                         old['dir'], str(e).split(': ', 1)[-1]))
+                continue
+            if res.stdout.startswith('removed'):
+                note('sglang-unit: %s serves revision %s; the previous revision %s was removed from the host (%s)' % (
+                    props['unit_name'], (props.get('model') or {}).get('revision'), old.get('revision'), old['dir']))
+        return left
 
     def roll_back(self, target, props, previous, error):
         """The unit failed after switching to a new environment: the previous confirmed unit is written back
@@ -399,6 +421,10 @@ class SglangUnitProvider(ObservedProvider):
 
     def diff(self, id_, olds, news):
         result = super().diff(id_, olds, news)
+        if not result.changes and olds.get('pending_cleanup'):
+            info('sglang-unit: %s of an earlier revision could not be removed after the new one served; `up` tries '
+                 'again (no restart)' % ', '.join(d['dir'] for d in olds['pending_cleanup']))
+            result = DiffResult(changes=True, replaces=[], delete_before_replace=None)
         confirmed = olds.get('confirmed')
         if not result.changes and confirmed and isinstance(news.get('unit'), str) and \
                 confirmed != remote.sha256_hex(news['unit']):
@@ -479,8 +505,10 @@ class SglangUnitProvider(ObservedProvider):
             previous = {'unit': olds['confirmed_unit'], 'envs': olds.get('confirmed_envs'),
                         'env_id': (olds.get('confirmed_envs') or [None])[0], 'expect': olds.get('expect'),
                         'version': olds.get('version'), 'model': olds.get('model'),
-                        'model_dir': (olds.get('model_check') or {}).get('dir')}
-        return UpdateResult(self.apply(news, force_restart=force, previous=previous))
+                        'model_dir': (olds.get('model_check') or {}).get('dir'),
+                        'model_storage': (olds.get('model_check') or {}).get('storage')}
+        return UpdateResult(self.apply(news, force_restart=force, previous=previous,
+                                       pending=olds.get('pending_cleanup')))
 
     def read(self, id_, props):
         target = remote.Target.from_inputs(props['connection'])
@@ -514,7 +542,7 @@ def model_switch(props, previous):
         return None
     if previous['model_dir'] == (props.get('model_check') or {}).get('dir'):
         return None
-    return {'revision': old.get('revision'), 'dir': previous['model_dir']}
+    return {'revision': old.get('revision'), 'dir': previous['model_dir'], 'storage': previous.get('model_storage')}
 
 
 def smoke_test(name, d, connection, unit, key, unit_text_declared, container_identity):

@@ -32,9 +32,27 @@ if ! command -v systemd-run >/dev/null 2>&1 || [ ! -d /run/systemd/system ]; the
   exit 6
 fi
 
+# The unit's ActiveState and SubState: `systemctl list-units` lists loaded units only, so asking about a job that
+# ended (and was collected) does not make systemd try to load it again ("Failed to open /run/systemd/transient/
+# ...", once per ask, in the host's journal). `unknown`: systemd did not answer (a loaded host): ask again.
+unit_state() {
+  local line
+  if ! line=$(systemctl list-units --all --plain --no-legend --full "$unit" 2>/dev/null); then
+    echo 'unknown unknown'
+  elif [ -z "$line" ]; then
+    echo 'inactive dead'
+  else
+    set -- $line
+    echo "$3 $4"
+  fi
+}
+
 active() {
-  case $(systemctl show "$unit" -p ActiveState --value 2>/dev/null) in
+  local state
+  state=$(unit_state)
+  case ${state%% *} in
     active | activating | deactivating | reloading | refreshing) return 0 ;;
+    unknown) echo "job.sh: systemd did not say whether $unit runs; not starting a second copy" >&2; exit 7 ;;
   esac
   return 1
 }
@@ -44,10 +62,12 @@ one_line() { # FILE: its content on one line, or -
 }
 
 poll() {
-  local state sub cpu
-  state=$(systemctl show "$unit" -p ActiveState --value 2>/dev/null || echo unknown)
-  sub=$(systemctl show "$unit" -p SubState --value 2>/dev/null || echo unknown)
-  cpu=$(systemctl show "$unit" -p CPUUsageNSec --value 2>/dev/null || echo -)
+  local state sub cpu=-
+  read -r state sub <<< "$(unit_state)"
+  case $state in
+    active | activating | deactivating | reloading | refreshing)
+      cpu=$(systemctl show "$unit" -p CPUUsageNSec --value 2>/dev/null || echo -) ;;
+  esac
   printf 'state\t%s\nsub\t%s\ncpu\t%s\n' "$state" "$sub" "$cpu"
   printf 'spec\t%s\nstarted\t%s\nnow\t%s\n' "$(one_line "$dir/spec")" "$(one_line "$dir/started")" "$(date +%s)"
   printf 'output\t%s\n' "$(( $(stat -c %s "$dir/log" 2>/dev/null || echo 0) + $(stat -c %s "$dir/stdout" 2>/dev/null || echo 0) ))"
@@ -92,13 +112,24 @@ printf '%s %s %s %s\n' "\${SERVICE_RESULT:-unknown}" "\${EXIT_CODE:-unknown}" "\
 mv -f '$dir/result.tmp' '$dir/result'
 rm -f '$dir/input'
 EOF
+    # The job's own wrapper records how its process exited; ExecStopPost records it again in systemd's words
+    # (a timeout, a signal) - and where that control process cannot run (219/CGROUP, seen on a loaded cgroup-v1
+    # host), the wrapper's record stands.
+    cat > "$dir/run" <<EOF
+"\$@"
+rc=\$?
+: > '$dir/input'   # the secret gone now; the file itself stays for ExecStopPost's stdin, which removes it
+if [ \$rc = 0 ]; then r=success; else r=exit-code; fi
+printf '%s exited %s %s\n' "\$r" "\$rc" "\$(date +%s)" > '$dir/result.tmp' && mv -f '$dir/result.tmp' '$dir/result'
+exit \$rc
+EOF
     props=(-p "StandardInput=file:$dir/input" -p "StandardOutput=file:$dir/stdout" -p "StandardError=file:$dir/log"
            -p "ExecStopPost=/bin/bash $dir/stopped" -p TimeoutStopSec=30 -p CPUAccounting=yes
            --setenv=GPUHOST_JOB_DIR="$dir" --setenv=GPUHOST_PROGRESS="$dir/progress.json"
            --setenv=GPUHOST_INPUT="$dir/input")
     if [ "$limit" != 0 ]; then props+=(-p "RuntimeMaxSec=$limit"); fi
     systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
-      -- "$interp" "$dir/body" "$@"
+      -- /bin/bash "$dir/run" "$interp" "$dir/body" "$@"
     echo started
     ;;
   poll)

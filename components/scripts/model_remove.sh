@@ -11,8 +11,10 @@ esac
 rel=${dir#"$storage"/}
 case "$rel" in .*|*/.*|*..*) echo "model_remove.sh: $dir is not a model directory below $storage; not removed" >&2; exit 2 ;; esac
 case "${rel##*/}" in *@*) ;; *) echo "model_remove.sh: $dir names no revision; not removed" >&2; exit 2 ;; esac
+rm -f -- "$cache"
 if [ -d "$dir" ] && [ ! -L "$dir" ]; then
     rm -rf -- "$dir"
+    echo "removed $dir"
+else
+    echo "absent $dir"
 fi
-rm -f -- "$cache"
-echo "removed $dir"

@@ -233,3 +233,28 @@ def test_a_revision_sglang_refuses_is_rolled_back_and_the_old_one_keeps_serving(
     assert "Model architectures ['Qwen9MoeForCausalLM'] are not supported for now" in journal
     # Both revisions stay on the host until a revision serves.
     assert os.path.isdir(model_dir(lab, 'v2')) and os.path.isdir(model_dir(lab, 'v3'))
+
+
+def test_a_previous_revision_that_cannot_be_removed_never_fails_the_run(lab, cfg):
+    """Issue 27, item 1: after a switch has served, the old revision's directory is removed; when that fails (here a
+    mount inside it: busy), the run still succeeds, says so, and the next `up` removes it - without a restart."""
+    busy = '/var/lib/gpuhost-models/%s@v2/busy' % MODEL
+    res = lab.on_host('mkdir -p /run/lab-empty %s && mount --bind -o ro /run/lab-empty %s' % (busy, busy))
+    assert res.exit_code == 0, res
+    try:
+        at_revision(lab, cfg, 'v4')
+        starts = lab.unit_starts()
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, [line for line in out.splitlines() if 'error' in line.lower()]
+        assert 'removing the previous revision v2 (/var/lib/gpuhost-models/%s@v2) failed' % MODEL in out, out[-3000:]
+        assert 'the next `up` tries again' in out
+        assert served_model_path(lab) == '/models/%s@v4' % MODEL and lab.unit_starts() == starts + 1
+    finally:
+        lab.on_host('umount %s' % busy)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = res.stdout + res.stderr
+    assert 'the previous revision v2 was removed from the host' in out, out[-3000:]
+    assert lab.on_host('test -e /var/lib/gpuhost-models/%s@v2' % MODEL).exit_code != 0
+    assert lab.unit_starts() == starts + 1 and health(lab) == 200
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
