@@ -327,10 +327,6 @@ def build(job, work):
                                                            job['index']['username'], job['index']['password']))
         env['NETRC'] = netrc
     tmp = os.path.join(envs, '.building-%s-%d' % (ident, os.getpid()))
-    # pip's downloads go beside the environment (the same disk; /tmp may be small and /run is memory): the
-    # progress counts their bytes, and an interrupted build's leftovers go with the next build of it.
-    env['TMPDIR'] = PROGRESS.tmp = tmp + '.tmp'
-    os.makedirs(env['TMPDIR'], mode=0o700, exist_ok=True)
     try:
         code, out = run([sys.executable, '-m', 'venv', '--without-pip', tmp], env, 'venv')
         if code != 0:
@@ -341,6 +337,11 @@ def build(job, work):
         # directories that carry the marker, and a build cut short where this cleanup cannot run (kill -9, the
         # container stopped) must still be recognised as the program's. Written again, synced, before the rename.
         write_marker(tmp, job, sync=False)
+        # pip's downloads inside the environment being built (the same disk; /tmp may be small, /run is memory):
+        # the progress counts their bytes, and they go with it - removed before the rename, or with the
+        # half-built directory.
+        env['TMPDIR'] = PROGRESS.tmp = os.path.join(tmp, '.gpuhost-tmp')
+        os.makedirs(env['TMPDIR'], mode=0o700)
         python = os.path.join(tmp, 'bin', 'python')
         code, out = run([python, os.path.join(wheel, 'pip'), 'install', '--no-deps', '--require-hashes', '--no-input',
                          '--disable-pip-version-check', '--no-cache-dir', '--no-warn-script-location',
@@ -362,6 +363,8 @@ def build(job, work):
                 out.strip().splitlines()[-3:])[-400:])
         if got != job['sglang']:
             raise Failed(7, 'the new environment\'s sglang reports %s, not %s' % (got, job['sglang']))
+        shutil.rmtree(env.pop('TMPDIR'), ignore_errors=True)
+        PROGRESS.tmp = None
         relocate(tmp, final)
         write_marker(tmp, job, sync=True)
         os.rename(tmp, final)
@@ -369,8 +372,6 @@ def build(job, work):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        shutil.rmtree(env['TMPDIR'], ignore_errors=True)
 
 
 def main():

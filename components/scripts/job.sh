@@ -128,9 +128,20 @@ EOF
            --setenv=GPUHOST_JOB_DIR="$dir" --setenv=GPUHOST_PROGRESS="$dir/progress.json"
            --setenv=GPUHOST_INPUT="$dir/input")
     if [ "$limit" != 0 ]; then props+=(-p "RuntimeMaxSec=$limit"); fi
-    systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
-      -- /bin/bash "$dir/run" "$interp" "$dir/body" "$@"
-    echo started
+    # A job of this name that just ended may still be loaded for a moment before systemd collects it ("was already
+    # loaded or has a fragment file"): asked again, briefly. It is not running (checked above, under the lock).
+    for attempt in 1 2 3 4 5 6 7 8 9 10; do
+      if err=$(systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
+                 -- /bin/bash "$dir/run" "$interp" "$dir/body" "$@" 2>&1); then
+        echo started
+        exit 0
+      fi
+      case $err in *"already loaded"*) ;; *) echo "$err" >&2; exit 1 ;; esac
+      systemctl reset-failed "$unit" >/dev/null 2>&1 || true
+      sleep 0.5
+    done
+    echo "$err" >&2
+    exit 1
     ;;
   poll)
     poll
