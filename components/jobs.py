@@ -56,7 +56,7 @@ class JobDetached(OperatorError):
 
 @dataclasses.dataclass
 class Job:
-    name: str                       # the unit's name without .service: gpuhost-<kind>[-<key>]
+    name: str                       # gpuhost-<kind>[-<key>]: each start a unit <name>-<start time>.service
     label: str                      # what it does, for messages: "the model download of Qwen@8177ab0"
     spec: str                       # what it does, hashed: a changed declaration is another spec
     interpreter: str                # python3 | bash
@@ -80,7 +80,7 @@ class Job:
 
     def watch_hint(self) -> str:
         prefix = 'pct exec %s -- ' % self.vmid if self.vmid is not None else ''
-        return '`%ssystemctl status %s`, `%stail -f %s`' % (prefix, self.name, prefix, self.log_path)
+        return "`%ssystemctl status '%s-*'`, `%stail -f %s`" % (prefix, self.name, prefix, self.log_path)
 
 
 def spec_of(doc) -> str:

@@ -335,7 +335,11 @@ class SglangUnitProvider(ObservedProvider):
         # A new model revision: the unit names the new revision's directory (config/model.py); the previous
         # revision's directory stays on the host until the new one has served, so it can be put back.
         old_model = model_switch(props, previous)
-        switching = switching or bool(old_model)
+        # Any restart this run makes from a unit that served before - another environment, another revision, or
+        # only other flags (a speculative setting SGLang rejects at start-up) - has a way back: the unit confirmed
+        # last, restarted and checked.
+        switching = switching or bool(old_model) or bool(
+            restart == 'yes' and previous and previous.get('unit') and previous['unit'] != props['unit'])
         try:
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
@@ -396,6 +400,11 @@ class SglangUnitProvider(ObservedProvider):
             new.append('the new environment %s (SGLang %s)' % (props['env']['path'], props['env']['sglang']))
         if old_model:
             new.append('the new model revision %s (%s)' % (props['model']['revision'], props['model_check']['dir']))
+        switched = bool(new)
+        if not new:
+            lines = [l for l in changed_lines(previous['unit'], props['unit'], limit=4) if l.startswith('+')]
+            new.append('its new settings (%s)' % '; '.join(l[1:].strip() for l in lines) if lines else
+                       'its new unit file')
         what = '%s with %s failed its check: %s' % (props['unit_name'], ' and '.join(new), error)
         back = 'environment %s' % old_env + (', model revision %s (%s)' % (old_model['revision'], old_model['dir'])
                                               if old_model else '')
@@ -411,6 +420,12 @@ class SglangUnitProvider(ObservedProvider):
             raise ServiceError('%s. Putting the previous unit back (%s) failed too: %s. Check the service in '
                                'container %s (journalctl -u %s) and re-run' % (
                                    what, back, e, props['vmid'], props['unit_name'])) from None
+        if not switched:
+            raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - and it '
+                               'serves (/health and /server_info checked). This run failed; fix the settings SGLang '
+                               'refused (its log: journalctl -u %s in the container) and re-run' % (
+                                   what, props['vmid'], back, previous.get('version') or '?',
+                                   props['unit_name'])) from None
         raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - '
                            'and it serves (/health and /server_info checked). This run failed; %s stay%s on disk '
                            'until the next successful `up`. Fix what failed (%s) and re-run' % (

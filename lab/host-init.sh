@@ -50,6 +50,11 @@ cp -a "$H/dev/." /dev/
 # The host's OpenSSH server (Debian's ssh.service) serves the lab's sshd_config: the spec's address and
 # port, the lab's host key, every command through the lab's ForceCommand (lab/sshcmd.sh). A runtime drop-in:
 # made again at every boot, nothing of it on the host's disk.
+# ifupdown's units act on the network, which is the machine's own here (and ifupdown-pre's `udevadm settle` has
+# no udev to wait for, so it failed on a loaded machine): masked for this boot, as a runtime mask.
+mkdir -p /run/systemd/system
+ln -sf /dev/null /run/systemd/system/ifupdown-pre.service
+ln -sf /dev/null /run/systemd/system/networking.service
 mkdir -p /run/systemd/system/ssh.service.d
 cat > /run/systemd/system/ssh.service.d/gpuhost-lab.conf <<EOF
 [Service]

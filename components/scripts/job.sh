@@ -1,6 +1,6 @@
 set -euo pipefail
 # job.sh ACTION NAME ...: a long step (a model download, an environment build, an installer) as a transient
-# systemd unit NAME.service, not tied to the SSH session that starts it (components/jobs.py). The SSH command
+# systemd unit NAME-<start time>.service, not tied to the SSH session that starts it (components/jobs.py). The SSH command
 # only starts, polls or stops it; the unit keeps running when the connection drops or `pulumi` is killed, and
 # the next `up` re-attaches to it by its name. Runs on the host, or in a container through ct_job.sh.
 #
@@ -15,9 +15,9 @@ set -euo pipefail
 #   forget NAME        remove what it left (its directory), unless it runs.
 #
 # Layout, /var/lib/gpuhost/jobs/NAME/ (root only): spec, started, body, input, stdout, log (its stderr: `tail -f`
-# it to watch), progress.json (the job rewrites it atomically), result (`<SERVICE_RESULT> <EXIT_CODE>
-# <EXIT_STATUS> <time>`, by ExecStopPost), stop (why it was stopped). Watch one with `systemctl status NAME`,
-# `tail -f /var/lib/gpuhost/jobs/NAME/log`; stop one with `systemctl stop NAME` (the next `up` starts it again).
+# it to watch), unit (the unit's name), progress.json (the job rewrites it atomically), result (`<SERVICE_RESULT> <EXIT_CODE>
+# <EXIT_STATUS> <time>`, by ExecStopPost), stop (why it was stopped). Watch one with `systemctl status 'NAME-*'`,
+# `tail -f /var/lib/gpuhost/jobs/NAME/log`; stop one with `systemctl stop 'NAME-*'` (the next `up` starts it again).
 action=$1 name=$2
 shift 2
 case $name in
@@ -26,7 +26,9 @@ case $name in
 esac
 jobs=/var/lib/gpuhost/jobs
 dir=$jobs/$name
-unit=$name.service
+# Each start is a unit of its own, NAME-<start time>.service (recorded in the job's directory): a job started right
+# after the last one of its name ended does not wait for systemd to collect that one's unit ("already loaded").
+unit=$(cat "$dir/unit" 2>/dev/null || echo "$name.service")
 if ! command -v systemd-run >/dev/null 2>&1 || [ ! -d /run/systemd/system ]; then
   echo "job.sh: $(hostname) does not run systemd (no /run/systemd/system): long steps run as systemd units" >&2
   exit 6
@@ -97,9 +99,10 @@ case $action in
       if [ "$running" = "$spec" ]; then echo attached; else printf 'busy\t%s\n' "$running"; fi
       exit 0
     fi
-    systemctl reset-failed "$unit" >/dev/null 2>&1 || true
     rm -rf "$dir"
     install -d -m 0700 "$dir"
+    unit=$name-$(date +%s%N | cut -c1-13).service
+    printf '%s\n' "$unit" > "$dir/unit"
     printf '%s\n' "$spec" > "$dir/spec"
     date +%s > "$dir/started"
     printf '%s' "$body" > "$dir/body"
@@ -128,20 +131,9 @@ EOF
            --setenv=GPUHOST_JOB_DIR="$dir" --setenv=GPUHOST_PROGRESS="$dir/progress.json"
            --setenv=GPUHOST_INPUT="$dir/input")
     if [ "$limit" != 0 ]; then props+=(-p "RuntimeMaxSec=$limit"); fi
-    # A job of this name that just ended may still be loaded for a moment before systemd collects it ("was already
-    # loaded or has a fragment file"): asked again, briefly. It is not running (checked above, under the lock).
-    for attempt in 1 2 3 4 5 6 7 8 9 10; do
-      if err=$(systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
-                 -- /bin/bash "$dir/run" "$interp" "$dir/body" "$@" 2>&1); then
-        echo started
-        exit 0
-      fi
-      case $err in *"already loaded"*) ;; *) echo "$err" >&2; exit 1 ;; esac
-      systemctl reset-failed "$unit" >/dev/null 2>&1 || true
-      sleep 0.5
-    done
-    echo "$err" >&2
-    exit 1
+    systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
+      -- /bin/bash "$dir/run" "$interp" "$dir/body" "$@"
+    echo started
     ;;
   poll)
     poll

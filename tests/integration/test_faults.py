@@ -116,6 +116,38 @@ def test_a_failing_restart_inside_the_container_is_named_and_the_rerun_restarts(
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
+def test_a_flag_change_sglang_rejects_is_rolled_back_to_the_unit_that_served(lab):
+    """Issue 27, item 2: a restart for other flags only (a speculative setting SGLang refuses at start-up) that
+    fails its check puts the last confirmed unit back, restarts and checks it, and fails the run saying both."""
+    cfg = lab.stack_config()
+    cfg['gpuhost:container']['cores'] = 16
+    cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 3, 'eagle_topk': 1,
+                                            'num_draft_tokens': 4}
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    unit = os.path.join(lab.ct_root(), 'etc', 'systemd', 'system', 'sglang-qwen.service')
+    before = open(unit).read()
+    fail = os.path.join(lab.ct_root(), 'etc', 'lab-sglang-fail.json')
+    with open(fail, 'w') as f:
+        json.dump({'speculative_num_steps': 5, 'message': 'RuntimeError: lab: out of memory for the draft model'}, f)
+    try:
+        cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 5, 'eagle_topk': 1,
+                                                'num_draft_tokens': 6}
+        lab.write_stack(STACK, cfg)
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        os.unlink(fail)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'sglang-qwen.service with its new settings (' in out and 'failed its check' in out, out[-3000:]
+    assert 'Rolled back: container 200 runs the previous unit again' in out and 'and it serves' in out, out[-3000:]
+    assert open(unit).read() == before
+    assert lab.outputs(STACK)['speculation']['resolved']['speculative_num_steps'] == 3
+    import urllib.request
+    with urllib.request.urlopen('http://%s:30000/server_info' % lab.spec['addresses']['container'], timeout=5) as r:
+        assert json.load(r)['speculative_num_steps'] == 3
+
+
 def test_a_slow_start_reports_progress_while_waiting(lab):
     """The real model loads for minutes: the wait for /health says where it is every ~15 s (a constant of
     components/sglang.py). The lab's SGLang loads until the CLI has shown that line - at most 50 s, within
