@@ -149,6 +149,12 @@ def parse_facts(text: str) -> dict:
             continue
         if key == 'dropin':
             dropins.append(value)
+        elif key == 'env_check':
+            name, _, report = value.partition('\t')
+            try:
+                kv['env_check'] = {'id': name, **json.loads(report)}
+            except ValueError:
+                kv['env_check'] = {'id': name, 'ok': None, 'error': report[-200:]}
         elif key == 'envdir':
             name, _, marker = value.partition('\t')
             try:
@@ -158,6 +164,8 @@ def parse_facts(text: str) -> dict:
         else:
             kv[key.strip()] = value.strip()
     out = dict(kv, dropins=sorted(dropins), envdirs=envdirs)
+    if isinstance(kv.get('env_check'), dict):
+        out['env_check'] = kv['env_check']
     if 'unit_text' in kv:
         out['unit_text'] = base64.b64decode(kv['unit_text']).decode('utf-8', 'replace')
     for key in ('host_driver',):
@@ -176,6 +184,24 @@ def parse_facts(text: str) -> dict:
     if out.get('cuda') == '-':
         out['cuda'] = None
     return out
+
+
+def env_check_summary(check: dict) -> str:
+    """ct_env_check.py's report as words: "sglang/__init__.py changed, 1 file added (lib/.../x.py)"."""
+    counts = check.get('counts') or [0, 0, 0]
+    parts = []
+    for n, key, word in ((counts[0], 'changed', 'changed'), (counts[1], 'missing', 'removed'),
+                         (counts[2], 'added', 'added')):
+        if n:
+            shown = ', '.join(check.get(key) or [])
+            parts.append('%d file%s %s (%s%s)' % (n, '' if n == 1 else 's', word, shown,
+                                                  ', ...' if n > len(check.get(key) or []) else ''))
+    return '; '.join(parts) or 'changed'
+
+
+def checker_source() -> str:
+    with open(os.path.join(HERE, 'scripts', 'ct_env_check.py')) as f:
+        return f.read()
 
 
 def env_of_unit(unit_text: str | None, envs_dir: str | None) -> str | None:
@@ -206,6 +232,18 @@ def observed(props: dict, facts: dict) -> dict:
         env = facts.get('envdirs', {}).get(want_env['id'])
     py = (props.get('install') or {}).get('python') or {}
     running_env = env_of_unit(facts.get('unit_text'), py.get('envs_dir')) if running else None
+    link = facts.get('venv_link')
+    if env is not None and running_env == want_env['id'] and link not in (None, '-', '(a directory)') and \
+            want_env.get('path') and link != want_env['path']:
+        # The unit runs from the declared environment, but sglang.venv (what operators and scripts use) was pointed
+        # elsewhere: drift, which `up` repairs by linking it again (no restart: the service does not use the link).
+        env = dict(env, venv_link=link)
+    check = facts.get('env_check') or {}
+    if env is not None and running_env == want_env['id'] and check.get('id') == want_env['id'] and \
+            check.get('ok') is False:
+        # Changed in place since it was built (a file edited, removed or added by hand): drift, repaired by building
+        # it again beside it, swapping it in and one restart.
+        env = dict(env, modified=env_check_summary(check))
     if py:
         marker = facts.get('envdirs', {}).get(running_env) or {} if running_env else {}
         sglang, lock = marker.get('sglang'), marker.get('lock_sha256')
@@ -413,7 +451,7 @@ echo "staged $dest"
 """
 
 
-def build_jobs(props: dict, password=None) -> tuple:
+def build_jobs(props: dict, password=None, replace=False) -> tuple:
     """(the wheelhouse's staging job on the host or None, the build job in the container). One builder per
     container (`gpuhost-envbuild`): a second `up` re-attaches to it, a changed lock stops it first."""
     env = props['env']
@@ -422,9 +460,9 @@ def build_jobs(props: dict, password=None) -> tuple:
     wheelhouse = py.get('wheelhouse')
     job = {'path': env['path'], 'marker': env, 'lock': py['lock'], 'patches': py['patches'], 'python': env['python'],
            'sglang': env['sglang'],
-           'index': dict(py['index'], password=password) if py.get('index') else None}
+           'index': dict(py['index'], password=password) if py.get('index') else None, 'replace': replace}
     # The declaration, without the password (a rotated password is not another build).
-    spec = jobs.spec_of({'path': env['path'], 'marker': env, 'lock': remote.sha256_hex(py['lock']),
+    spec = jobs.spec_of({'path': env['path'], 'marker': env, 'lock': remote.sha256_hex(py['lock']), 'replace': replace,
                          'patches': [[p['name'], remote.sha256_hex(p['text'])] for p in py['patches']],
                          'index': py.get('index'), 'wheelhouse': wheelhouse})
     build = jobs.Job(name='gpuhost-envbuild', label='building the Python environment %s in container %s' % (
@@ -441,10 +479,12 @@ def build_env(target, props: dict, facts: dict, password=None) -> bool:
     """Build the declared environment unless it is there (its marker is the declared one). False: nothing
     to build. Any failure leaves the running environment and unit as they were, and says which key to fix."""
     env = props['env']
-    if facts.get('envdirs', {}).get(env['id']) == env:
+    check = facts.get('env_check') or {}
+    replace = check.get('id') == env['id'] and check.get('ok') is False
+    if facts.get('envdirs', {}).get(env['id']) == env and not replace:
         return False
     py = props['install']['python']
-    stage, build = build_jobs(props, password)
+    stage, build = build_jobs(props, password, replace=replace)
     try:
         p = jobs.poll(target, build)
         if stage is not None and not (p.running and p.spec == build.spec):
@@ -459,7 +499,7 @@ def build_env(target, props: dict, facts: dict, password=None) -> bool:
     finally:
         if stage is not None:
             remote.run(target, 'ct_remove_path.sh', [props['vmid'], WHEELHOUSE_IN_CT], check=False)
-    return True
+    return 'replaced' if replace else True
 
 
 def build_failure(code, why, env, py, props) -> str:

@@ -230,7 +230,7 @@ def facts_args(props) -> list:
     """ct_unit_facts.sh's arguments: where the unit, its environment(s) and CUDA are."""
     py = (props.get('install') or {}).get('python') or {}
     return [props['vmid'], props['unit_name'], props['unit_path'], props['venv'], props.get('cuda_home') or '-',
-            py.get('envs_dir') or '-']
+            py.get('envs_dir') or '-'] + ([runtime.checker_source()] if py.get('envs_dir') else [])
 
 
 class SglangUnitProvider(ObservedProvider):
@@ -303,7 +303,9 @@ class SglangUnitProvider(ObservedProvider):
                 runtime.verify_installed(target, props)
         if props.get('env') is not None:
             # Beside the running one; nothing the service uses changes until the unit is written below.
-            runtime.build_env(target, props, facts, password=props.get('index_password'))
+            # The environment rebuilt in place of one changed by hand: the same unit, one restart onto it.
+            installed = runtime.build_env(target, props, facts, password=props.get('index_password')) == 'replaced' \
+                or installed
         elif before['version'] == '-':
             raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
                                '(python -m venv %s && %s/bin/pip install "sglang[all]==%s"), or let the program '
@@ -450,7 +452,15 @@ class SglangUnitProvider(ObservedProvider):
                  'serving): `up` restarts it once and checks it')
             result = DiffResult(changes=True, replaces=[], delete_before_replace=None)
         # What a person reads in the preview besides the inputs' diff: the environment change in words.
-        if news.get('env') and olds.get('env') != news.get('env'):
+        if news.get('env') and isinstance(olds.get('env'), dict) and olds['env'].get('modified') and \
+                olds['env'].get('id') == news['env']['id']:
+            info('sglang-unit: the environment %s was changed in place since it was built: %s. `up` builds it again '
+                 'beside it, swaps it in and restarts SGLang once' % (news['env']['path'], olds['env']['modified']))
+        elif news.get('env') and isinstance(olds.get('env'), dict) and olds['env'].get('venv_link') and \
+                dict(olds['env'], venv_link=None) == dict(news['env'], venv_link=None):
+            info('sglang-unit: %s points at %s, not at the environment the unit runs from (%s): `up` links it again '
+                 '(no restart)' % (news.get('venv'), olds['env']['venv_link'], news['env']['path']))
+        elif news.get('env') and olds.get('env') != news.get('env'):
             info('sglang-unit: the Python environment changes: %s. It is built beside the running one as %s, then the '
                  'unit switches to it (one restart; the previous one is put back if SGLang fails its check)' % (
                      runtime.describe_change(olds.get('env'), news['env']), news['env']['path']))

@@ -25,6 +25,7 @@
 # Stdlib only (the container's python3); no `from __future__`: this source follows unidiff's.
 
 import base64
+import csv
 import errno
 import hashlib
 import html.parser
@@ -42,6 +43,10 @@ import urllib.parse
 import urllib.request
 
 MARKER = '.gpuhost-env.json'
+# What the environment holds, file by file, as built: every file pip's RECORDs list (paths relative to the
+# environment), with its size and sha256 after the patches and the move to the final name. ct_env_check.py compares
+# the environment with it (components/runtime.py): a file changed, removed or added by hand afterwards is drift.
+FILES = '.gpuhost-env-files.json'
 
 
 class Progress(object):
@@ -293,6 +298,55 @@ def write_marker(directory, job, sync):
             os.fsync(f.fileno())
 
 
+def record_paths(env):
+    """The files pip recorded (each installed distribution's RECORD), relative to the environment."""
+    out = set()
+    for site in glob_sites(env):
+        for dist in os.listdir(site):
+            if not dist.endswith('.dist-info'):
+                continue
+            try:
+                with open(os.path.join(site, dist, 'RECORD'), newline='') as f:
+                    rows = list(csv.reader(f))
+            except OSError:
+                continue
+            for row in rows:
+                if not row or not row[0]:
+                    continue
+                rel = os.path.normpath(os.path.relpath(os.path.join(site, row[0]), env))
+                if rel.startswith('..') or rel.endswith('.pyc') or '__pycache__' in rel.split(os.sep):
+                    continue
+                out.add(rel)
+    return sorted(out)
+
+
+def glob_sites(env):
+    lib = os.path.join(env, 'lib')
+    return [os.path.join(lib, d, 'site-packages') for d in sorted(os.listdir(lib)) if d.startswith('python')
+            and os.path.isdir(os.path.join(lib, d, 'site-packages'))] if os.path.isdir(lib) else []
+
+
+def write_manifest(tmp, final):
+    """FILES for the environment being built at tmp (paths and hashes as they will be at final)."""
+    files = {}
+    # What pip's RECORDs list, and whatever else bin/ and site-packages hold when the build ends (the venv's own
+    # activate scripts): ct_env_check.py calls a file there that is not in this list added by hand.
+    paths = set(record_paths(tmp))
+    for root in [os.path.join(tmp, 'bin')] + glob_sites(tmp):
+        for dirpath, dirnames, names in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d != '__pycache__']
+            paths.update(os.path.relpath(os.path.join(dirpath, n), tmp) for n in names if not n.endswith('.pyc'))
+    for rel in sorted(paths):
+        p = os.path.join(tmp, rel)
+        if os.path.isfile(p) and not os.path.islink(p):
+            st = os.stat(p)
+            # Its stat as built too (a rename of the directory changes none of it): a check of an untouched file
+            # reads no byte of it.
+            files[rel] = [st.st_size, sha256_file(p), st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+    with open(os.path.join(tmp, FILES), 'w') as f:
+        f.write(json.dumps({'path': final, 'files': files}, sort_keys=True) + '\n')
+
+
 def build(job, work):
     final = job['path']
     envs = os.path.dirname(final)
@@ -366,7 +420,15 @@ def build(job, work):
         shutil.rmtree(env.pop('TMPDIR'), ignore_errors=True)
         PROGRESS.tmp = None
         relocate(tmp, final)
+        PROGRESS.note('check', 'recording the files of the environment')
+        write_manifest(tmp, final)
         write_marker(tmp, job, sync=True)
+        if job.get('replace') and os.path.isdir(final):
+            # The environment of this id was changed by hand in place: the fresh one takes its name, the changed
+            # one goes aside (a name pruning removes once the fresh one served), two renames apart.
+            aside = os.path.join(envs, '.building-%s-replaced' % ident)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(final, aside)
         os.rename(tmp, final)
         return {'built': final, 'sglang': got, 'patched': patched}
     except BaseException:
@@ -385,11 +447,12 @@ def main():
                 ours = json.load(f) == job['marker']
         except (OSError, ValueError):
             ours = False
-        if ours:
+        if ours and not job.get('replace'):
             print(json.dumps({'ready': final}))
             return 0
-        raise Failed(10, '%s exists but is not the environment the program builds there (its %s is missing or '
-                         'differs); move it away (it may be in use) and re-run' % (final, MARKER))
+        if not ours:   # (ours with `replace`: changed by hand, built again beside it and swapped in build())
+            raise Failed(10, '%s exists but is not the environment the program builds there (its %s is missing or '
+                             'differs); move it away (it may be in use) and re-run' % (final, MARKER))
     run_dir = '/run' if os.access('/run', os.W_OK) else None
     work = tempfile.mkdtemp(prefix='gpuhost-build-', dir=run_dir)   # mode 0700: the netrc lives here
     try:

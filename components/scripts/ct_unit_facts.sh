@@ -1,11 +1,12 @@
 set -euo pipefail
-# ct_unit_facts.sh VMID UNIT PATH VENV [CUDA_HOME ENVS_DIR]: read-only facts of the service and of what it
+# ct_unit_facts.sh VMID UNIT PATH VENV [CUDA_HOME ENVS_DIR CHECKER]: read-only facts of the service and of what it
 # stands on, tab-separated lines (components/runtime.py parse_facts). On the host: the loaded nvidia module's
 # version; in the container, in one `pct exec` (each one is a process on the host, a container entered): the
 # unit file (sha256 and text), its drop-ins, its state, the NVIDIA user space's library versions, CUDA's
 # version.json, and either the SGLang of VENV (ENVS_DIR -: an operator-managed environment) or the
-# environments in ENVS_DIR with their markers and where VENV links.
-vmid=$1 unit=$2 path=$3 venv=$4 cuda=${5:--} envs=${6:--}
+# environments in ENVS_DIR with their markers and where VENV links, and (CHECKER: ct_env_check.py's source) whether
+# the environment the unit runs from still holds what was built.
+vmid=$1 unit=$2 path=$3 venv=$4 cuda=${5:--} envs=${6:--} checker=${7:--}
 # The version the container's libraries must equal: the module the host runs (not what it would load next).
 if [ -r /sys/module/nvidia/version ]; then
   echo "host_driver	$(head -n 1 /sys/module/nvidia/version)"
@@ -25,7 +26,7 @@ if [ "$(printf '%s\n' "$status" | awk '{print $2}')" != running ]; then
 fi
 echo "ct	running"
 pct exec "$vmid" -- sh -c '
-  unit=$1 path=$2 venv=$3 cuda=$4 envs=$5
+  unit=$1 path=$2 venv=$3 cuda=$4 envs=$5 checker=$6
   if [ -f "$path" ]; then
     echo "unit	$(sha256sum "$path" | cut -d" " -f1)"
     echo "unit_text	$(base64 -w 0 < "$path")"
@@ -74,5 +75,10 @@ pct exec "$vmid" -- sh -c '
     if [ -L "$venv" ]; then printf "venv_link\t%s\n" "$(readlink "$venv")"
     elif [ -e "$venv" ]; then echo "venv_link	(a directory)"
     else echo "venv_link	-"; fi
+    # The environment the unit runs from (the python of its ExecStart), checked against what was built.
+    running=$(sed -n "s|^ExecStart=\($envs/[0-9a-f]*\)/bin/python .*|\1|p" "$path" 2>/dev/null | head -n 1)
+    if [ "$checker" != - ] && [ -n "$running" ] && [ -d "$running" ]; then
+      printf "env_check\t%s\t%s\n" "${running##*/}" "$(python3 -c "$checker" "$running" 2>&1 | tail -n 1 | tr -d "\t")"
+    fi
   fi
-' sh "$unit" "$path" "$venv" "$cuda" "$envs"
+' sh "$unit" "$path" "$venv" "$cuda" "$envs" "$checker"

@@ -291,3 +291,42 @@ def test_a_build_outlives_a_killed_pulumi_and_the_index_login_never_follows_a_re
     assert len([r for r in cdn if '/sglang-' in r['path']]) == 1 and len([r for r in cdn if '/pip-' in r['path']]) == 2, cdn
     assert cdn and not any(r['authorization'] for r in cdn), cdn
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+
+
+def test_a_venv_link_pointed_elsewhere_is_drift_and_linked_again_without_a_restart(lab, base):
+    """Issue 27, item 10 (the link): sglang.venv re-pointed at another directory is seen by `preview --refresh` and
+    linked again by `up`, with no restart (the unit runs from the environment's own directory)."""
+    link = os.path.join(lab.ct_root(), 'opt', 'sglang', 'venv')
+    declared = os.readlink(link)
+    lab.ct_exec(['sh', '-c', 'mkdir -p /opt/other-venv && ln -sfn /opt/other-venv /opt/sglang/venv'])
+    starts = lab.unit_starts()
+    res = lab.pulumi('preview', '--refresh', stack=STACK)
+    assert '/opt/sglang/venv points at /opt/other-venv, not at the environment the unit runs from (%s)' % declared \
+        in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
+    lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    assert os.readlink(link) == declared and lab.unit_starts() == starts and health(lab) == 200
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def test_a_file_of_the_environment_changed_by_hand_is_drift_and_rebuilt_with_one_restart(lab, base):
+    """Issue 27, item 10: two lines appended to a file of the active environment are seen by `preview --refresh`
+    (the environment against the files pip recorded, as built) and repaired by `up`: built again, swapped in, one
+    restart; a refresh of an untouched environment reads none of its files."""
+    env = os.readlink(os.path.join(lab.ct_root(), 'opt', 'sglang', 'venv'))
+    init = os.path.join(lab.ct_root(), env.lstrip('/'), 'lib', 'python3.11', 'site-packages', 'sglang', '__init__.py')
+    with open(init) as f:
+        original = f.read()
+    with open(init, 'a') as f:
+        f.write('import os\nos.environ["BY_HAND"] = "1"\n')
+    starts = lab.unit_starts()
+    res = lab.pulumi('preview', '--refresh', stack=STACK)
+    out = res.stdout + res.stderr
+    assert 'the environment %s was changed in place since it was built: 1 file changed (lib/python3.11/site-packages/' \
+        'sglang/__init__.py)' % env in out, out[-3000:]
+    lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    with open(init) as f:
+        assert f.read() == original
+    assert lab.unit_starts() == starts + 1 and health(lab) == 200
+    assert not [d for d in os.listdir(os.path.dirname(os.path.join(lab.ct_root(), env.lstrip('/'))))
+                if d.endswith('-replaced')], 'the changed copy stayed'
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
