@@ -32,6 +32,7 @@ Parts, all bound to loopback addresses from the spec:
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -70,6 +71,12 @@ TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'r
 # this environment variable (read by the lab daemon) overrides it.
 REBOOT_DOWN_SECS = 3.0
 REBOOT_ENV = 'GPUHOST_LAB_REBOOT_SECS'
+# fakepve's task types of a container's power state. On Proxmox such a task ends once lxc-start has the
+# container's init running, or lxc-stop has it down; in the lab, once the lab daemon has (Lab.power_task).
+POWER_TASKS = ('vzstart', 'vzstop', 'vzshutdown', 'vzreboot')
+# Real seconds a power task waits for the lab's container before it fails (a start or stop gives up after 20 s;
+# a reboot is both).
+POWER_TASK_SECS = 60.0
 # Characters of a description line PVE writes as they are (the rest %-encoded) in a guest config.
 DESC_SAFE = ' !"#$&\'()*+,-./:;<=>?@[\\]^_`{|}~'
 
@@ -240,7 +247,12 @@ def write_secret(path, value):
 class CtWorker(threading.Thread):
     """One container's life in the lab daemon: brings lab/container.py's Container to the state fakepve
     last gave it (created, booted, stopped, rebooted, destroyed), off the daemon's event loop - a
-    container takes a second or two to shut down, and fakepve's API must keep answering meanwhile."""
+    container takes a second or two to shut down, and fakepve's API must keep answering meanwhile.
+    Every want() is numbered (asked); done is the number of the last one carried out, failure its error
+    (or None): a container's power task ends when its number is done (Lab.ct_reached). enterable: `pct`
+    may enter it (Lab.ct_enter_argv) - false from the moment a stop begins; gate: held by the pct broker
+    from its check until nsenter is inside, and by a stop before it begins, so no nsenter meets a dying
+    container."""
 
     def __init__(self, labd, vmid):
         super().__init__(name='ct-%d' % vmid, daemon=True)
@@ -250,9 +262,14 @@ class CtWorker(threading.Thread):
         self.desired = None
         self.busy = False
         self.booted_pid = None
+        self.asked = self.done = 0
+        self.failure = None
+        self.gate = threading.Lock()
+        self.enterable = False
 
     def want(self, state):
         with self.cond:
+            self.asked += 1
             self.desired = state
             self.cond.notify()
 
@@ -265,24 +282,34 @@ class CtWorker(threading.Thread):
             with self.cond:
                 while self.desired is None:
                     self.cond.wait()
-                state, self.desired, self.busy = self.desired, None, True
+                state, self.desired, self.busy, asked = self.desired, None, True, self.asked
+            failure = None
             try:
                 done = self.converge(state)
             except Exception as e:  # logged; the lab keeps going (pct then reports the container's state)
-                print('labd: container %d: %s: %s' % (self.vmid, type(e).__name__, e), flush=True)
+                failure = '%s: %s' % (type(e).__name__, e)
+                print('labd: container %d: %s' % (self.vmid, failure), flush=True)
                 done = False
             with self.cond:
                 self.busy = False
+                self.done, self.failure = asked, failure
             if done:
                 return
 
+    def closed(self):
+        """No `pct` enters from here on (one entering now gets in first); the container may go down."""
+        with self.gate:
+            self.enterable = False
+        return self.ct
+
     def converge(self, state):
         """True when the worker is finished (the container is destroyed or the daemon stops)."""
+        print("DBG converge", self.vmid, state if isinstance(state, str) else state[:2], self.asked, self.ct.leader(), self.booted_pid, flush=True)
         if state in ('destroy', 'halt'):
             if state == 'destroy':
-                self.ct.destroy()
+                self.closed().destroy()
             else:
-                self.ct.stop()
+                self.closed().stop()
                 for point in container.mounts_under(self.ct.dir):
                     subprocess.run(['umount', '-l', point], capture_output=True)
             self.labd.workers.pop(self.vmid, None)
@@ -290,12 +317,14 @@ class CtWorker(threading.Thread):
         if not self.ct.exists() or not container.mounted(self.ct.rootfs):
             self.ct.create(self.labd.info['ct_base'], self.labd.ct_files() if not self.ct.exists() else {})
         if state == 'stopped':
-            self.ct.stop()
+            self.closed().stop()
             self.booted_pid = None
             return False
         _, pid, hostname, binds = state
         if self.ct.leader() and self.booted_pid != pid:
-            self.ct.stop()   # fakepve rebooted it: a new init
+            self.closed().stop()   # fakepve rebooted it: a new init
+        # pct may enter once the new init runs (start() writes its leader, then `status`, which pct reads).
+        self.enterable = True
         if not self.ct.leader():
             machine = 'lab%s-%d' % (hashlib.sha256(self.labd.lab.encode()).hexdigest()[:8], self.vmid)
             self.ct.start(machine, hostname, binds)
@@ -309,13 +338,14 @@ class Lab(object):
         self.info = load(lab)
         self.host = hostsim.Host(lab)
         self.machine = labhost.LabHost(lab)
-        self.broker = pctbroker.Broker(lab, self.ct_enter_argv)
+        self.broker = pctbroker.Broker(lab, self.ct_enter_argv, self.ct_gate)
         self.pve = None
         self.seen = {}
         self.confs = {}
         self.locked = set()
         self.held = set()
         self.workers = {}
+        self.tasks = set()   # the power tasks running on (asyncio keeps only weak references)
 
     def control_path(self, *parts):
         return os.path.join(self.lab, 'control', *parts)
@@ -344,6 +374,14 @@ class Lab(object):
         pve._routes_pcimap = self.pcimap.routes
         self.pcimap.wrap_start(pve)
         self.pve = pve
+        # A container's start/stop/shutdown/reboot task ends once the lab's container is there (power_task).
+        fake_task = pve.task
+
+        async def task(node, ttype, tid, user, body, vm=None, lock=True, log=()):
+            if ttype in POWER_TASKS and vm is not None and vm in pve.cts:
+                return await self.power_task(node, ttype, tid, user, body, vm, lock, log)
+            return await fake_task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+        pve.task = task
         # fakepve keeps no record of the requests its network scenario drops: the lab logs every
         # request, dropped or answered, from a middleware outside fakepve's own (request_log()).
         build_app = pve._build_app
@@ -418,11 +456,21 @@ class Lab(object):
         self.machine.poweroff(timeout=timeout)
 
     def ct_enter_argv(self, vmid, argv):
-        """pct's broker (lab/pctbroker.py): the nsenter into running container vmid, or pct's message."""
+        """pct's broker (lab/pctbroker.py): the nsenter into running container vmid, or pct's message. Called
+        under ct_gate(vmid): a container whose stop has begun (its worker closed it) is not running to pct,
+        as it will be in a moment, and its nsenter cannot meet a PID 1 that is gone."""
+        worker = self.workers.get(int(vmid))
         try:
+            if worker is None or not worker.enterable:
+                raise container.ContainerError('container going down')
             return container.Container(self.ct_dir(vmid)).enter_argv(argv)
-        except container.ContainerError:   # (not running, or stopped a moment ago)
+        except container.ContainerError:   # (not running, going down, or stopped a moment ago)
             raise ValueError('CT %s not running' % vmid) from None
+
+    def ct_gate(self, vmid):
+        """What the broker holds from its check until its nsenter is inside container vmid (CtWorker.gate)."""
+        worker = self.workers.get(int(vmid))
+        return worker.gate if worker is not None else contextlib.nullcontext()
 
     def stop(self):
         """The lab daemon ends: every container shut down and its root unmounted (its files stay)."""
@@ -710,22 +758,17 @@ class Lab(object):
 
     def sync(self):
         self.control()
-        now = {}
+        now = set()
         for ct in self.pve.cts:
-            # (status, init pid): a reboot keeps "running" but gives the container a new init.
-            now[ct.vmid] = (ct.status, ct.pid)
-            prev = self.seen.get(ct.vmid, (None, None))
-            self.sync_conf('lxc', ct)
-            if prev != now[ct.vmid] or ct.vmid not in self.workers:
-                hostname = str(ct.config.get('hostname') or 'CT%d' % ct.vmid)
-                self.worker(ct.vmid).want(('running', ct.pid, hostname, self.ct_binds(ct))
-                                          if ct.status == 'running' else 'stopped')
-        for vmid in set(self.seen) - set(now):
+            now.add(ct.vmid)
+            self.sync_ct(ct)
+        for vmid in set(self.seen) - now:
             self.worker(vmid).want('destroy')
             conf = self.host.path('etc/pve/lxc/%d.conf' % vmid)
             if os.path.exists(conf):
                 os.unlink(conf)
             self.confs.pop(('lxc', vmid), None)
+            del self.seen[vmid]
         vms = set()
         for vm in self.pve.vms:
             vms.add(vm.vmid)
@@ -735,7 +778,110 @@ class Lab(object):
             if name.endswith('.conf') and name[:-5].isdigit() and int(name[:-5]) not in vms:
                 os.unlink(os.path.join(qdir, name))
                 self.confs.pop(('qemu-server', int(name[:-5])), None)
-        self.seen = now
+
+    def sync_ct(self, ct):
+        """One container: its config file, and its worker told when fakepve's state of it changed."""
+        # (status, init pid): a reboot keeps "running" but gives the container a new init.
+        now = (ct.status, ct.pid)
+        prev = self.seen.get(ct.vmid, (None, None))
+        self.sync_conf('lxc', ct)
+        if prev != now or ct.vmid not in self.workers:
+            hostname = str(ct.config.get('hostname') or 'CT%d' % ct.vmid)
+            self.worker(ct.vmid).want(('running', ct.pid, hostname, self.ct_binds(ct))
+                                      if ct.status == 'running' else 'stopped')
+        self.seen[ct.vmid] = now
+
+    # -- a container's power task (fakepve's, ending where Proxmox's does)
+
+    async def power_task(self, node, ttype, tid, user, body, ct, lock, log):
+        """fakepve's Model.task for a container's start, stop, shutdown or reboot, ending as Proxmox's does: once
+        the container is there - its init running, or down (ct_reached). fakepve's own part (body: the checks,
+        the state change) runs as fakepve runs it, under the guest's config lock: at once at time_scale 0 (the
+        API reports the new state when the request answers) or in the background. The wait for the container
+        runs in the background, without the lock, the task `running` meanwhile; its UPID answers the request
+        at once, as PVE's worker does. A client that waits for the task (the program's wait_task) then finds
+        the container where the task said."""
+        from fakepve.model import TaskError
+        pve = self.pve
+        upid, pid, start = pve._upid(node, ttype, tid, user)
+        record = {'upid': upid, 'node': node, 'pid': pid, 'pstart': pid * 7, 'starttime': start,
+                  'type': ttype, 'id': str(tid), 'user': user, 'status': 'running', 'log': list(log)}
+        pve.tasks[upid] = record
+        pve.tasklog.append(record)
+
+        async def fake():
+            if lock:
+                await pve.acquire(ct, upid)
+            try:
+                note = await body()
+                if note:
+                    record['log'].append(note)
+            finally:
+                if lock:
+                    pve.release(ct, upid)
+
+        def end(status):
+            record['status'] = 'stopped'
+            record['exitstatus'] = status
+            record['endtime'] = int(time.time())
+            record['log'].append('TASK OK' if status == 'OK' else 'TASK ERROR: ' + status)
+
+        async def run(steps):
+            status = 'OK'
+            try:
+                for step in steps:
+                    await step()
+            except TaskError as e:
+                status = str(e)
+                record['log'].append(status)
+            except Exception as e:  # a lab bug: the task says it, and labd.log has the trace
+                import traceback
+                traceback.print_exc()
+                status = 'lab: %s: %s' % (type(e).__name__, e)
+            end(status)
+
+        steps = [fake, lambda: self.ct_reached(ct)]
+        if not pve.time_scale:
+            try:
+                await fake()
+            except TaskError as e:
+                record['log'].append(str(e))
+                end(str(e))
+                return upid
+            steps = steps[1:]
+        job = asyncio.ensure_future(run(steps))
+        self.tasks.add(job)
+        job.add_done_callback(self.tasks.discard)
+        return upid
+
+    async def ct_reached(self, ct):
+        """Until the lab's container is where fakepve has put ct (booted with its init, or down): the lab daemon
+        acts at once (not at its next round) and this waits for its worker. A container that did not boot
+        fails the task as lxc-start's failure does on Proxmox (and is stopped); anything else names labd.log."""
+        from fakepve.model import TaskError
+        self.sync_ct(ct)
+        worker = self.workers.get(ct.vmid)
+        if worker is None:
+            return
+        with worker.cond:
+            asked = worker.asked
+        deadline = time.time() + POWER_TASK_SECS
+        while True:
+            with worker.cond:
+                done, failure = worker.done, worker.failure
+            if done >= asked:
+                break
+            if time.time() > deadline:
+                raise TaskError('lab: container %d is not %s after %d s (its worker is still at it; see %s)' % (
+                    ct.vmid, ct.status, POWER_TASK_SECS, os.path.join(self.lab, 'labd.log')))
+            await asyncio.sleep(0.05)
+        if failure is None:
+            return
+        if ct.status == 'running':
+            ct.status, ct.pid = 'stopped', None
+            self.sync_ct(ct)
+            raise TaskError("startup for container '%d' failed" % ct.vmid)
+        raise TaskError('lab: container %d: %s (see %s)' % (ct.vmid, failure, os.path.join(self.lab, 'labd.log')))
 
     # -- /etc/pve/<kind>/<vmid>.conf <-> fakepve (pmxcfs: the file is the guest's config)
 

@@ -21,6 +21,7 @@ goes nowhere). `pct exec <vmid> -- systemd-run ...` reaches the container's own 
 Stdlib only: the client half runs under the host's python3.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -28,8 +29,11 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 
 SOCKET = 'pct.sock'
+# Real seconds the broker holds a container's gate for one nsenter getting inside at most (it takes milliseconds).
+ENTER_SECS = 5.0
 # A request: 4 bytes of length, then the JSON; its descriptors ride on the length's bytes.
 HEADER = struct.Struct('>I')
 MAX_REQUEST = 1 << 20
@@ -76,7 +80,8 @@ def exit_like(answer):
     """End this process the way the command ended: its exit code, or the signal that killed it."""
     if 'signal' in answer:
         sig = int(answer['signal'])
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):   # (neither can have a handler: EINVAL)
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(int(answer['exit']))
@@ -87,12 +92,17 @@ def exit_like(answer):
 class Broker(object):
     """The lab daemon's side: a thread accepting on LAB/run/pct.sock, a thread per request."""
 
-    def __init__(self, lab, enter_argv):
+    def __init__(self, lab, enter_argv, gate=None):
         """enter_argv(vmid, argv): the nsenter command line for a running container (raises ValueError
-        with the message pct prints when it is not one)."""
+        with the message pct prints when it is not one). gate(vmid): a lock the broker holds from that check
+        until its nsenter is inside the container (has entered every namespace and forked the command), which
+        the lab daemon takes before it stops the container: the check's answer still holds when nsenter acts
+        on it (else a container going down between the two makes nsenter fail with its own words - `cannot
+        open /proc/<pid>/ns/cgroup` - where pct says `CT <vmid> not running`)."""
         self.dir = os.path.join(lab, 'run')
         self.path = os.path.join(self.dir, SOCKET)
         self.enter_argv = enter_argv
+        self.gate = gate or (lambda vmid: contextlib.nullcontext())
         self.sock = None
 
     def start(self):
@@ -144,13 +154,17 @@ class Broker(object):
                 vmid, argv = str(req['vmid']), req['argv']
                 if not vmid.isdigit() or not argv or not all(isinstance(a, str) for a in argv):
                     raise BrokerError('vmid %r, argv %r: a vmid and a non-empty argv of strings' % (vmid, argv))
-                command = self.enter_argv(vmid, argv)
+                with self.gate(vmid):
+                    command = self.enter_argv(vmid, argv)
+                    proc = self._spawn(command, fds)
+                    if isinstance(proc, subprocess.Popen):
+                        self._entered(proc)
             except ValueError as e:   # not a running container: pct's own message
                 answer = {'error': str(e)}
             except (BrokerError, KeyError, TypeError, OSError) as e:
                 answer = {'error': 'pct: the lab daemon refused the request: %s' % e}
             else:
-                answer = self._run(command, fds)
+                answer = proc if isinstance(proc, dict) else self._wait(proc)
             for fd in fds:
                 os.close(fd)
             fds = []
@@ -164,7 +178,8 @@ class Broker(object):
             conn.close()
 
     @staticmethod
-    def _run(command, fds):
+    def _spawn(command, fds):
+        """The nsenter started with the request's descriptors (closed here: the command has them), or an answer."""
         try:
             proc = subprocess.Popen(command, stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True,
                                     start_new_session=True)
@@ -173,5 +188,24 @@ class Broker(object):
         for fd in fds:
             os.close(fd)
         del fds[:]
+        return proc
+
+    @staticmethod
+    def _entered(proc, timeout=ENTER_SECS):
+        """Until nsenter is inside: it forks the command once it has entered every namespace and the root (it
+        must fork to enter a PID namespace), or it has ended (its error, not the container's going down)."""
+        children = '/proc/%d/task/%d/children' % (proc.pid, proc.pid)
+        deadline = time.time() + timeout
+        while proc.poll() is None and time.time() < deadline:
+            try:
+                with open(children) as f:
+                    if f.read().strip():
+                        return
+            except OSError:
+                return   # (no such file: it has just ended)
+            time.sleep(0.002)
+
+    @staticmethod
+    def _wait(proc):
         code = proc.wait()
         return {'signal': -code} if code < 0 else {'exit': code}

@@ -5,8 +5,8 @@ The builder (ct_env_build.py) wrote ENV/.gpuhost-env-files.json: every file pip'
 sha256 after the patches and its stat as built. A file whose stat is unchanged was not written since (its ctime
 would have moved: user space cannot set it back), so a check of an untouched environment reads no file; a file whose
 stat moved is hashed, and one that still has its sha256 is remembered by its new stat
-(/var/lib/gpuhost/env-check/<id>.json). Files in site-packages or bin that no RECORD lists (bytecode aside) were
-added by hand. Prints one JSON line: {"ok": true|false|null (null: an environment built before the program kept
+(/var/lib/gpuhost/env-check/<id>.json). Code in site-packages (.py, .so, .pth) or a file in bin that the list lacks was
+added by hand (bytecode, and a package's own caches or locks written beside its code at run time, are not code). Prints one JSON line: {"ok": true|false|null (null: an environment built before the program kept
 the list), "changed": [...], "missing": [...], "added": [...], "counts": [changed, missing, added]}."""
 
 import hashlib
@@ -18,6 +18,7 @@ import sys
 FILES = '.gpuhost-env-files.json'
 CACHE_DIR = '/var/lib/gpuhost/env-check'
 SHOWN = 5
+CODE = ('.py', '.pth', '.so')
 
 
 def sha256_file(path):
@@ -79,6 +80,10 @@ def check(env):
                 p = os.path.join(dirpath, name)
                 rel = os.path.relpath(p, env)
                 if rel in files or name.endswith('.pyc') or os.path.islink(p):
+                    continue
+                # What Python would run: code, extension modules, .pth files (run at every start), scripts. A
+                # package's own cache or lock file written beside its code at run time is not a change of the code.
+                if root != os.path.join(env, 'bin') and not name.endswith(CODE):
                     continue
                 added.append(rel)
     if new_cache != cache:

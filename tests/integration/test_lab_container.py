@@ -90,3 +90,33 @@ def test_a_stopped_container_cannot_be_entered_and_keeps_its_files(lab):
     lab.wait_for(lambda: lab.ct(201).leader() is None, what='container 201 down')
     lab.node().lxc(201).delete()
     lab.wait_for(lambda: not os.path.exists(os.path.join(lab.dir, 'ct', '201')), what='container 201 gone')
+
+
+def test_a_power_task_ends_with_the_container_there_and_pct_never_enters_a_dying_one(lab):
+    """On Proxmox a container's reboot, stop or start task ends once the container is down or its init runs again,
+    and `pct exec` into a container that is not running says so. The lab boots and stops its containers
+    asynchronously: the task waits for them, and pct refuses a container whose shutdown has begun."""
+    node = lab.api().nodes(lab.info['node'])
+    task = lambda upid: node.tasks(upid).status.get()   # noqa: E731
+    # A unit that takes 2 s to stop holds the container's shutdown (systemd stops it at poweroff).
+    hostsim.write(os.path.join(lab.ct_root(200), 'etc/systemd/system/slowstop.service'),
+                  '[Service]\nExecStart=/bin/sleep infinity\nExecStop=/bin/sleep 2\n')
+    assert lab.ssh('pct exec 200 -- systemctl daemon-reload && pct exec 200 -- systemctl start slowstop && '
+                   'pct exec 200 -- touch /run/this-boot').exit_code == 0
+    leader = lab.ct(200).leader()
+    t0 = time.time()
+    upid = node.lxc(200).status.reboot.post()
+    res = lab.ssh('pct exec 200 -- true')
+    assert (res.exit_code, res.stderr) == (255, 'CT 200 not running\n')
+    assert task(upid)['status'] == 'running'
+    lab.wait_for(lambda: task(upid)['status'] == 'stopped', timeout=30, what='the reboot task')
+    assert time.time() - t0 >= 2 and task(upid)['exitstatus'] == 'OK'
+    assert lab.ct(200).leader() not in (None, leader)
+    # Right after the task: the new boot (its own /run), not the old one going down.
+    assert lab.ssh('pct exec 200 -- test -e /run/this-boot').exit_code == 1
+    upid = node.lxc(200).status.stop.post()
+    lab.wait_for(lambda: task(upid)['status'] == 'stopped', timeout=30, what='the stop task')
+    assert lab.ct(200).leader() is None
+    upid = node.lxc(200).status.start.post()
+    lab.wait_for(lambda: task(upid)['status'] == 'stopped', timeout=30, what='the start task')
+    assert lab.ssh('pct exec 200 -- ps -p 1 -o comm=').stdout == 'systemd\n'

@@ -29,8 +29,15 @@ def error(fn):
     return e.value.status_code, e.value.content
 
 
-def task_exit(api, upid):
-    return api.nodes(NODE).tasks(upid).status.get().get('exitstatus')
+def task_exit(api, upid, timeout=30.0):
+    """The task's exit status once it has ended, as a client waits for a PVE task (a container's start ends once
+    the lab has booted it)."""
+    deadline = time.time() + timeout
+    while True:
+        status = api.nodes(NODE).tasks(upid).status.get()
+        if status['status'] == 'stopped' or time.time() > deadline:
+            return status.get('exitstatus')
+        time.sleep(0.1)
 
 
 def test_lost_quorum_fails_writes_not_reads(lab, api):
