@@ -22,8 +22,9 @@ class Ssh(Model):
     private_key: Optional[SecretStr] = Field(None, description='Client private key (PEM/OpenSSH); a secret')
     private_key_file: Optional[FilePath] = Field(None, description='Or: path of the client private key file')
     connect_timeout: float = Field(10.0, gt=0, le=600)
-    command_timeout: float = Field(900.0, ge=5, le=86400, description='Longest a remote step may run (update-initramfs, '
-                                   'boot refresh); shorter steps stop at 30-300 s. A step that runs out is named')
+    command_timeout: float = Field(900.0, ge=5, le=86400, description='Longest one remote command may run (update-'
+                                   'initramfs, boot refresh); shorter ones stop at 30-300 s. A command that runs out is '
+                                   'named. Downloads, hashing, builds and installers are jobs with limits of their own')
 
     @model_validator(mode='after')
     def _one_key(self):

@@ -304,7 +304,6 @@ class CtWorker(threading.Thread):
 
     def converge(self, state):
         """True when the worker is finished (the container is destroyed or the daemon stops)."""
-        print("DBG converge", self.vmid, state if isinstance(state, str) else state[:2], self.asked, self.ct.leader(), self.booted_pid, flush=True)
         if state in ('destroy', 'halt'):
             if state == 'destroy':
                 self.closed().destroy()
