@@ -215,9 +215,9 @@ def api_ct_status(vmid, node):
 def ct_status(vmid, node):
     path = os.path.join(ct_dir(vmid), 'status')
     # The lab daemon boots or shuts down a container (lab/container.py) when fakepve's state changes; it
-    # writes `status` once systemd runs in it or it is down, a second or two later. A real pct sees the
-    # state the moment the API changed it (pct start returns once the container's init runs). So pct
-    # waits, a little, until the container has caught up with what the API says.
+    # writes `status` once systemd runs in it or it is down, a second or two later. A power task through the
+    # API ends only then (labctl's power_task), but fakepve's state changes when it starts; a real pct sees
+    # the live state. So pct waits, a little, until the container has caught up with what the API says.
     live = api_ct_status(vmid, node)
     deadline = time.time() + 15
     while live is not None and time.time() < deadline:

@@ -15,7 +15,7 @@ Parts, all bound to loopback addresses from the spec:
   * A sync loop that gives every container fakepve holds a root filesystem (.lab/ct/<vmid>) and boots or
     stops it (lab/container.py), keeps /etc/pve/{lxc,qemu-server}/<vmid>.conf and fakepve's config one
     (as pmxcfs does: an API change rewrites the file, an edit of the file changes what the API
-    reports).
+    reports). A container's start/stop/shutdown/reboot task ends once the container is there (Lab.power_task).
   * `pct exec/push/pull` on the host reach the containers through a broker on a unix socket
     (LAB/run/pct.sock, lab/pctbroker.py): the host and the containers are sibling machines.
   * Every SSH command runs through lab/sshcmd.sh (sshd's ForceCommand): counted, logged, and

@@ -17,6 +17,9 @@ sshd's, for a command over SSH - and its exit status is pct's. Only that: the vm
 container, and nothing but the nsenter into it is run. The command is the daemon's child, not pct's: like a
 process lxc-attach started, it keeps running when the SSH session that started it drops (its output then
 goes nowhere). `pct exec <vmid> -- systemd-run ...` reaches the container's own systemd, as with the real pct.
+A container whose stop has begun is not running to pct (the lab daemon's check), and the stop waits while an
+nsenter that passed the check gets inside (the broker holds the container's gate until nsenter has forked the
+command): nsenter never meets a PID 1 that has gone, whose namespaces it could not open.
 
 Stdlib only: the client half runs under the host's python3.
 """
