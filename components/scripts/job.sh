@@ -94,6 +94,7 @@ case $action in
     install -d -m 0700 "$jobs"
     exec 9> "$jobs/.lock"
     flock 9
+    unit=$(cat "$dir/unit" 2>/dev/null || echo "$name.service")   # as it is now, under the lock
     if active; then
       running=$(cat "$dir/spec" 2>/dev/null || echo -)
       if [ "$running" = "$spec" ]; then echo attached; else printf 'busy\t%s\n' "$running"; fi
@@ -153,6 +154,7 @@ EOF
     install -d -m 0700 "$jobs"
     exec 9> "$jobs/.lock"
     flock 9
+    unit=$(cat "$dir/unit" 2>/dev/null || echo "$name.service")
     if active; then
       echo "job.sh: $name is running; stop it first" >&2
       exit 3

@@ -265,15 +265,29 @@ def sha256_file(path, counter=None, progress=None):
     return h.hexdigest()
 
 
-def stat_key(st):
+def stat_key(st, path):
     """What a cached sum is valid for. The size, mtime and inode alone can be kept by a rewrite in place (`touch
-    -d`, `rsync --inplace -t` set the mtime back); the ctime cannot be set from user space and moves with any write,
-    and the device tells a file on another file system with the same inode number apart."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev]
+    -d`, `rsync --inplace -t` set the mtime back); the ctime cannot be set from user space and moves with any write;
+    and the file system's id tells a file on another file system with the same inode number apart - its statvfs
+    f_fsid (ZFS: from the dataset's GUID, ext4/XFS: from the UUID), which survives a reboot, where st_dev (an
+    anonymous device number for ZFS, overlayfs, btrfs) may not: a reboot must not re-hash 244 GB."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, fsid(os.path.dirname(path) or '.')]
+
+
+_FSIDS = {}
+
+
+def fsid(directory):
+    if directory not in _FSIDS:
+        try:
+            _FSIDS[directory] = os.statvfs(directory).f_fsid
+        except OSError:
+            _FSIDS[directory] = 0
+    return _FSIDS[directory]
 
 
 class SumCache(object):
-    """{file: {"stat": [size, mtime_ns, inode], "sha256", "end", "tensors"}} of one directory, saved (tmp + rename)
+    """{file: {"stat": [size, mtime_ns, inode, ctime_ns, file system id], "sha256", "end", "tensors"}} of one directory, saved (tmp + rename)
     each time an entry is recorded: a killed job keeps every sum it computed. ".hub" holds the hub's sums for the
     directory's revision (a file name never starts with a dot)."""
 
@@ -441,7 +455,7 @@ def verify(job, progress=None):
         rep['bytes'] += st.st_size
         if not world_readable(st):
             rep['unreadable'].append(name)
-        key = stat_key(st)
+        key = stat_key(st, p)
         hit = cache.data.get(name)
         entry = dict(hit) if isinstance(hit, dict) and hit.get('stat') == key else {'stat': key}
         try:
@@ -811,7 +825,7 @@ class Download(object):
             os.chmod(self.part, 0o644)
             os.rename(self.part, self.final)
             discard(self.side)
-            self.staged_sums.record(self.name, {'stat': stat_key(os.stat(self.final)), 'sha256': digest,
+            self.staged_sums.record(self.name, {'stat': stat_key(os.stat(self.final), self.final), 'sha256': digest,
                                                 'hashed_at': int(time.time())})
             ok = True
         finally:
@@ -1081,7 +1095,7 @@ def fetch(job, progress=None):
     dir_cache = SumCache(job.get('cache'))
     for name in staged:
         if isinstance(kept.get(name), dict) and 'sha256' in kept[name]:
-            dir_cache.data[name] = dict(kept[name], stat=stat_key(os.stat(os.path.join(d, name))))
+            dir_cache.data[name] = dict(kept[name], stat=stat_key(os.stat(os.path.join(d, name)), os.path.join(d, name)))
     dir_cache.replace(dir_cache.data)
     discard(staged_sums.path)   # everything moved: the staging directory is empty again
     return {'downloaded': staged, 'downloaded_bytes': stats.data['received'], 'resumed_bytes': stats.data['resumed'],
