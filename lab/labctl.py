@@ -859,13 +859,21 @@ class Lab(object):
         fails the task as lxc-start's failure does on Proxmox (and is stopped); anything else names labd.log."""
         from fakepve.model import TaskError
         self.sync_ct(ct)
-        worker = self.workers.get(ct.vmid)
-        if worker is None:
-            return
-        with worker.cond:
-            asked = worker.asked
         deadline = time.time() + POWER_TASK_SECS
+        worker, asked = None, 0
         while True:
+            current = self.workers.get(ct.vmid)
+            if current is None and ct in self.pve.cts:
+                # The worker told ended meanwhile, with what it was told after its last task lost: it was
+                # destroying the container this vmid named before (a replacement). This one gets its own.
+                self.sync_ct(ct)
+                current = self.workers.get(ct.vmid)
+            if current is not worker:
+                worker = current
+                if worker is None:
+                    return
+                with worker.cond:
+                    asked = worker.asked
             with worker.cond:
                 done, failure = worker.done, worker.failure
             if done >= asked:
