@@ -28,6 +28,20 @@ except ValueError:  # not the main thread: the language host's default handling 
     pass
 
 
+def _monitor_gone(exn, _to_exception=pulumi.runtime.settings.grpc_error_to_exception):
+    # A resource failed and the engine shut its resource monitor while other registrations were still in
+    # flight: the SDK turns UNAVAILABLE into a quiet RunError ("Resource monitor has terminated"), but a call
+    # the engine cancelled (CANCELLED, "context canceled") into a plain Exception the language host prints
+    # with its whole traceback under the real error. Both mean the same: the run is over, for the reason above.
+    import grpc
+    if exn.code() == grpc.StatusCode.CANCELLED:
+        return pulumi.RunError('Resource monitor has terminated, shutting down')
+    return _to_exception(exn)
+
+
+pulumi.runtime.settings.grpc_error_to_exception = _monitor_gone
+
+
 def _preflight_all(fleet, inputs):
     """Every host's preflight at once (one thread and one SSH connection each); all refusals are
     reported together, each naming its host."""
