@@ -1,4 +1,6 @@
-"""Stack outputs for monitoring. The names are stable and documented in README ("Outputs")."""
+"""Stack outputs for monitoring. The names are stable; README's "Outputs" tables are generated from OUTPUTS and
+FLEET_OUTPUTS below (`python -m tools.docs outputs`), and tests/unit/test_docs.py fails when the program exports a
+name without a row, or README's tables differ from these."""
 
 import hashlib
 
@@ -6,6 +8,56 @@ import pulumi
 
 from components.monitoring import file_sd
 from components.sglang import expected_speculation, smoke_summary
+
+
+# (names, what an operator reads there) for every output of a one-host stack, in README's order. Add a row with the
+# output: an operator reads README before the code.
+OUTPUTS = (
+    (('openai_base_url', 'health_url', 'server_info_url', 'metrics_url'),
+     '`http://<container>:30000/v1`, `/health`, `/server_info`, `/metrics`'),
+    (('prometheus_file_sd',),
+     'a Prometheus `file_sd` target list: SGLang\'s `/metrics` and the host\'s node_exporter, labelled `id` '
+     '(`lxc/<vmid>`, `node/<node>`) and `node` (Monitoring; the labels changed, see below)'),
+    (('gpu_assignment',),
+     'address → `assigned_to` (container/vm/host), `numa`, `driver`, `id`, `iommu_group`, `iommu_group_type`, '
+     '`minor`'),
+    (('iommu',),
+     'declared domain and kernel args, running domain types and command line, boot method, `nccl_p2p_disabled`'),
+    (('speculation',),
+     '`requested` and `resolved` (as `/server_info` reports it, incl. `avg_spec_accept_length`), and '
+     '`resolved_observed_at` (UTC: when a run last read it — every apply, and a refresh that found it changed)'),
+    (('sglang_unit',),
+     '`name`, `active`, `enabled` (systemd\'s ActiveState/UnitFileState as the last run or refresh found them)'),
+    (('smoke_test',),
+     'the last smoke test: `latency_ms`, `model`, token counts, `finish_reason`'),
+    (('sglang_version', 'sglang_unit_sha256'),
+     'declared version, hash of the rendered unit'),
+    (('runtime',),
+     'what SGLang stands on, as the last run or refresh found it: `host_driver` (the host\'s nvidia module), '
+     '`container_driver` (the container\'s NVIDIA libraries; must equal it), `cuda`, `sglang` (the version of the '
+     'environment the unit runs from), `env` (its id), `declared_env`, `lock_sha256` (the sha256 of its lock\'s '
+     'canonical text)'),
+    (('reboot_required', 'reboot_reasons'),
+     'declared vs running (command line, module options, bindings, group types)'),
+    (('model',),
+     'with `gpuhost:model`: the weights as the last run or refresh verified them on the host: `id`, `revision`, '
+     '`path` (`gpuhost:sglang.model_path`), `host_dir` (the revision\'s directory on the host), `shards`, `bytes`, '
+     '`verified`, `verified_at` (UTC: when an `up` first found this revision in this directory as it is now; a later '
+     'one finding it the same keeps the time), `summary` (one line)'),
+    (('container', 'vm'),
+     'vmid, address, status, GPUs; the VM (with `gpuhost:vm`): its `pending_restart` keys, `hostpci` (as declared), '
+     '`gpu_binding`, and `gpu_mappings`: each mapping\'s entry for the node as Proxmox has it (`node`, `path`, '
+     '`id`, `subsystem-id`, `iommugroup`; `{}` with `gpu_binding: address`)'),
+)
+
+# A fleet's (gpuhost:hosts) outputs instead: export_fleet().
+FLEET_OUTPUTS = (
+    (('hosts',), 'host name → that host\'s outputs as a one-host stack has them (above), without its '
+                 '`prometheus_file_sd`'),
+    (('prometheus_file_sd',), 'every host\'s target groups, each labelled `host` (its name) besides `id` and `node`'),
+    (('reboot_required',), 'the names of the hosts that need a reboot'),
+    (('rollout',), '`order` (the hosts in rollout order) and `max_unavailable`'),
+)
 
 
 def runtime_output(facts, env) -> dict:

@@ -5,28 +5,12 @@ import pulumi
 import pytest
 
 from tests.unit.config.test_config import parse
-
-CREATED = []
-
-
-class Mocks(pulumi.runtime.Mocks):
-    def new_resource(self, args):
-        CREATED.append(args)
-        return args.name + '-id', dict(args.inputs)
-
-    def call(self, args):
-        return {}
-
-
-pulumi.runtime.set_mocks(Mocks(), preview=False)
+from tests.unit.program import API, CONN, CREATED  # noqa: F401 - the mocks, set at import
 
 from components.container import GpuContainer  # noqa: E402
 from components.host import ProxmoxHost  # noqa: E402
 from components.sglang import SglangService  # noqa: E402
 from components.vm import SevSnpVm  # noqa: E402
-
-CONN = {'host': 'h', 'port': 22, 'user': 'root', 'private_key': 'k', 'host_key': 'ssh-ed25519 AAAA', 'timeout': 5}
-API = {'host': 'h', 'port': 8006, 'user': 'root@pam', 'password': 'p', 'ca_cert': 'pem', 'timeout': 5}
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
-"""docs/stack.schema.json validates Pulumi.<stack>.yaml files as written (namespaced keys, secure: values):
-both committed stacks pass, and the mistakes an editor or CI should catch fail."""
+"""docs/config.schema.json is the model's schema as generated; docs/stack.schema.json validates Pulumi.<stack>.yaml
+files as written (namespaced keys, secure: values): both committed stacks pass, and the mistakes an editor or CI
+should catch fail."""
 
 import copy
 import json
@@ -25,6 +26,15 @@ def stack(name):
 
 def test_the_committed_schema_is_the_generated_one():
     assert schema() == json.loads(json.dumps(config.stack_schema())), 'run: python -m config stack-schema > docs/stack.schema.json'
+
+
+def test_the_committed_model_schema_is_the_generated_one():
+    # docs/config.schema.json: the model's schema (every gpuhost: key, its type, default and description), what an
+    # editor or a reviewer reads for one host's config.
+    with open(os.path.join(REPO, 'docs', 'config.schema.json')) as f:
+        committed = json.load(f)
+    assert committed == json.loads(json.dumps(config.Deployment.model_json_schema())), \
+        'docs/config.schema.json is not the model\'s schema: run python -m config schema > docs/config.schema.json'
 
 
 @pytest.mark.parametrize('name', ['lab', 'prod'])

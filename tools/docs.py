@@ -1,0 +1,98 @@
+"""make docs: the documents generated from the program, written where they are committed.
+
+    python -m tools.docs            all of them
+    python -m tools.docs outputs    README's "Outputs" tables, from components/outputs.py OUTPUTS / FLEET_OUTPUTS
+    python -m tools.docs schemas    docs/config.schema.json (python -m config schema) and docs/stack.schema.json
+                                    (python -m config stack-schema)
+
+Unit tests compare each committed document with what these produce (tests/unit/test_docs.py,
+tests/unit/config/test_stack_schema.py) and name the command that regenerates it. docs/bench.md's tables are
+measured, not generated from code: `make bench` (tools/bench.py) writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+README = os.path.join(ROOT, 'README.md')
+OUTPUTS_BEGIN = ('<!-- outputs: begin (generated from components/outputs.py OUTPUTS and FLEET_OUTPUTS by '
+                 '`python -m tools.docs outputs`: edit there) -->')
+OUTPUTS_END = '<!-- outputs: end -->'
+
+
+def table(rows, header: str) -> list:
+    def cell(text):
+        # A | inside a cell would end it.
+        return text.replace('|', '\\|')
+    return ['| %s | content |' % header, '|---|---|'] + [
+        '| %s | %s |' % (', '.join('`%s`' % n for n in names), cell(desc)) for names, desc in rows]
+
+
+def outputs_block() -> str:
+    """README's outputs tables, markers included."""
+    from components import outputs
+    lines = [OUTPUTS_BEGIN] + table(outputs.OUTPUTS, 'output') + [
+        '', 'A fleet (`gpuhost:hosts`, "Many hosts: a fleet") exports instead:', ''] + table(
+        outputs.FLEET_OUTPUTS, 'output (fleet)') + [OUTPUTS_END]
+    return '\n'.join(lines) + '\n'
+
+
+def between(text: str, begin: str, end: str, where: str) -> tuple:
+    """(start, stop) of the block from `begin` to `end` and its newline; one each, in that order."""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit('%s: the markers %s ... %s must be there once each, in that order; put them back (git '
+                         'show HEAD:%s has them) and run again' % (where, begin, end, os.path.relpath(where, ROOT)))
+    start, stop = text.index(begin), text.index(end) + len(end)
+    if text[stop:stop + 1] == '\n':
+        stop += 1
+    return start, stop
+
+
+def replace_between(text: str, begin: str, end: str, block: str, where: str) -> str:
+    start, stop = between(text, begin, end, where)
+    return text[:start] + block + text[stop:]
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_outputs() -> None:
+    with open(README) as f:
+        text = f.read()
+    new = replace_between(text, OUTPUTS_BEGIN, OUTPUTS_END, outputs_block(), README)
+    if new != text:
+        write_atomic(README, new)
+    print('docs: README.md outputs tables %s' % ('written' if new != text else 'unchanged'))
+
+
+def write_schemas() -> None:
+    import config
+    from config.schema import stack_schema
+    for name, schema in (('config.schema.json', config.Deployment.model_json_schema()),
+                         ('stack.schema.json', stack_schema())):
+        # As `python -m config schema > docs/...` writes it (print: indent 2, a final newline).
+        write_atomic(os.path.join(ROOT, 'docs', name), json.dumps(schema, indent=2) + '\n')
+        print('docs: docs/%s written' % name)
+
+
+def main(argv) -> None:
+    what = argv[0] if argv else 'all'
+    if what not in ('all', 'outputs', 'schemas') or len(argv) > 1:
+        raise SystemExit('usage: python -m tools.docs [outputs|schemas]  (no argument: all)')
+    if what in ('all', 'outputs'):
+        write_outputs()
+    if what in ('all', 'schemas'):
+        write_schemas()
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
