@@ -4,7 +4,7 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up check test test-fast lab lab-down preview render monitoring bench bench-fleet bench-serve bootstrap clean
+.PHONY: up check test test-fast lab lab-down preview render monitoring docs bench bench-fleet bench-serve bootstrap clean
 
 up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
@@ -33,7 +33,10 @@ render:        ## write every file STACK would put on its hosts into OUT, contac
 monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK into MON_OUT (monitoring/STACK)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.monitoring $(STACK) $(MON_OUT)
 
-bench:         ## no-op preview/up wall time and remote command count on the lab
+docs:          ## rewrite what is generated from the code: README's outputs tables, docs/config.schema.json, docs/stack.schema.json (unit tests compare them)
+	@tools/bootstrap.sh && . ./.env.sh && python -m tools.docs
+
+bench:         ## no-op preview/up wall time and remote command count on the lab (its section of docs/bench.md)
 	@tools/run.sh bench
 
 bench-fleet:   ## fleet benchmark on the lab: no-op preview/up of 1, 4, 8 hosts, refresh, a rolling MTP change (docs/bench.md)
