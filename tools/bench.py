@@ -1,5 +1,7 @@
 """make bench: wall time of a no-op `pulumi preview` and `pulumi up` on the lab, and how many remote
-commands a no-op `up` runs (goal: none that change anything, no restart). Writes docs/bench.md.
+commands each runs (goal: none that change anything, no restart). Writes its section of docs/bench.md (between
+BEGIN and END; tests/unit/test_docs.py checks it: its table, its resource count against the program's, its prose
+against its table).
 
 Runs its own lab (on a loopback /24 claimed like a test module's: tests/lablib.py claim_net) and stack,
 deploys once, then measures N repetitions.
@@ -8,6 +10,7 @@ deploys once, then measures N repetitions.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -19,7 +22,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.lablib import Lab, claim_net  # noqa: E402
+from tests.lablib import SGLANG_STARTUP, Lab, claim_net  # noqa: E402
+from tools import docs  # noqa: E402
 
 STACK = 'bench'
 RUNS = int(os.environ.get('BENCH_RUNS', '5'))
@@ -55,16 +59,91 @@ def timed(fn):
     return time.perf_counter() - t
 
 
-KEEP_MARKER = '<!-- bench-serve: kept by tools/bench.py -->'
+BEGIN, END = '<!-- bench: begin (tools/bench.py, make bench) -->', '<!-- bench: end -->'
+COMMANDS = (('preview (no-op)', ('preview', '--expect-no-changes')),
+            ('up (no-op)', ('up', '--yes', '--expect-no-changes')),
+            ('up --refresh (no-op)', ('up', '--yes', '--refresh', '--expect-no-changes')))
+HEADER = ('| command | median s | min s | max s | SSH commands per run (median) | host changed | SGLang restarts | '
+          'one-resource program, median s | ratio |')
+
+
+def declared_resources(state: dict) -> int:
+    """The resources the program declared, as the state after an `up` holds them: every component, dynamic
+    resource and command - not the stack itself nor the providers the engine adds (tests/unit/test_docs.py counts
+    the same from the program's code)."""
+    return sum(1 for r in state['deployment']['resources']
+               if r['type'] != 'pulumi:pulumi:Stack' and not r['type'].startswith('pulumi:providers:'))
+
+
+def scripts(entries) -> str:
+    """The SSH commands of one run by name, as the lab logged them: "`check_dir.sh`, `host_facts.sh` x9"."""
+    counts = {}
+    for e in entries:
+        name = (e.get('cmd') or '?').split(' ', 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+    return ', '.join('`%s`%s' % (n, '' if c == 1 else ' x%d' % c) for n, c in sorted(counts.items())) or 'none'
+
+
+def section(rows, first, resources, runs, load) -> str:
+    cpu = subprocess.run(['sh', '-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
+                         text=True).stdout.strip()
+    by = {r['name']: r for r in rows}
+    noop, refresh = by['up (no-op)'], by['up --refresh (no-op)']
+    lines = [BEGIN, '# Benchmark: no-op preview and up on the lab', '',
+             'Measured by `make bench` (tools/bench.py) on %s: %s, %d cores, Python %s, %d runs each; load average '
+             '%.1f at the start, %.1f at the end%s.' % (
+                 datetime.date.today().isoformat(), cpu or platform.machine(), os.cpu_count(),
+                 platform.python_version(), runs, load[0], load[1],
+                 # More runnable processes than cores: other work shared the machine and slowed every run.
+                 ' (more than the %d cores: the machine was shared with other work, so the times are longer and '
+                 'noisier than on an idle one; the one-resource program\'s ran beside them, under the same load)'
+                 % os.cpu_count() if max(load) > (os.cpu_count() or 1) else ''), '',
+             'First `up` from empty (%d resources; the NVIDIA user space, CUDA and the Python environment installed '
+             'in the bare container; SGLang start-up simulated at %g s): %.1f s.' % (resources, SGLANG_STARTUP, first),
+             '', HEADER, '|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append('| `%s` | %.2f | %.2f | %.2f | %d | %s | %d | %.2f | %.1fx |' % (
+            r['name'], r['median'], r['min'], r['max'], r['ssh'], 'yes' if r['changed'] else 'no', r['restarts'],
+            r['trivial'], r['median'] / r['trivial']))
+    lines += ['', 'SSH commands are counted in the lab\'s log of every command its sshd ran (lab/sshcmd.sh, the '
+              'ForceCommand), in the run with the median count; by name, in that run: `preview` %s; `up` %s; '
+              '`up --refresh` %s.' % (
+                  by['preview (no-op)']['scripts'], noop['scripts'], refresh['scripts']), '',
+              'A no-op `up` ran %d SSH command%s a run. No resource reads the host in it: diff() compares the desired '
+              'state with the state recorded at the last apply or refresh; what does read it is the preflight '
+              '(components/preflight.py), at the start of every `up` and never at preview. `up --refresh` ran %d: it '
+              're-reads the resources from the host (the read-only scripts named above) before it compares, and runs '
+              'the preflight. "host changed" compares '
+              'a hash of every file of the simulated host before and after the runs; "SGLang restarts" counts the '
+              'unit\'s starts in the container\'s journal. The one-resource program (tools/bench.py TRIVIAL_PROGRAM: '
+              'one dynamic resource that reads and changes nothing) runs the same command with the same CLI and '
+              'virtualenv right after each run: the ratio is what this program costs beyond any Pulumi program on '
+              'this machine.' % (noop['ssh'], '' if noop['ssh'] == 1 else 's', refresh['ssh']), END]
+    return '\n'.join(lines) + '\n'
+
+
+def write(block: str) -> None:
+    """Only the section between BEGIN and END (added at the top when missing): the rest of docs/bench.md is
+    other tools' (bench-fleet, bench-model) or written by hand (bench-serve)."""
+    path = os.path.join(ROOT, 'docs', 'bench.md')
+    with open(path) as f:
+        text = f.read()
+    if BEGIN in text or END in text:
+        text = docs.replace_between(text, BEGIN, END, block, path)
+    else:
+        text = block + '\n' + text
+    docs.write_atomic(path, text)
 
 
 def main():
     base = tempfile.mkdtemp(prefix='gpuhost-bench-')
     net, lock = claim_net()  # held until the process ends: no test module starts a lab on the same net
+    load = [os.getloadavg()[0]]
     lab = Lab(base, net).up()
     try:
         lab.write_stack(STACK, lab.stack_config())
         first = timed(lambda: lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
+        resources = declared_resources(json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout))
         trivial = os.path.join(base, 'trivial')
         os.makedirs(trivial)
         with open(os.path.join(trivial, 'Pulumi.yaml'), 'w') as f:
@@ -75,56 +154,29 @@ def main():
         lab.pulumi('stack', 'select', '--create', '--secrets-provider', 'passphrase', 'trivial', cwd=trivial)
         lab.pulumi('up', '--yes', '--skip-preview', '--stack', 'trivial', cwd=trivial)
         rows = []
-        for name, args in (('preview (no-op)', ('preview', '--expect-no-changes')),
-                           ('up (no-op)', ('up', '--yes', '--expect-no-changes')),
-                           ('up --refresh (no-op)', ('up', '--yes', '--refresh', '--expect-no-changes'))):
-            times, sessions, yardstick = [], [], []
+        for name, args in COMMANDS:
+            times, runs, yardstick = [], [], []
             digest, starts = lab.host_digest(), lab.unit_starts()
             for _ in range(RUNS):
-                before = lab.ssh_sessions()
+                logged = len(lab.ssh_log())
                 times.append(timed(lambda: lab.pulumi(*args, stack=STACK)))
-                sessions.append(lab.ssh_sessions() - before)
+                runs.append(lab.ssh_log()[logged:])
                 # Side by side: the machine's load changes both alike.
                 yardstick.append(timed(lambda: lab.pulumi(*args, '--stack', 'trivial', cwd=trivial)))
-            changed = lab.host_digest() != digest
-            rows.append((name, statistics.median(times), min(times), max(times), statistics.median(sessions),
-                         changed, lab.unit_starts() - starts, statistics.median(yardstick)))
+            # The run with the median number of SSH commands: its count and its commands by name.
+            middle = sorted(runs, key=len)[len(runs) // 2]
+            rows.append({'name': name, 'median': statistics.median(times), 'min': min(times), 'max': max(times),
+                         'ssh': len(middle), 'changed': lab.host_digest() != digest,
+                         'restarts': lab.unit_starts() - starts, 'trivial': statistics.median(yardstick),
+                         'scripts': scripts(middle)})
     finally:
         lab.down()
-    cpu = subprocess.run(['sh', '-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
-                         text=True).stdout.strip()
-    lines = ['# Benchmark: no-op preview and up on the lab', '',
-             'Measured by `make bench` (tools/bench.py) on %s: %s, %d cores, Python %s, %d runs each.' % (
-                 datetime.date.today().isoformat(), cpu or platform.machine(), os.cpu_count(),
-                 platform.python_version(), RUNS), '',
-             'First `up` from empty (12 resources; the NVIDIA user space, CUDA and the Python environment installed '
-             'in the bare container; SGLang start-up simulated at 0.2 s): %.1f s.' % first, '',
-             '| command | median s | min s | max s | SSH commands per run | host changed | SGLang restarts | '
-             'one-resource program, median s | ratio |',
-             '|---|---|---|---|---|---|---|---|---|']
-    for name, med, lo, hi, sess, changed, restarts, trivial_med in rows:
-        lines.append('| `%s` | %.2f | %.2f | %.2f | %d | %s | %d | %.2f | %.1fx |' % (
-            name, med, lo, hi, sess, 'yes' if changed else 'no', restarts, trivial_med, med / trivial_med))
-    lines += ['', 'SSH commands are counted from the lab sshd\'s log (one "Starting session: command" per remote '
-              'command). A no-op `up` runs none: diff() compares desired state with the state recorded at the last '
-              'apply or refresh. `up --refresh` re-reads every resource (read-only scripts: host facts, file '
-              'reads, container unit facts); "host changed" compares a hash of every file of the simulated host. '
-              'The one-resource program (tools/bench.py TRIVIAL_PROGRAM: one dynamic resource that reads and changes '
-              'nothing) runs the same command with the same CLI and virtualenv right after each run: the ratio is '
-              'what this program costs beyond any Pulumi program on this machine.']
-    text = '\n'.join(lines) + '\n'
-    os.makedirs(os.path.join(ROOT, 'docs'), exist_ok=True)
-    path = os.path.join(ROOT, 'docs', 'bench.md')
-    # The endpoint benchmark's section (make bench-serve, written by hand from its results) is kept.
-    kept = ''
-    if os.path.exists(path):
-        with open(path) as f:
-            old = f.read()
-        if KEEP_MARKER in old:
-            kept = '\n' + old[old.index(KEEP_MARKER):]
-    with open(path, 'w') as f:
-        f.write(text + kept)
-    print(text)
+    load.append(os.getloadavg()[0])
+    block = section(rows, first, resources, RUNS, load)
+    write(block)
+    print(block)
+    # The measurements as data, for whoever wants to check the words against them.
+    print(json.dumps({'rows': rows, 'first': first, 'resources': resources, 'runs': RUNS, 'load': load}))
 
 
 if __name__ == '__main__':
