@@ -44,8 +44,8 @@ def fleet_program():
 def test_readme_outputs_tables_are_the_generated_ones():
     text = read('README.md')
     start, stop = docs.between(text, docs.OUTPUTS_BEGIN, docs.OUTPUTS_END, 'README.md')
-    assert text[start:stop] == docs.outputs_block(), \
-        "README.md's outputs tables differ from components/outputs.py OUTPUTS/FLEET_OUTPUTS: run python -m tools.docs outputs"
+    assert text[start:stop] == docs.outputs_block(), ("README.md's outputs tables differ from components/outputs.py "
+                                                      "OUTPUTS/FLEET_OUTPUTS: run python -m tools.docs outputs")
 
 
 def missing_rows(exported, documented, table) -> list:
@@ -80,7 +80,8 @@ def bench_section():
 
 def bench_rows(section):
     lines = section.splitlines()
-    assert bench.HEADER in lines, 'docs/bench.md: the make bench table\'s header is not tools/bench.py\'s; run make bench'
+    assert bench.HEADER in lines, \
+        'docs/bench.md: the make bench table\'s header is not tools/bench.py\'s; run make bench'
     i = lines.index(bench.HEADER)
     assert re.fullmatch(r'\|(---\|)+', lines[i + 1]) and lines[i + 1].count('|') == bench.HEADER.count('|')
     rows = []
