@@ -80,8 +80,12 @@ def write_schemas() -> None:
     for name, schema in (('config.schema.json', config.Deployment.model_json_schema()),
                          ('stack.schema.json', stack_schema())):
         # As `python -m config schema > docs/...` writes it (print: indent 2, a final newline).
-        write_atomic(os.path.join(ROOT, 'docs', name), json.dumps(schema, indent=2) + '\n')
-        print('docs: docs/%s written' % name)
+        path, text = os.path.join(ROOT, 'docs', name), json.dumps(schema, indent=2) + '\n'
+        with open(path) as f:
+            same = f.read() == text
+        if not same:
+            write_atomic(path, text)
+        print('docs: docs/%s %s' % (name, 'unchanged' if same else 'written'))
 
 
 def main(argv) -> None:
