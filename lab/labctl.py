@@ -461,9 +461,11 @@ class Lab(object):
         worker = self.workers.get(int(vmid))
         try:
             if worker is None or not worker.enterable:
-                raise container.ContainerError('container going down')
+                raise container.ContainerError('no worker' if worker is None else 'its stop has begun')
             return container.Container(self.ct_dir(vmid)).enter_argv(argv)
-        except container.ContainerError:   # (not running, going down, or stopped a moment ago)
+        except container.ContainerError as e:   # (not running, going down, or stopped a moment ago)
+            # Why, in labd.log (a test's failed command shows its end): pct's own message says only this.
+            print('labd: pct exec %s %s: CT %s not running (%s)' % (vmid, ' '.join(argv)[:80], vmid, e), flush=True)
             raise ValueError('CT %s not running' % vmid) from None
 
     def ct_gate(self, vmid):

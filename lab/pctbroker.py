@@ -207,6 +207,9 @@ class Broker(object):
             except OSError:
                 return   # (no such file: it has just ended)
             time.sleep(0.002)
+        if proc.poll() is None:
+            print('labd: pct broker: nsenter %d not inside its container after %.0f s; the container\'s gate is let go'
+                  % (proc.pid, timeout), flush=True)
 
     @staticmethod
     def _wait(proc):

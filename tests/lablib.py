@@ -182,6 +182,21 @@ def _stacks(lab):
     return lab.__dict__.setdefault('_known_stacks', set())
 
 
+def _labd_tails(lab, lines=25):
+    """The end of each lab daemon's log (what the lab saw: a container's worker, a power task, pct's broker),
+    for a failed command's message: a failure under load in CI is read from its log alone."""
+    dirs = [l.dir for l in getattr(lab, 'labs', {}).values()] or [lab.dir]
+    out = []
+    for d in dirs:
+        try:
+            with open(os.path.join(d, 'labd.log'), errors='replace') as f:
+                tail = f.read().splitlines()[-lines:]
+        except OSError:
+            continue
+        out.append('--- %s (last %d lines)\n%s' % (os.path.join(d, 'labd.log'), len(tail), '\n'.join(tail)))
+    return ('\n' + '\n'.join(out)) if out else ''
+
+
 class Lab(object):
     """A running lab plus a project copy wired to it. `net` picks the loopback addresses."""
 
@@ -312,8 +327,9 @@ class Lab(object):
             # The errors are in the Diagnostics section, before the outputs that fill the end of stdout.
             diag = res.stdout[res.stdout.find('Diagnostics:'):res.stdout.find('Outputs:')] \
                 if 'Diagnostics:' in res.stdout else ''
-            raise AssertionError('%s failed (%d):\n%s\n...\n%s\n%s' % (' '.join(argv), res.returncode, diag[:6000],
-                                                                       res.stdout[-3000:], res.stderr[-3000:]))
+            raise AssertionError('%s failed (%d):\n%s\n...\n%s\n%s%s' % (' '.join(argv), res.returncode, diag[:6000],
+                                                                         res.stdout[-3000:], res.stderr[-3000:],
+                                                                         _labd_tails(self)))
         return res
 
     def preview_json(self, stack, *extra):
