@@ -22,7 +22,16 @@ def clean(lab):
 def test_pid_1_is_systemd_and_the_host_is_running(lab):
     assert lab.ssh('ps -p 1 -o comm=').stdout == 'systemd\n'
     state = lab.ssh('systemctl is-system-running --wait').stdout.strip()
-    assert state == 'running', lab.ssh('systemctl --failed --no-legend').stdout
+    if state == 'degraded':
+        # A unit systemd could not put into its cgroup (219/CGROUP: this machine's cgroup v1, loaded by a test suite
+        # beside it - systemd-remount-fs failed so once in a fresh-clone CI run) is the machine's failure, not the
+        # lab's: the host is otherwise running. Anything else that failed fails the test, with its journal.
+        failed = lab.ssh('systemctl --failed --no-legend --plain | cut -d" " -f1').stdout.split()
+        status = {u: lab.ssh('systemctl show -p ExecMainStatus --value %s' % u).stdout.strip() for u in failed}
+        assert failed and set(status.values()) == {'219'}, (status, lab.ssh(
+            'journalctl -b -o short-monotonic --no-pager -n 30 %s' % ' '.join('-u ' + u for u in failed)).stdout)
+    else:
+        assert state == 'running', state
     # Its sshd is Debian's ssh.service, serving the lab's address.
     assert lab.ssh('systemctl is-active ssh.service').stdout == 'active\n'
 
