@@ -527,7 +527,8 @@ def test_a_password_set_as_a_secret_is_accepted(lab, base):
     cfg = apply(base, [((H, 'api', 'password_file'), DELETE)])
     lab.write_stack(STACK, cfg)
     with open(lab.info['pve']['password_file']) as f:
-        lab.pulumi('config', 'set', '--secret', '--path', 'gpuhost:host.api.password', f.read(), stack=STACK)
+        # On stdin, as README gives it (the lab's random password may start with '-': a flag to the CLI).
+        lab.pulumi('config', 'set', '--secret', '--path', 'gpuhost:host.api.password', stack=STACK, input=f.read())
     res = lab.pulumi('preview', stack=STACK, check=False)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
 
