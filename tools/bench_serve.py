@@ -434,6 +434,9 @@ class Runner(object):
         before = target.metrics()
         env = dict(os.environ, **target.env())
         env.pop('OPENAI_API_KEY', None)
+        # AIPerf's memory-mapped dataset (aiperf_mmap_<id>/) with the level's other files: by default it is made in
+        # the system's temporary directory and left there, one directory per run.
+        env['AIPERF_DATASET_MMAP_BASE_PATH'] = os.path.abspath(artifact_dir)
         with open(os.path.join(artifact_dir, 'aiperf.log'), 'w') as logf:
             self.proc = subprocess.Popen(self.aiperf_argv(target, concurrency, artifact_dir), stdout=logf,
                                          stderr=subprocess.STDOUT, env=env, cwd=artifact_dir, start_new_session=True)
