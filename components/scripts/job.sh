@@ -45,7 +45,12 @@ unit_state() {
     echo 'inactive dead'
   else
     set -- $line
-    echo "$3 $4"
+    # A start still queued (systemd-run --no-block returns once it is): as good as running.
+    if [ "$3" = inactive ] && [ -n "$(systemctl list-jobs --plain --no-legend "$unit" 2>/dev/null)" ]; then
+      echo 'activating queued'
+    else
+      echo "$3 $4"
+    fi
   fi
 }
 
@@ -132,7 +137,11 @@ EOF
            --setenv=GPUHOST_JOB_DIR="$dir" --setenv=GPUHOST_PROGRESS="$dir/progress.json"
            --setenv=GPUHOST_INPUT="$dir/input")
     if [ "$limit" != 0 ]; then props+=(-p "RuntimeMaxSec=$limit"); fi
-    systemd-run --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
+    # --no-block: back once the start is queued. Waiting for it (systemd-run's default) hung for minutes in a
+    # loaded lab container whose systemd had long finished the job (`systemctl list-jobs`: none) - the command
+    # timeout then named a hang. The polls that follow read the unit (a queued start counts as running) and, if
+    # it failed to start, systemd's own words from the journal.
+    systemd-run --no-block --unit="$unit" --description="gpuhost job $name" --collect --quiet "${props[@]}" \
       -- /bin/bash "$dir/run" "$interp" "$dir/body" "$@"
     echo started
     ;;
