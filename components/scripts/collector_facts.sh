@@ -11,7 +11,12 @@ for f in "$@"; do
     printf 'file\t%s\t-\n' "$f"
   fi
 done
-# Both print their answer and exit non-zero unless enabled/active: the answer is what counts.
-enabled=$(systemctl is-enabled "$timer" 2>/dev/null || true)
-active=$(systemctl is-active "$timer" 2>/dev/null || true)
+# Both print their answer and exit non-zero unless enabled/active: the answer is what counts. No answer at all
+# (systemd did not reply in time on a loaded host - a refresh then showed the timer as drift) is asked again.
+for try in 1 2 3; do
+  enabled=$(systemctl is-enabled "$timer" 2>/dev/null || true)
+  active=$(systemctl is-active "$timer" 2>/dev/null || true)
+  if [ -n "$active" ] && { [ -n "$enabled" ] || [ "$active" = inactive ]; }; then break; fi
+  [ "$try" = 3 ] || sleep 1
+done
 printf 'timer\t%s\t%s\n' "${enabled:-not-found}" "${active:-unknown}"

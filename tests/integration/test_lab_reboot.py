@@ -68,7 +68,9 @@ def test_reboot(lab):
     for t in threads:
         t.join(10)
     assert refused is not None and back - refused >= 2.0, 'sshd was not down for a while'
-    assert 'refused' in api, 'the API port never refused a connection while sshd was down: %s' % api
+    # Refused (down), or reset by an API going down under a login in flight (one CI run under load saw only that).
+    assert any(a == 'refused' or 'Connection reset by peer' in a for a in api), \
+        'the API port never refused or reset a connection while sshd was down: %s' % api
     assert hung[0].dropped and open_session[0].dropped, (hung, open_session)
     lab.clear_faults()
 
