@@ -60,3 +60,54 @@ def pytest_sessionfinish(session):
             json.dump({m: round(s, 1) for m, s in sorted(_totals.items(), key=lambda kv: -kv[1])}, f, indent=1)
             f.write('\n')
         os.replace(out + '.tmp', out)
+
+
+# --- the machine's share ------------------------------------------------------------------------
+# A module of tests/integration runs a lab (a host under real systemd with its containers, the CLI, the
+# providers, SGLang's simulator): about half a core. More of them at once than the machine has room for slow
+# each other past their timeouts - two copies of the suite on 2 cores (8 labs) reached load 17 and the labs'
+# container systemd gave way (issue 30). So every integration module holds one of GPUHOST_LAB_SLOTS (default
+# 4, one copy's workers) machine-wide slots - a lock file in LAB_SLOTS, released by the kernel if the worker
+# dies - from before its first test to after its last teardown, taken outside the tests' timeouts: a second
+# copy beside the first waits its turn module by module instead of doubling the load.
+LAB_SLOTS = '/tmp/gpuhost-lab-slots'
+_slot = {'module': None, 'file': None}
+
+
+def _lab_slots():
+    try:
+        return max(1, int(os.environ.get('GPUHOST_LAB_SLOTS', '4')))
+    except ValueError:
+        return 4
+
+
+def _take_slot():
+    import fcntl
+    import time
+    os.makedirs(LAB_SLOTS, exist_ok=True)
+    while True:
+        for n in range(_lab_slots()):
+            f = open(os.path.join(LAB_SLOTS, '%d.lock' % n), 'w')
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return f
+            except OSError:
+                f.close()
+        time.sleep(0.5)
+
+
+def _give_slot():
+    if _slot['file'] is not None:
+        _slot['file'].close()
+    _slot.update(module=None, file=None)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    mod = _module(item.nodeid)
+    if mod.startswith('tests/integration/') and _slot['module'] != mod:
+        _give_slot()
+        _slot.update(module=mod, file=_take_slot())
+    yield
+    if nextitem is None or _module(nextitem.nodeid) != mod:
+        _give_slot()
