@@ -5,7 +5,9 @@
                       with --no-kernel-module. Why not the host's libraries bind-mounted: README, "The
                       container's runtime".
   CUDA toolkit        NVIDIA's runfile with --toolkit into gpuhost:sglang.cuda_home; checked by its
-                      version.json and `nvcc --version`.
+                      version.json and `nvcc --version`. The toolkit there before is kept beside it
+                      (<cuda_home>.gpuhost-previous) until SGLang has served on the new one, and put back
+                      if the install, its check or the restart fails (previous_toolkit).
   Python environment  content-addressed: <envs_dir>/<id>, id = a hash of the lock (its canonical text), the
                       patches and the Python version. Built beside the running one by ct_env_build.py (a fresh
                       virtualenv under a temporary name, pip install --require-hashes --no-deps, patches, `import
