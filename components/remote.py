@@ -99,6 +99,7 @@ STEPS = {
     'ct_stop_unit.sh': ('stopping and removing {1} in container {0}', 300),
     'ct_runtime_check.sh': ('checking the NVIDIA user space and CUDA in container {0}', 60),
     'ct_remove_path.sh': ('removing {1} in container {0}', 60),
+    'ct_cuda_previous.sh': ('{2} of the CUDA toolkit kept beside {1} in container {0}', 300),
     'ct_env_link.sh': ('linking {1} to {2} in container {0}', 120),
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'check_dir.sh': ('checking the directory {0}', 60),

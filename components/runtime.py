@@ -5,7 +5,9 @@
                       with --no-kernel-module. Why not the host's libraries bind-mounted: README, "The
                       container's runtime".
   CUDA toolkit        NVIDIA's runfile with --toolkit into gpuhost:sglang.cuda_home; checked by its
-                      version.json and `nvcc --version`.
+                      version.json and `nvcc --version`. The toolkit there before is kept beside it
+                      (<cuda_home>.gpuhost-previous) until SGLang has served on the new one, and put back
+                      if the install, its check or the restart fails (previous_toolkit).
   Python environment  content-addressed: <envs_dir>/<id>, id = a hash of the lock (its canonical text), the
                       patches and the Python version. Built beside the running one by ct_env_build.py (a fresh
                       virtualenv under a temporary name, pip install --require-hashes --no-deps, patches, `import
@@ -340,14 +342,27 @@ rm -f "$copy"
 echo "staged $dest"
 """
 
-# The job in the container: the pushed copy checked again where it runs, run, removed.
+# The job in the container: the pushed copy checked again where it runs, run, removed. HOME (CUDA's, else -):
+# the toolkit there - a complete one (the program's marker, or the first one the program meets) - is moved
+# aside to HOME.gpuhost-previous first, so that it can be put back if SGLang does not serve on the new one
+# (ct_cuda_previous.sh; dropped once it served). A half-written HOME (an install cut off) is never moved over
+# the kept one: the installer writes over it.
 RUN_INSTALLER = r"""set -euo pipefail
-f=$1 want=$2
-shift 2
+f=$1 want=$2 home=$3 version=$4
+shift 4
 trap 'rm -f "$f"' EXIT
 got=$(sha256sum "$f" | cut -d' ' -f1)
 if [ "$got" != "$want" ]; then echo "gpuhost: $f in the container has sha256 $got, not the staged $want" >&2; exit 5; fi
+if [ "$home" != - ]; then
+  prev=$home.gpuhost-previous
+  if [ -f "$home/version.json" ] && [ ! -L "$home" ] && { [ -f "$home/.gpuhost-installed" ] || [ ! -e "$prev" ]; }; then
+    rm -rf -- "$prev"
+    mv -T -- "$home" "$prev"
+    echo "gpuhost: the toolkit that was in $home is kept as $prev until SGLang serves on the new one"
+  fi
+fi
 sh "$f" "$@"
+if [ "$home" != - ]; then echo "$version" > "$home/.gpuhost-installed"; fi
 echo "installed"
 """
 
@@ -358,8 +373,9 @@ def _limits(props) -> dict:
             'limit_key': 'gpuhost:runtime.install_timeout_s', 'stall_key': 'gpuhost:runtime.stall_timeout_s'}
 
 
-def installer_jobs(props: dict, kind: str, art: dict, args) -> tuple:
-    """The two jobs of one installer: staging on the host, running in the container."""
+def installer_jobs(props: dict, kind: str, art: dict, args, home='-', version='-') -> tuple:
+    """The two jobs of one installer: staging on the host, running in the container (home: CUDA's, whose
+    toolkit is kept aside while the new one is installed)."""
     vmid = str(props['vmid'])
     name = posixpath.basename(art['installer'])
     dest = '/var/tmp/.gpuhost-' + name
@@ -368,13 +384,14 @@ def installer_jobs(props: dict, kind: str, art: dict, args) -> tuple:
                      spec=spec, interpreter='bash', body=STAGE_INSTALLER, args=(vmid, art['installer'], art['sha256'],
                                                                                 dest), **_limits(props))
     run = jobs.Job(name='gpuhost-install-%s' % kind, label='installing %s in container %s' % (name, vmid), spec=spec,
-                   interpreter='bash', body=RUN_INSTALLER, args=(dest, art['sha256']) + tuple(args), vmid=vmid,
+                   interpreter='bash', body=RUN_INSTALLER, args=(dest, art['sha256'], home, version) + tuple(args),
+                   vmid=vmid,
                    **_limits(props))
     return stage, run
 
 
-def _install(target, props, kind, art, args, key, what) -> None:
-    stage, run = installer_jobs(props, kind, art, args)
+def _install(target, props, kind, art, args, key, what, home='-', version='-') -> None:
+    stage, run = installer_jobs(props, kind, art, args, home, version)
     try:
         p = jobs.poll(target, run)
         if not (p.running and p.spec == run.spec):
@@ -394,13 +411,54 @@ def install_nvidia(target, props: dict, facts: dict) -> bool:
     return True
 
 
-def install_cuda(target, props: dict, facts: dict) -> bool:
+def cuda_to_install(props: dict, facts: dict):
+    """The CUDA version `up` installs (None: the declared one is there, or none is declared)."""
     want = (props.get('runtime') or {}).get('cuda')
     if not want or (facts.get('cuda') == want and facts.get('nvcc') == 'yes'):
+        return None
+    return want
+
+
+def install_cuda(target, props: dict, facts: dict) -> bool:
+    """The declared toolkit into cuda_home; the one there before is kept beside it (RUN_INSTALLER) until SGLang
+    has served on the new one: previous_toolkit() puts it back or drops it."""
+    want = cuda_to_install(props, facts)
+    if not want:
         return False
     _install(target, props, 'cuda', props['install']['cuda'], CUDA_ARGS + ('--toolkitpath=%s' % props['cuda_home'],),
-             'gpuhost:runtime.cuda', 'CUDA %s' % want)
+             'gpuhost:runtime.cuda', 'CUDA %s' % want, home=props['cuda_home'], version=want)
     return True
+
+
+def previous_toolkit(target, props: dict, what: str) -> str:
+    """'restore': the toolkit an install moved aside goes back to cuda_home (the new one removed); returns its
+    version, '' when none was kept; raises RemoteError when it could not be put back. 'drop': it is removed
+    (SGLang served on the new one); a removal that fails is a warning, never the run's failure."""
+    home = props['cuda_home']
+    try:
+        out = remote.run(target, 'ct_cuda_previous.sh', [props['vmid'], home, what]).stdout.strip()
+    except remote.RemoteError as e:
+        if what == 'restore':
+            raise
+        warn('sglang-unit: SGLang serves on CUDA %s, but removing the previous toolkit %s.gpuhost-previous in '
+             'container %s failed: %s; remove it by hand (or the next install replaces it)' % (
+                 (props.get('runtime') or {}).get('cuda'), home, props['vmid'], str(e).split(': ', 1)[-1]))
+        return ''
+    return (out.partition('\t')[2] or '?') if out.startswith('restored') else ''
+
+
+def toolkit_back(target, props: dict) -> tuple:
+    """(the version put back at cuda_home or None, what to say about the toolkit)."""
+    home = props['cuda_home']
+    try:
+        version = previous_toolkit(target, props, 'restore')
+    except remote.RemoteError as e:
+        return None, 'putting the previous CUDA toolkit back failed too (%s): it is at %s.gpuhost-previous in ' \
+                     'container %s' % (str(e).split(': ', 1)[-1], home, props['vmid'])
+    if version:
+        return version, 'the previous CUDA toolkit, %s, was put back at %s' % (version, home)
+    return None, 'CUDA %s stays at %s (no toolkit was there before it)' % ((props.get('runtime') or {}).get('cuda'),
+                                                                         home)
 
 
 def verify_installed(target, props: dict) -> None:

@@ -294,13 +294,27 @@ class SglangUnitProvider(ObservedProvider):
             # (components/model.py; cached sums, so unchanged shards are not read again).
             model_mod.verify_for_unit(target, props['model_check'])
         installed = False
+        # What this run installs under the service: the way back names it (roll_back).
+        reinstalled = {'nvidia': None, 'cuda': None, 'was': {}}
         if props.get('runtime') is not None:
             # Before anything changes: the user space to install must be the module the host runs.
             runtime.check_host_driver(props, facts)
+            reinstalled['was'] = {'nvidia': facts.get('container_driver'), 'cuda': facts.get('cuda')}
             installed = runtime.install_nvidia(target, props, facts)
-            installed = runtime.install_cuda(target, props, facts) or installed
             if installed:
-                runtime.verify_installed(target, props)
+                reinstalled['nvidia'] = props['runtime']['nvidia']
+            reinstalled['cuda'] = runtime.cuda_to_install(props, facts)
+            try:
+                runtime.install_cuda(target, props, facts)
+                if installed or reinstalled['cuda']:
+                    runtime.verify_installed(target, props)
+            except runtime.RuntimeStepError as e:
+                # The running service stands on cuda_home: the toolkit it had goes back there.
+                if reinstalled['cuda']:
+                    raise runtime.RuntimeStepError('%s; %s.' % (str(e).rstrip('.'), runtime.toolkit_back(
+                        target, props)[1])) from None
+                raise
+            installed = installed or bool(reinstalled['cuda'])
         if props.get('env') is not None:
             # Beside the running one; nothing the service uses changes until the unit is written below.
             # The environment rebuilt in place of one changed by hand: the same unit, one restart onto it.
@@ -340,15 +354,19 @@ class SglangUnitProvider(ObservedProvider):
         # Any restart this run makes from a unit that served before - another environment, another revision, or
         # only other flags (a speculative setting SGLang rejects at start-up) - has a way back: the unit confirmed
         # last, restarted and checked.
+        # A reinstalled NVIDIA user space or CUDA toolkit under the same unit too: the toolkit is put back.
         switching = switching or bool(old_model) or bool(
-            restart == 'yes' and previous and previous.get('unit') and previous['unit'] != props['unit'])
+            restart == 'yes' and previous and previous.get('unit') and
+            (previous['unit'] != props['unit'] or installed))
         try:
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
         except (ServiceError, remote.RemoteError) as e:
             if switching:
-                self.roll_back(target, props, previous, e)
+                self.roll_back(target, props, previous, e, reinstalled)
             raise
+        if reinstalled['cuda']:
+            runtime.previous_toolkit(target, props, 'drop')
         confirmed_envs = None
         if props.get('env') is not None:
             confirmed_envs = runtime.confirmed_history(props['env']['id'], (previous or {}).get('envs'),
@@ -386,10 +404,15 @@ class SglangUnitProvider(ObservedProvider):
                     props['unit_name'], (props.get('model') or {}).get('revision'), old.get('revision'), old['dir']))
         return left
 
-    def roll_back(self, target, props, previous, error):
-        """The unit failed after switching to a new environment: the previous confirmed unit is written back
-        and restarted (its environment is still there: pruning runs only after a success), checked, and the
-        run fails saying so. Raises."""
+    def roll_back(self, target, props, previous, error, reinstalled=None):
+        """The unit failed its check after a restart onto something new - another environment, model revision,
+        settings, or a reinstalled CUDA toolkit or NVIDIA user space: the toolkit the service had is put back
+        (the one kept beside cuda_home), the previous confirmed unit is written back and restarted (its
+        environment is still there: pruning runs only after a success), checked, and the run fails saying both.
+        The NVIDIA user space is not put back: it follows the host's kernel module, and the one before would not
+        talk to it. Raises."""
+        reinstalled = reinstalled or {}
+        was = reinstalled.get('was') or {}
         old_model = model_switch(props, previous)
         if props.get('env') is not None:
             envs_dir = props['install']['python']['envs_dir']
@@ -397,20 +420,42 @@ class SglangUnitProvider(ObservedProvider):
             old_env = posixpath.join(envs_dir, old_id) if old_id else props['venv']
         else:
             old_env = props['venv']
-        new = []
-        if props.get('env') is not None and previous.get('env_id') != props['env']['id']:
+        new, fixes = [], []
+        env_switch = props.get('env') is not None and previous.get('env_id') != props['env']['id']
+        if env_switch:
             new.append('the new environment %s (SGLang %s)' % (props['env']['path'], props['env']['sglang']))
+            fixes.append('the lock, the patches or gpuhost:sglang.version')
         if old_model:
             new.append('the new model revision %s (%s)' % (props['model']['revision'], props['model_check']['dir']))
-        switched = bool(new)
-        if not new:
+            fixes.append('gpuhost:model.revision or the weights at its source')
+        if reinstalled.get('cuda'):
+            new.append('CUDA %s (%s)' % (reinstalled['cuda'], props['cuda_home']))
+            fixes.append('gpuhost:runtime.cuda (a toolkit of the CUDA the environment\'s torch was built for)')
+        if reinstalled.get('nvidia'):
+            new.append('the NVIDIA user space %s' % reinstalled['nvidia'])
+            fixes.append('the NVIDIA user space (gpuhost:runtime.nvidia, the host\'s driver)')
+        if previous['unit'] != props['unit'] and not (env_switch or old_model):
             lines = [l for l in changed_lines(previous['unit'], props['unit'], limit=4) if l.startswith('+')]
             new.append('its new settings (%s)' % '; '.join(l[1:].strip() for l in lines) if lines else
                        'its new unit file')
+            fixes.append('the settings SGLang refused')
+        if not new:
+            new.append('its unit file')
+            fixes.append('what SGLang refused')
         what = '%s with %s failed its check: %s' % (props['unit_name'], ' and '.join(new), error)
         back = 'environment %s' % old_env + (', model revision %s (%s)' % (old_model['revision'], old_model['dir'])
                                               if old_model else '')
-        kept = ' and '.join((['the new environment'] if len(new) > 1 or not old_model else []) +
+        stays = []
+        if reinstalled.get('cuda'):
+            version, said = runtime.toolkit_back(target, props)
+            if version:
+                back += ', CUDA %s (%s)' % (version, props['cuda_home'])
+            else:
+                stays.append(said)
+        if reinstalled.get('nvidia'):
+            stays.append('the NVIDIA user space stays at %s: it must be the host\'s kernel module\'s version (%s, the '
+                         'one before, would not talk to it)' % (reinstalled['nvidia'], was.get('nvidia') or 'none'))
+        kept = ' and '.join((['the new environment'] if env_switch else []) +
                             (['the new revision\'s weights (the previous revision\'s too)'] if old_model else []))
         try:
             remote.ct_put_file(target, props['vmid'], props['unit_path'], previous['unit'],
@@ -419,22 +464,18 @@ class SglangUnitProvider(ObservedProvider):
             old = dict(props, expect=previous.get('expect'), version=previous.get('version') or '?')
             verify_serving(target, old, lambda: self.observe(target, props)['active'])
         except (ServiceError, remote.RemoteError) as e:
-            raise ServiceError('%s. Putting the previous unit back (%s) failed too: %s. Check the service in '
+            raise ServiceError('%s. Putting the previous unit back (%s%s) failed too: %s. Check the service in '
                                'container %s (journalctl -u %s) and re-run' % (
-                                   what, back, e, props['vmid'], props['unit_name'])) from None
-        if not switched:
-            raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - and it '
-                               'serves (/health and /server_info checked). This run failed; fix the settings SGLang '
-                               'refused (its log: journalctl -u %s in the container) and re-run' % (
-                                   what, props['vmid'], back, previous.get('version') or '?',
+                                   what, back, ''.join('; ' + s for s in stays), e, props['vmid'],
                                    props['unit_name'])) from None
-        raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - '
-                           'and it serves (/health and /server_info checked). This run failed; %s stay%s on disk '
-                           'until the next successful `up`. Fix what failed (%s) and re-run' % (
-                               what, props['vmid'], back, previous.get('version') or '?', kept,
-                               '' if ' and ' in kept else 's',
-                               'gpuhost:model.revision or the weights at its source' if old_model and len(new) == 1
-                               else 'the lock, the patches or gpuhost:sglang.version')) from None
+        raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - and it '
+                           'serves (/health and /server_info checked)%s. This run failed; %sfix what failed - %s - '
+                           '(SGLang\'s log: journalctl -u %s in the container) and re-run' % (
+                               what, props['vmid'], back, previous.get('version') or '?',
+                               ''.join('; ' + s for s in stays),
+                               '%s stay%s on disk until the next successful `up`. ' % (
+                                   kept, '' if ' and ' in kept else 's') if kept else '',
+                               ' or '.join(fixes), props['unit_name'])) from None
 
     def diff(self, id_, olds, news):
         result = super().diff(id_, olds, news)

@@ -42,7 +42,9 @@ def describe_unexpected(e: BaseException) -> str:
     path = os.path.join(tempfile.gettempdir(), 'gpuhost-last-error.txt')
     try:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'w') as f:
-            f.write(''.join(traceback.format_exception(type(e), e, e.__traceback__)))
+            # An explicit limit: the providers run with sys.tracebacklimit = 0, which format_exception honours
+            # when it is given none (the file then held one line, no frames).
+            f.write(''.join(traceback.format_exception(type(e), e, e.__traceback__, limit=64)))
         where = ' (Python traceback in %s)' % path
     except OSError:
         where = ''

@@ -22,7 +22,7 @@ from config.iommu import EXTRA_KERNEL_ARGS_MAX, Iommu
 from config.model import ModelWeights
 from config.monitoring import Monitoring
 from config.nvidia import Nvidia
-from config.runtime import CUDA_MIN_DRIVER, Runtime
+from config.runtime import CUDA_MIN_DRIVER, Runtime, toolkit_dir
 from config.sglang import Sglang
 from config.values import ConfigError, Model, show
 from config.vm import Vm
@@ -152,6 +152,12 @@ class Deployment(Model):
         if rt is None:
             return
         if rt.cuda is not None:
+            why = toolkit_dir(s.cuda_home)
+            if why:
+                raise ValueError('gpuhost:sglang.cuda_home: %s %s, and gpuhost:runtime.cuda installs the toolkit there '
+                                 '(a reinstall moves the directory aside and back); give CUDA a directory of its '
+                                 'own, e.g. /usr/local/cuda-%s' % (show(s.cuda_home), why,
+                                                                   '.'.join(rt.cuda.version.split('.')[:2])))
             m = re.match(r'^cuda-(\d+\.\d+)$', posixpath.basename(s.cuda_home))
             minor = '.'.join(rt.cuda.version.split('.')[:2])
             if m and m.group(1) != minor:

@@ -58,6 +58,22 @@ def dedicated_dir(value: str) -> str:
     return value
 
 
+# CUDA's toolkit directory (gpuhost:sglang.cuda_home, when gpuhost:runtime.cuda installs there): the installer
+# writes into it, and a reinstall moves the one there aside (<dir>.gpuhost-previous) and back or away - a
+# directory of its own, never a system directory, a parent of one, or /usr/local's own (bin, lib, share, ...).
+USR_LOCAL_OWN = ('bin', 'etc', 'games', 'include', 'lib', 'lib64', 'libexec', 'man', 'sbin', 'share', 'src')
+
+
+def toolkit_dir(value: str) -> str | None:
+    """Why value cannot be the directory a CUDA install owns, or None."""
+    parts = value.split('/')
+    if value in ENVS_NOT or value == '/usr/local' or (value.startswith('/usr/local/') and parts[3] in USR_LOCAL_OWN):
+        return 'is a system directory of the container'
+    if not value.startswith('/usr/local/') and any(value.startswith(d + '/') for d in ENVS_NOT_BELOW):
+        return 'is inside a system directory of the container'
+    return None
+
+
 def repo_path(value: str) -> str:
     """A file in the repository, relative to the project directory, that stays inside it."""
     no_control(value)

@@ -330,3 +330,52 @@ def test_a_file_of_the_environment_changed_by_hand_is_drift_and_rebuilt_with_one
     assert not [d for d in os.listdir(os.path.dirname(os.path.join(lab.ct_root(), env.lstrip('/'))))
                 if d.endswith('-replaced')], 'the changed copy stayed'
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def test_a_cuda_reinstall_sglang_refuses_is_rolled_back_to_the_toolkit_that_served(lab, base):
+    """Issue 27, item 2 (the reinstall half): a CUDA toolkit reinstalled into the same cuda_home under the same
+    unit - CUDA 12.9 for an environment whose torch was built for CUDA 13, which SGLang refuses at its start -
+    is rolled back: the toolkit that served is put back where it was, the unit restarted on it and checked, and
+    the run fails saying both. Declared back, nothing is left to change."""
+    import sys
+    import yaml
+    sys.path.insert(0, os.path.join(REPO, 'lab'))
+    import hostsim
+    with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK)) as f:
+        cfg = yaml.safe_load(f)['config']
+    # One directory whatever the version (/usr/local/cuda, as many hosts have it): the toolkit that serves first.
+    cfg['gpuhost:sglang']['cuda_home'] = '/usr/local/cuda'
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    home = os.path.join(lab.ct_root(), 'usr', 'local', 'cuda')
+
+    def toolkit():
+        with open(os.path.join(home, 'version.json')) as f:
+            return json.load(f)['cuda']['version']
+    assert toolkit() == hostsim.CUDA_VERSION and health(lab) == 200
+    with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
+        unit = f.read()
+    starts = lab.unit_starts()
+    good = dict(cfg['gpuhost:runtime']['cuda'])
+    path, sha = lab.host.add_artifact(hostsim.cuda_installer_name('12.9.1', cfg['gpuhost:runtime']['nvidia']['version']),
+                                      hostsim.cuda_installer('12.9.1'))
+    cfg['gpuhost:runtime']['cuda'] = {'version': '12.9.1', 'installer': path, 'sha256': sha}
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'The detected CUDA version (12.9) mismatches the version that was used to compile PyTorch (13.0)' in \
+        lab.ct_exec(['journalctl', '--no-pager', '-u', 'sglang-qwen.service']).stdout
+    assert 'sglang-qwen.service with CUDA 12.9.1 (/usr/local/cuda) failed its check' in out, out[-3000:]
+    assert 'Rolled back: container 200 runs the previous unit again - environment /opt/sglang/envs/' in out and \
+        ', CUDA %s (/usr/local/cuda), SGLang %s - and it serves' % (hostsim.CUDA_VERSION, NEW) in out, out[-3000:]
+    assert 'gpuhost:runtime.cuda' in out
+    # The toolkit that served is back where it was, nothing left beside it; SGLang serves on it.
+    assert toolkit() == hostsim.CUDA_VERSION
+    assert sorted(n for n in os.listdir(os.path.dirname(home)) if n.startswith('cuda')) == ['cuda', 'cuda-13.0']
+    assert health(lab) == 200 and lab.unit_starts() >= starts + 2
+    with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
+        assert f.read() == unit
+    cfg['gpuhost:runtime']['cuda'] = good
+    lab.write_stack(STACK, cfg)
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)

@@ -42,6 +42,18 @@ def test_the_simulated_sglang_needs_what_the_real_one_needs(tmp_path, layout, me
     assert (got is None) if message is None else (message in got), got
 
 
+@pytest.mark.parametrize('version,message', [
+    ('13.0.2', None), ('13.1.0', None),
+    ('12.9.1', 'The detected CUDA version (12.9) mismatches the version that was used to compile PyTorch (13.0)'),
+])
+def test_a_toolkit_of_another_major_than_torch_is_refused_as_torch_refuses_it(tmp_path, version, message):
+    env = fakesglang.sysroot(tmp_path, cuda_home='/usr/local/cuda')
+    with open(os.path.join(str(tmp_path), 'usr/local/cuda/version.json'), 'w') as f:
+        f.write('{"cuda": {"name": "CUDA SDK", "version": "%s"}}' % version)
+    got = lab_runtime.problem(env)
+    assert (got is None) if message is None else (message in got), got
+
+
 def test_no_cuda_home_is_the_real_error(tmp_path):
     env = fakesglang.sysroot(tmp_path)
     del env['CUDA_HOME']

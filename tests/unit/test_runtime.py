@@ -144,3 +144,73 @@ def test_pruning_removes_only_the_programs_own_environments(tmp_path):
     assert os.path.isdir(os.path.join(target, 'x', 'bin')), 'a link is removed at most, never followed'
     assert sorted(res.stdout.splitlines()) == ['removed\t%s/.building-%016x-41' % (envs, 4),
                                                'removed\t%s/%s' % (envs, old)]
+
+
+# ------------------------------------------- a CUDA reinstall: the toolkit before it kept, put back or dropped
+
+def _toolkit(home, version, marker=False):
+    import os
+    os.makedirs(os.path.join(home, 'bin'), exist_ok=True)
+    with open(os.path.join(home, 'version.json'), 'w') as f:
+        f.write('{\n   "cuda" : {\n      "name" : "CUDA SDK",\n      "version" : "%s"\n   }\n}\n' % version)
+    if marker:
+        with open(os.path.join(home, '.gpuhost-installed'), 'w') as f:
+            f.write(version + '\n')
+
+
+def _version(home):
+    import os
+    with open(os.path.join(home, 'version.json')) as f:
+        return json.load(f)['cuda']['version']
+
+
+def test_a_cuda_reinstall_keeps_the_toolkit_before_it_and_puts_it_back_or_drops_it(tmp_path):
+    """The installer job (runtime.RUN_INSTALLER) moves the complete toolkit at cuda_home aside before the
+    installer writes there; ct_cuda_previous.sh puts it back (SGLang did not serve on the new one) or drops it
+    (it did). An install cut off halfway (no marker) is never moved over the kept one."""
+    import hashlib
+    import os
+    import subprocess
+    from components import remote
+    bin_ = tmp_path / 'bin'
+    bin_.mkdir()
+    (bin_ / 'pct').write_text(PCT)
+    (bin_ / 'pct').chmod(0o755)
+    env = dict(os.environ, PATH='%s:%s' % (bin_, os.environ['PATH']))
+    home = str(tmp_path / 'cuda')
+    with open(os.path.join(remote.SCRIPTS, 'ct_cuda_previous.sh')) as f:
+        previous = f.read()
+
+    def install(version, fail=False):
+        inst = tmp_path / 'installer.run'
+        inst.write_text('set -e\n%smkdir -p "%s/bin"\nprintf \'{"cuda": {"version": "%s"}}\\n\' > "%s/version.json"\n' % (
+            'mkdir -p "%s/bin"; echo half > "%s/bin/nvcc"; exit 1\n' % (home, home) if fail else '', home, version,
+            home))
+        sha = hashlib.sha256(inst.read_bytes()).hexdigest()
+        return subprocess.run(['bash', '-c', runtime.RUN_INSTALLER, 'job', str(inst), sha, home, version], env=env,
+                              capture_output=True, text=True)
+
+    def prev(what):
+        res = subprocess.run(['bash', '-c', previous, 'ct_cuda_previous.sh', '200', home, what], env=env,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+    # A toolkit installed by hand before the program managed it: kept aside, then put back.
+    _toolkit(home, '13.0.1')
+    assert install('12.9.1').returncode == 0
+    assert _version(home) == '12.9.1' and _version(home + '.gpuhost-previous') == '13.0.1'
+    assert prev('restore') == 'restored\t13.0.1'
+    assert _version(home) == '13.0.1' and not os.path.exists(home + '.gpuhost-previous')
+    assert not os.path.exists(home + '.gpuhost-failed')
+    # Served on: the kept one is dropped.
+    assert install('13.0.2').returncode == 0 and prev('drop') == 'dropped'
+    assert sorted(os.listdir(tmp_path)) == ['bin', 'cuda'] and _version(home) == '13.0.2'
+    # An install cut off halfway, then run again: the kept one is the one that served, not the half-written one.
+    assert install('13.1.0', fail=True).returncode != 0
+    assert _version(home + '.gpuhost-previous') == '13.0.2'
+    assert install('13.1.0', fail=True).returncode != 0
+    assert _version(home + '.gpuhost-previous') == '13.0.2'
+    assert prev('restore') == 'restored\t13.0.2' and _version(home) == '13.0.2'
+    # Nothing kept: nothing to do.
+    assert prev('restore') == 'none' and prev('drop') == 'none'
