@@ -68,8 +68,10 @@ def pytest_sessionfinish(session):
 # each other past their timeouts - two copies of the suite on 2 cores (8 labs) reached load 17 and the labs'
 # container systemd gave way (issue 30). So every integration module holds one of GPUHOST_LAB_SLOTS (default
 # 4, one copy's workers) machine-wide slots - a lock file in LAB_SLOTS, released by the kernel if the worker
-# dies - from before its first test to after its last teardown, taken outside the tests' timeouts: a second
-# copy beside the first waits its turn module by module instead of doubling the load.
+# dies - from before its first test to after its last teardown, taken outside the tests' timeouts. Slots go
+# first come, first served (a queue of lock files in LAB_SLOTS/queue): a worker that just finished a module
+# queues behind the ones already waiting, so a second copy beside the first takes turns module by module
+# instead of doubling the load, or starving until the first is done.
 LAB_SLOTS = '/tmp/gpuhost-lab-slots'
 _slot = {'module': None, 'file': None}
 
@@ -81,19 +83,57 @@ def _lab_slots():
         return 4
 
 
+def _queue_ahead(queue, mine):
+    """The live entries of the queue older than mine (an entry whose lock is free is a dead waiter's: removed)."""
+    import fcntl
+    ahead = []
+    for name in sorted(os.listdir(queue)):
+        if name >= mine:
+            break
+        path = os.path.join(queue, name)
+        try:
+            f = open(path, 'a')
+        except OSError:
+            continue
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            ahead.append(name)   # held: its worker is waiting
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        finally:
+            f.close()
+    return ahead
+
+
 def _take_slot():
     import fcntl
     import time
-    os.makedirs(LAB_SLOTS, exist_ok=True)
-    while True:
-        for n in range(_lab_slots()):
-            f = open(os.path.join(LAB_SLOTS, '%d.lock' % n), 'w')
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return f
-            except OSError:
-                f.close()
-        time.sleep(0.5)
+    queue = os.path.join(LAB_SLOTS, 'queue')
+    os.makedirs(queue, exist_ok=True)
+    mine = '%020d-%d' % (time.time_ns(), os.getpid())
+    entry = open(os.path.join(queue, mine), 'w')
+    fcntl.flock(entry, fcntl.LOCK_EX)
+    try:
+        while True:
+            if not _queue_ahead(queue, mine):
+                for n in range(_lab_slots()):
+                    f = open(os.path.join(LAB_SLOTS, '%d.lock' % n), 'w')
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        return f
+                    except OSError:
+                        f.close()
+            time.sleep(0.2)
+    finally:
+        try:
+            os.unlink(os.path.join(queue, mine))
+        except OSError:
+            pass
+        entry.close()
 
 
 def _give_slot():
