@@ -176,6 +176,33 @@ def claim_net():
     raise RuntimeError('no free loopback net for a lab in 127.0.%d-%d.0/24' % (FIRST_NET, LAST_NET - 1))
 
 
+# A module whose tests failed leaves its labs' logs here (its lab directory goes with the module): labd.log,
+# sshd.log and the rest, the only account of what the simulated hosts did when CI saw a failure.
+FAILED_LOGS = '/tmp/gpuhost-lab-logs'
+
+
+def keep_logs(base, label):
+    """Copy every *.log below base's project lab directories to FAILED_LOGS/<label>-<time>; returns the copy."""
+    import time
+    dest = os.path.join(FAILED_LOGS, '%s-%s-%d' % (label, time.strftime('%Y%m%dT%H%M%S'), os.getpid()))
+    project = os.path.join(base, 'project')
+    for top in ('.lab', '.lab-fleet'):
+        root = os.path.join(project, top)
+        for dirpath, dirnames, filenames in os.walk(root):
+            # not into the machines' own trees (container and host roots, the overlays' work directories)
+            dirnames[:] = [d for d in dirnames if d not in ('ct', 'host-os', 'work', 'rootfs', 'host', 'artifacts')]
+            for name in filenames:
+                if name.endswith('.log'):
+                    src = os.path.join(dirpath, name)
+                    out = os.path.join(dest, os.path.relpath(src, project))
+                    os.makedirs(os.path.dirname(out), exist_ok=True)
+                    try:
+                        shutil.copyfile(src, out)
+                    except OSError:
+                        pass
+    return dest
+
+
 def _stacks(lab):
     """The project copy's stacks this process created (write_stack); a Lab made with __new__
     (in_fleet, attach) or a FleetLab starts without the attribute."""

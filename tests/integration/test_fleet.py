@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.lablib import REPO, FleetLab, claim_net, max_overlap
+from tests.lablib import REPO, FleetLab, claim_net, keep_logs, max_overlap
 
 STACK = 'fleet'
 # Four simulated hosts: the first test's setup starts four labs, and the rolling changes wait for each
@@ -19,17 +19,20 @@ UNIT = 'sglang-qwen.service'
 
 
 @pytest.fixture(scope='module')
-def fleet(tmp_path_factory):
+def fleet(tmp_path_factory, request):
     if os.geteuid() != 0:
         pytest.fail('the integration tests need root (mount namespaces for the simulated hosts)')
     base = str(tmp_path_factory.mktemp('fleet'))
     claims = [claim_net() for _ in range(4)]
     f = FleetLab(base, [net for net, _ in claims])
+    failed = request.session.testsfailed
     try:
         for i in range(1, 5):
             f.add(i)
         yield f
     finally:
+        if request.session.testsfailed > failed:
+            keep_logs(base, 'test_fleet')
         f.down()
         for _, lock in claims:
             lock.close()
