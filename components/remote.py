@@ -237,6 +237,10 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
         chan.shutdown_write()
         out, err, pending = [], [], b''
         deadline = time.monotonic() + limit
+        # Done at the server's EOF (or close) with the exit status in, not at the exit status alone: OpenSSH
+        # sends the status when the process ends and drains the rest of its output after it, so a loaded host's
+        # last lines can still be on the way (host_facts.sh lost its last lines that way: 3 of 4 PCI devices
+        # "missing" from a host that had them).
         while True:
             if chan.recv_ready():
                 out.append(chan.recv(65536))
@@ -247,7 +251,7 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
                     while b'\n' in pending:
                         one, pending = pending.split(b'\n', 1)
                         on_stderr_line(one.decode('utf-8', 'replace'))
-            elif chan.exit_status_ready():
+            elif chan.exit_status_ready() and (chan.eof_received or chan.closed):
                 break
             elif chan.closed or not transport.is_active():
                 raise EOFError('the server closed the connection before the command finished')

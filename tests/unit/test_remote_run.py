@@ -1,0 +1,104 @@
+"""components/remote.run against an SSH server that sends a command's exit status before the last of its output,
+as OpenSSH does when the process ends with output still in its pipe (it drains that after the status). A run
+that stopped reading at the exit status lost the tail: host_facts.sh's last lines, the PCI devices a refresh
+then called missing from a host that had them."""
+
+import socket
+import threading
+import time
+
+import paramiko
+
+from components import remote
+
+
+class _Server(paramiko.ServerInterface):
+    def __init__(self):
+        self.exec = threading.Event()
+        self.command = None
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED
+
+    def get_allowed_auths(self, username):
+        return 'none'
+
+    def check_auth_none(self, username):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_exec_request(self, channel, command):
+        self.command = command
+        self.exec.set()
+        return True
+
+
+class _Client:
+    """What remote.run asks of a pooled client: its transport."""
+
+    def __init__(self, transport):
+        self.transport = transport
+
+    def get_transport(self):
+        return self.transport
+
+
+def _serve(behaviour):
+    """A client transport to an in-process SSH server whose exec channel runs behaviour(channel)."""
+    ours, theirs = socket.socketpair()
+    server = paramiko.Transport(theirs)
+    server.add_server_key(paramiko.RSAKey.generate(1024))
+    iface = _Server()
+    server.start_server(event=threading.Event(), server=iface)   # negotiates in its own thread
+    client = paramiko.Transport(ours)
+    client.start_client()
+    client.auth_none('root')
+
+    def run():
+        chan = server.accept(10)
+        iface.exec.wait(10)
+        behaviour(chan)
+    threading.Thread(target=run, daemon=True).start()
+    return client, server
+
+
+def _target():
+    return remote.Target(host='127.0.0.1', port=22, user='root', private_key='', host_key='', timeout=5.0,
+                         command_timeout=20.0)
+
+
+def test_output_sent_after_the_exit_status_is_all_returned():
+    def status_first(chan):
+        chan.sendall(b'gpu\t0000:01:00.0\n')
+        chan.send_exit_status(0)
+        time.sleep(0.3)      # the rest of the pipe, drained after the status
+        chan.sendall(b'pci\t0000:c1:00.0\tok\npci\t0000:c2:00.0\tok\n')
+        chan.sendall_stderr(b'a late warning\n')
+        chan.shutdown_write()
+        chan.close()
+    client, server = _serve(status_first)
+    try:
+        res = remote.run(_target(), 'host_facts.sh', client=_Client(client))
+    finally:
+        client.close()
+        server.close()
+    assert res.exit_code == 0
+    assert res.stdout == 'gpu\t0000:01:00.0\npci\t0000:c1:00.0\tok\npci\t0000:c2:00.0\tok\n'
+    assert res.stderr == 'a late warning\n'
+
+
+def test_a_connection_closed_without_a_status_is_a_lost_connection_not_a_result():
+    def dropped(chan):
+        chan.sendall(b'gpu\t0000:01:00.0\n')
+        time.sleep(0.1)
+        chan.close()
+    client, server = _serve(dropped)
+    try:
+        try:
+            remote.run(_target(), 'host_facts.sh', client=_Client(client))
+        except remote.ConnectionLost as e:
+            assert 'connection to root@127.0.0.1:22 lost during reading the host facts' in str(e)
+        else:
+            raise AssertionError('a command cut off before its exit status was returned as if complete')
+    finally:
+        client.close()
+        server.close()
