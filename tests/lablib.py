@@ -182,7 +182,9 @@ FAILED_LOGS = '/tmp/gpuhost-lab-logs'
 
 
 def keep_logs(base, label):
-    """Copy every *.log below base's project lab directories to FAILED_LOGS/<label>-<time>; returns the copy."""
+    """Copy every *.log below base's project lab directories, and the record of every SSH command the lab ran
+    (control/ssh-commands.raw: each command line, its number and time), to FAILED_LOGS/<label>-<time>;
+    returns the copy."""
     import time
     dest = os.path.join(FAILED_LOGS, '%s-%s-%d' % (label, time.strftime('%Y%m%dT%H%M%S'), os.getpid()))
     project = os.path.join(base, 'project')
@@ -192,7 +194,7 @@ def keep_logs(base, label):
             # not into the machines' own trees (container and host roots, the overlays' work directories)
             dirnames[:] = [d for d in dirnames if d not in ('ct', 'host-os', 'work', 'rootfs', 'host', 'artifacts')]
             for name in filenames:
-                if name.endswith('.log'):
+                if name.endswith('.log') or name == 'ssh-commands.raw':
                     src = os.path.join(dirpath, name)
                     out = os.path.join(dest, os.path.relpath(src, project))
                     os.makedirs(os.path.dirname(out), exist_ok=True)
