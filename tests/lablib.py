@@ -742,6 +742,11 @@ class Lab(object):
             self.wait_for(lambda: os.path.isdir(os.path.join(self.ct_root(vmid), 'etc')) and
                           _read(os.path.join(self.dir, 'ct', str(vmid), 'status')).strip() == 'running',
                           what='container %d running in the lab' % vmid)
+            # Running is not yet booted: systemctl right after it can fail with "Failed to connect to bus" (a CI
+            # run's test_lab_faults fixture did, on a loaded machine) - the tests that make a container go on
+            # from a container whose systemd answers.
+            self.wait_for(lambda: self.ct_exec(['systemctl', 'is-system-running'], vmid=vmid, check=False).stdout.strip()
+                          not in ('', 'offline'), timeout=60, what="container %d's systemd answering" % vmid)
         else:
             self.wait_for(lambda: os.path.exists(self.host.path('etc/pve/lxc/%d.conf' % vmid)),
                           what='/etc/pve/lxc/%d.conf' % vmid)
