@@ -101,7 +101,7 @@ class GpuContainer(pulumi.ComponentResource):
         if rollout:
             props['rollout'] = rollout   # not compared by diff: for the message when this step fails
         # gate: in a fleet, the host before this one in its rollout lane (a container change may restart it).
-        self.guest = pve.Guest(ContainerProvider(), '%s-lxc' % name, props,
+        self.guest = pve.Guest('%s-lxc' % name, props,
                                pulumi.ResourceOptions(parent=self, protect=c.protect, depends_on=list(gate)))
         self.vmid = self.guest.vmid
         self.status = self.guest.status

@@ -24,14 +24,14 @@ import re
 import time
 
 import pulumi
-from pulumi.dynamic import CheckResult, Resource
+from pulumi.dynamic import CheckResult
 
 from components import remote
 from components.host_state import assignment, reboot_reasons
 from grammar import cmdline
 from grammar.gpu import BLACKWELL_IDS
 from components.sglang import changed_lines, service_props
-from components.state import ObservedProvider, OperatorError, info, warn
+from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 
 GRUB_FILE = '/etc/default/grub'
 SYSTEMD_BOOT_FILE = '/etc/kernel/cmdline'
@@ -487,26 +487,26 @@ def reboot_and_wait(target: remote.Target, timeout: float = 900.0) -> None:
 
 # ------------------------------------------------------------------- resources
 
-class _HostResource(Resource):
-    """A host-level dynamic resource; `outputs` names the extra facts it reports."""
+class _HostResource(GpuhostResource):
+    """A host-level resource; `outputs` names the extra facts it reports."""
 
-    def __init__(self, provider, name, props, opts, outputs=()):
-        super().__init__(provider, name, dict({k: None for k in outputs}, **props), opts)
+    def __init__(self, name, props, opts, outputs=()):
+        super().__init__(name, dict({k: None for k in outputs}, **props), opts)
 
 
-class KernelCmdline(_HostResource, module='gpuhost', name='KernelCmdline'):
+class KernelCmdline(_HostResource, name='KernelCmdline'):
     pass
 
 
-class HostFile(_HostResource, module='gpuhost', name='HostFile'):
+class HostFile(_HostResource, name='HostFile'):
     pass
 
 
-class VfioBinding(_HostResource, module='gpuhost', name='VfioBinding'):
+class VfioBinding(_HostResource, name='VfioBinding'):
     pass
 
 
-class HostStatus(_HostResource, module='gpuhost', name='HostStatus'):
+class HostStatus(_HostResource, name='HostStatus'):
     pass
 
 
@@ -527,15 +527,15 @@ class ProxmoxHost(pulumi.ComponentResource):
         policy = d.kernel_policy()
         vfio_devices = list(d.vm.gpus) if d.vm else []
 
-        self.kernel = KernelCmdline(KernelCmdlineProvider(), '%s-kernel-cmdline' % name, {
+        self.kernel = KernelCmdline('%s-kernel-cmdline' % name, {
             'connection': connection, 'ensure_args': ensure, 'dangerous_args': [], 'policy': policy,
             'inventory': inventory, 'blackwell_ids': blackwell, 'adopt': adopt}, child,
             outputs=KernelCmdlineProvider.OUTPUTS)
-        self.nvidia = HostFile(HostFileProvider(), '%s-nvidia-options' % name, {
+        self.nvidia = HostFile('%s-nvidia-options' % name, {
             'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
             'content': modprobe_content(d.nvidia.dma_remap_peer_mmio), 'inventory': inventory,
             'blackwell_ids': blackwell, 'adopt': adopt}, child, outputs=HostFileProvider.OUTPUTS)
-        self.vfio = VfioBinding(VfioProvider(), '%s-vfio' % name, {
+        self.vfio = VfioBinding('%s-vfio' % name, {
             'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
             'container_devices': list(d.container.gpus), 'container_vmid': d.container.vmid,
             'modprobe_conflicts': [], 'dma_remap_peer_mmio': d.nvidia.dma_remap_peer_mmio,
@@ -547,7 +547,7 @@ class ProxmoxHost(pulumi.ComponentResource):
         # A token each host resource renews whenever it applies something: then the status is read again
         # at the end of the run, so the outputs describe what the host has after it.
         observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)
-        self.status = HostStatus(HostStatusProvider(), '%s-status' % name, {
+        self.status = HostStatus('%s-status' % name, {
             'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
             'service': service_props(d), **({'rollout': rollout} if rollout else {})},
             # gate: in a fleet, a reboot (host.reboot: when-required) waits for the host before this one in

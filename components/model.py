@@ -22,11 +22,11 @@ import json
 import os
 
 import pulumi
-from pulumi.dynamic import CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CreateResult, UpdateResult
 
 from components import jobs, remote
 from components.exposition import TEXTFILE_DIR
-from components.state import ObservedProvider, OperatorError, info, utc_now, warn
+from components.state import GpuhostResource, ObservedProvider, OperatorError, info, utc_now, warn
 
 CACHE_DIR = '/var/lib/gpuhost/model-verify'
 TEXTFILE = TEXTFILE_DIR + '/gpuhost-model.prom'
@@ -213,7 +213,7 @@ def _broken(rep) -> bool:
                 rep['unreadable'])
 
 
-class ModelWeightsResource(Resource, module='gpuhost', name='ModelWeights'):
+class ModelWeightsResource(GpuhostResource, name='ModelWeights'):
     """The model directory on the host, verified (ModelProvider)."""
 
 
@@ -250,4 +250,4 @@ def model_weights(name, d, connection, model_files=None, opts=None):
              'timeout_s': m.timeout_s, 'stall_timeout_s': m.stall_timeout_s, 'rehash_days': m.rehash_days,
              **m.download_options(),
              **dict.fromkeys(ModelProvider.OUTPUTS)}
-    return ModelWeightsResource(ModelProvider(), name, props, opts)
+    return ModelWeightsResource(name, props, opts)

@@ -27,12 +27,11 @@ import posixpath
 import re
 
 import pulumi
-from pulumi.dynamic import Resource
 
 from components import exposition, host_state, remote
 from components.runtime import declared as runtime_declared
 from components.sglang import expected_speculation
-from components.state import ObservedProvider, OperatorError, numbers
+from components.state import GpuhostResource, ObservedProvider, OperatorError, numbers
 
 TEXTFILE_DIR = exposition.TEXTFILE_DIR
 TEXTFILE = TEXTFILE_DIR + '/gpuhost.prom'
@@ -180,7 +179,7 @@ class MetricsFileProvider(ObservedProvider):
         remote.run(remote.Target.from_inputs(props['connection']), 'remove_file.sh', [props['path']])
 
 
-class MetricsFile(Resource, module='gpuhost', name='MetricsFile'):
+class MetricsFile(GpuhostResource, name='MetricsFile'):
     """A node_exporter textfile on the host (MetricsFileProvider)."""
 
 
@@ -216,7 +215,7 @@ def host_metrics(name, d, connection, container, service, opts=None) -> MetricsF
     content = pulumi.Output.all(unit.resolved, unit.active, unit.enabled, unit.runtime_facts).apply(
         lambda a: textfile(decl, *a))
     opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(depends_on=[unit]), opts)
-    return MetricsFile(MetricsFileProvider(), name, {
+    return MetricsFile(name, {
         'connection': connection, 'path': TEXTFILE, 'mode': '0644', 'content': content,
         'upstream': upstream(d, container, service), 'sha256': None}, opts)
 
@@ -395,7 +394,7 @@ class CollectorProvider(ObservedProvider):
                    list(props['generated']) + ['--'] + list(props['dirs']))
 
 
-class HostCollector(Resource, module='gpuhost', name='HostCollector'):
+class HostCollector(GpuhostResource, name='HostCollector'):
     """The collector on the host (CollectorProvider)."""
 
 
@@ -403,7 +402,7 @@ def host_collector(name, d, connection, opts=None) -> HostCollector:
     """The `collector` resource: everything it writes is known at preview (rendered from the config and
     the program's own modules), so preview shows the exact diff of each file."""
     files = collector_files(d)
-    return HostCollector(CollectorProvider(), name, {
+    return HostCollector(name, {
         'connection': connection, 'files': {p: c for p, (c, _) in files.items()},
         'modes': {p: m for p, (_, m) in files.items()}, 'timer': CollectorProvider.TIMER_ON,
         'service_unit': COLLECTOR_SERVICE, 'timer_unit': COLLECTOR_TIMER, 'textfile_dir': TEXTFILE_DIR,

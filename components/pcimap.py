@@ -30,12 +30,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from pulumi.dynamic import CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CreateResult, UpdateResult
 
 from components import remote
 from components.host import read_facts
 from components.pve import api_call, client
-from components.state import ObservedProvider, OperatorError, warn
+from components.state import GpuhostResource, ObservedProvider, OperatorError, warn
 from grammar.gpu import BDF_RE
 from grammar.pve import RECORDED, map_entry, parse_map_entry
 
@@ -396,6 +396,6 @@ def preflight_problems(d, api: dict, facts: remote.HostFacts) -> list:
     return out
 
 
-class PciMappings(Resource, module='gpuhost', name='PciMappings'):
+class PciMappings(GpuhostResource, name='PciMappings'):
     """The VM's GPUs as Proxmox PCI resource mappings (PciMappingProvider)."""
 

@@ -30,10 +30,10 @@ import threading
 import time
 import uuid
 
-from pulumi.dynamic import CheckResult, CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, UpdateResult
 
 from components import remote
-from components.state import ObservedProvider, OperatorError, info, warn
+from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
 
 
@@ -675,5 +675,5 @@ def pve_error_from(res, target, path):
                                                             res.stderr.strip()[-300:] or '(no stderr)'))
 
 
-class Guest(Resource, module='gpuhost', name='ProxmoxGuest'):
+class Guest(GpuhostResource, name='ProxmoxGuest'):
     """A container or VM on Proxmox (PveGuestProvider)."""

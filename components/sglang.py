@@ -16,13 +16,13 @@ import urllib.error
 import urllib.request
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
 
 from components import model as model_mod, remote, runtime
 from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
-from components.state import ObservedProvider, OperatorError, info, utc_now, warn
+from components.state import GpuhostResource, ObservedProvider, OperatorError, info, utc_now, warn
 from components.state import info as note   # where apply's `info` is SGLang's /server_info
 
 
@@ -651,7 +651,7 @@ def smoke_summary(stdout: str) -> dict:
         return {'error': 'unreadable answer: %s' % stdout[-200:]}
 
 
-class SglangUnit(Resource, module='gpuhost', name='SglangUnit'):
+class SglangUnit(GpuhostResource, name='SglangUnit'):
     """The unit inside the container (SglangUnitProvider)."""
 
 
@@ -692,7 +692,7 @@ class SglangService(pulumi.ComponentResource):
             props['rollout'] = rollout
         if fleet_host:
             props['fleet_host'] = fleet_host
-        self.service = SglangUnit(SglangUnitProvider(), '%s-unit' % name, props,
+        self.service = SglangUnit('%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container] + list(gate) +
                                                        ([model] if model is not None else []),
                                                        protect=d.container.protect))

@@ -15,6 +15,7 @@ import datetime
 import functools
 from typing import Iterable
 
+import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 
@@ -221,6 +222,36 @@ class ObservedProvider(ResourceProvider):
         provider reports; the component passes them in as None placeholders, and None they stay."""
         inputs = {k: (None if k in self.OUTPUTS else v) for k, v in outs.items()}
         return ReadResult(id_, outs, inputs)
+
+
+def host_provider(name: str, opts=None):
+    """The gpuhost provider plugin's instance for one host (provider/): every custom resource of that host is
+    served by it (components pass it on to their children: `providers`)."""
+    return pulumi.ProviderResource('gpuhost', name, {}, opts)
+
+
+class GpuhostResource(pulumi.CustomResource):
+    """Base of the program's custom resources, served by the gpuhost provider plugin (provider/registry.py
+    maps each type to the class that serves it). `class HostFile(GpuhostResource, name='HostFile')` is
+    gpuhost:index:HostFile; its outputs are attributes, as for any CustomResource.
+
+    A stack deployed before the plugin has these resources as pulumi-python:dynamic/gpuhost:<Name>: the
+    alias moves each onto the plugin in place (the engine asks the plugin's DiffConfig, which never asks
+    for a replacement)."""
+
+    TYPE_NAME = None
+
+    def __init_subclass__(cls, name=None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.TYPE_NAME = name
+
+    def __init__(self, name, props, opts=None):
+        from provider import registry
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+            aliases=[pulumi.Alias(type_=registry.dynamic_type(self.TYPE_NAME))]))
+        super().__init__(registry.token(self.TYPE_NAME), name, props, opts)
+
 
 
 def rollout_note(props, step) -> str:

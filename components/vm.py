@@ -73,7 +73,7 @@ class SevSnpVm(pulumi.ComponentResource):
         depends = []
         if d.vm.mapping_ids():
             self.mappings = pcimap.PciMappings(
-                pcimap.PciMappingProvider(), '%s-pci-mappings' % name,
+                '%s-pci-mappings' % name,
                 dict(api=api, connection=connection, entries=None, **mapping_props(d), **fleet),
                 # After what the VM waits for (the host's files and bindings): a child does not inherit its
                 # component's depends_on, and the mappings read the host over the same SSH connection.
@@ -85,7 +85,7 @@ class SevSnpVm(pulumi.ComponentResource):
                  'adopt': d.vm.adopt,
                  'guard_gpus': list(d.container.gpus), 'gpu_binding': d.vm.gpu_binding,
                  **dict.fromkeys(pve.PveGuestProvider.OUTPUTS), **fleet}
-        self.guest = pve.Guest(pve.PveGuestProvider(), '%s-qemu' % name, props,
+        self.guest = pve.Guest('%s-qemu' % name, props,
                                pulumi.ResourceOptions(parent=self, protect=d.vm.protect, depends_on=depends))
         self.vmid = self.guest.vmid
         self.status = self.guest.status

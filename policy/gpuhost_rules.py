@@ -1,8 +1,9 @@
 """The safety rules of the gpuhost policy pack, as pure functions over resource inputs.
 
-Each rule looks at what a resource is about to write to the host - the dynamic resources' input
+Each rule looks at what a resource is about to write to the host - the gpuhost provider's resources' input
 properties - never at the stack config, so it holds for a program that bypasses config/. Resources
-are recognised by their inputs (any `pulumi-python:dynamic/...` type):
+are recognised by their inputs (any `gpuhost:index:...` type, or any `pulumi-python:dynamic/...` type: what
+they were before the provider plugin, and what a program could write a host file with on its own):
 
   ensure_args                 KernelCmdline: parameters the kernel command line must carry
   path + content              HostFile / MetricsFile: a whole file on the host
@@ -72,7 +73,7 @@ DESCRIPTIONS = {
                 'the run declares, and every mapping id is a Proxmox mapping id.',
 }
 
-DYNAMIC_PREFIX = 'pulumi-python:dynamic/'
+JUDGED_PREFIXES = ('gpuhost:index:', 'pulumi-python:dynamic/')
 BOOT_FILES = ('/etc/kernel/cmdline', '/etc/default/grub')
 GRUB_DIR = '/etc/default/grub.d/'
 MODPROBE_DIR = '/etc/modprobe.d/'
@@ -131,7 +132,7 @@ class Res(object):
     @property
     def kind(self) -> str:
         """What it writes: cmdline, file, vfio, lxc, qemu, unit - or '' (nothing these rules judge)."""
-        if not self.type.startswith(DYNAMIC_PREFIX):
+        if not self.type.startswith(JUDGED_PREFIXES):
             return ''
         p = self.props
         if 'ensure_args' in p:

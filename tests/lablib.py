@@ -72,7 +72,7 @@ fi
 printf '%s\n' "$msg" | sed "s|{unit}|$unit|g" >&2
 exit 1
 '''
-PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates')
+PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates', 'provider')
 
 
 class SshResult(object):

@@ -114,7 +114,9 @@ def test_kill_9_of_the_cli_leaves_no_program_process_and_the_readme_commands_con
 
 
 def _providers_of(project):
-    """PIDs of dynamic-provider processes serving this project (their cwd is the project)."""
+    """PIDs of provider processes serving this project: its gpuhost plugin (provider/__main__.py of the project),
+    or a dynamic-provider host (their cwd is the project)."""
+    plugin = os.path.join(project, 'provider', '__main__.py').encode()
     out = []
     for pid in os.listdir('/proc'):
         if not pid.isdigit():
@@ -124,7 +126,7 @@ def _providers_of(project):
             cwd = os.readlink('/proc/%s/cwd' % pid)
         except OSError:
             continue
-        if cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd):
+        if plugin in cmd or (cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd)):
             out.append(int(pid))
     return out
 
@@ -141,7 +143,7 @@ def test_a_preview_cut_short_by_head_leaves_no_provider_process(lab):
         for line in proc.stdout:
             head.append(line)
             # The first resource of the program's providers in the plan: its check has run.
-            if b'pulumi-python:dynamic/' in line:
+            if b'gpuhost:index:' in line:
                 # Frozen at once, so the CLI cannot finish the preview before the pipe closes.
                 os.kill(proc.pid, signal.SIGSTOP)
                 break

@@ -57,11 +57,11 @@ def deploy(lab, deployed, cfg):
 def planned(lab):
     plan = json.loads(lab.pulumi('preview', '--json', stack=STACK).stdout)
     return {s['urn'].split('::')[-1] for s in plan['steps']
-            if s['op'] != 'same' and ('dynamic' in s['urn'] or 'command:remote' in s['urn'])}, plan
+            if s['op'] != 'same' and ('gpuhost:index:' in s['urn'] or 'command:remote' in s['urn'])}, plan
 
 
 def applied(out):
-    return set(re.findall(r'(?:pulumi-python:dynamic/gpuhost:\w+|command:remote:Command) (\S+) '
+    return set(re.findall(r'(?:gpuhost:index:\w+|command:remote:Command) (\S+) '
                           r'(?:updated|created|replaced|deleted)', out))
 
 

@@ -55,7 +55,7 @@ def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
         assert re.search(r'gpuhost-300-gpu%d\s*: \{\s*id\s*: "10de:2bb5"\s*path: "%s"' % (i, bdf), out), out[-6000:]
         # (the CLI pads a key to its map's longest one)
         assert re.search(r'hostpci%d\s*: "mapping=gpuhost-300-gpu%d,pcie=1"' % (i, i), out), out[-6000:]
-    assert re.search(r'\+ pulumi-python:dynamic/gpuhost:PciMappings: \(create\)\s*\[urn=\S*::vm-pci-mappings\]', out), \
+    assert re.search(r'\+ gpuhost:index:PciMappings: \(create\)\s*\[urn=\S*::vm-pci-mappings\]', out), \
         out[-6000:]
     # Secrets stay secrets in the plan.
     assert 'placeholder-not-the-real-password' not in out

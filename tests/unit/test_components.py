@@ -31,10 +31,10 @@ def test_host_children_and_inputs():
         r = by_name()
         assert r['host'].typ == 'gpuhost:index:ProxmoxHost'
         assert {n: r[n].typ for n in ('host-kernel-cmdline', 'host-nvidia-options', 'host-vfio', 'host-status')} == {
-            'host-kernel-cmdline': 'pulumi-python:dynamic/gpuhost:KernelCmdline',
-            'host-nvidia-options': 'pulumi-python:dynamic/gpuhost:HostFile',
-            'host-vfio': 'pulumi-python:dynamic/gpuhost:VfioBinding',
-            'host-status': 'pulumi-python:dynamic/gpuhost:HostStatus'}
+            'host-kernel-cmdline': 'gpuhost:index:KernelCmdline',
+            'host-nvidia-options': 'gpuhost:index:HostFile',
+            'host-vfio': 'gpuhost:index:VfioBinding',
+            'host-status': 'gpuhost:index:HostStatus'}
         assert r['host-kernel-cmdline'].inputs['ensure_args'] == ['iommu.passthrough=0', 'iommu.strict=0']
         assert r['host-kernel-cmdline'].inputs['dangerous_args'] == []
         assert r['host-kernel-cmdline'].inputs['policy'] == {'blackwell': True, 'snp': True, 'vfio': True}
@@ -83,7 +83,7 @@ def test_guests_and_service():
         assert [qemu['config']['hostpci%d' % i] for i in range(4)] == [
             'mapping=gpuhost-300-gpu%d,pcie=1' % i for i in range(4)]
         maps = r['vm-pci-mappings']
-        assert maps.typ == 'pulumi-python:dynamic/gpuhost:PciMappings'
+        assert maps.typ == 'gpuhost:index:PciMappings'
         assert maps.inputs['mappings'] == {'gpuhost-300-gpu%d' % i: {'path': b, 'id': '10de:2bb5'} for i, b in
                                            enumerate(['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0'])}
         assert maps.inputs['checks'] == {'gpuhost-300-gpu%d' % i: '' for i in range(4)}
@@ -94,7 +94,7 @@ def test_guests_and_service():
                                   # the declared revision's directory: what SGLang must report it loaded
                                   'model_path': '/models/Qwen3.5-122B-A10B@' + d.model.revision}
         assert 'NCCL_P2P_DISABLE=1' in unit['unit']
-        assert r['container-lxc'].custom and r['sglang-unit'].typ == 'pulumi-python:dynamic/gpuhost:SglangUnit'
+        assert r['container-lxc'].custom and r['sglang-unit'].typ == 'gpuhost:index:SglangUnit'
     return pulumi.Output.all(ct.status, vm.status, svc.active).apply(check)
 
 

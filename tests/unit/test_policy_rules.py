@@ -22,7 +22,7 @@ D_ADDR = parse(vm__gpu_binding='address')
 CONN = {'host': 'h', 'port': 22, 'user': 'root', 'private_key': 'PRIVATE-KEY-TEXT', 'host_key': 'k', 'timeout': 5}
 API = {'host': 'h', 'port': 8006, 'user': 'root@pam', 'password': 'API-PASSWORD-TEXT', 'ca_cert': 'pem', 'timeout': 5}
 INVENTORY = [g.model_dump() for g in D.host.gpus]
-DYN = 'pulumi-python:dynamic/gpuhost:'
+DYN = 'gpuhost:index:'
 
 
 def res(type_, name, **props):

@@ -1,0 +1,167 @@
+"""The gpuhost provider plugin's gRPC server (the Pulumi CLI starts it through provider/pulumi-resource-gpuhost).
+
+Each resource type is served by the class that served it as a dynamic resource (provider/registry.py): the same
+check, diff, create, read, update and delete, the same messages and preview diffs. What changes is the plumbing:
+  * no provider code in state: a resource's state holds its properties only (a `__provider` left by a dynamic
+    resource is dropped on the way in, and is gone from the state after the resource's next refresh or update);
+  * no cap of four calls at a time: the engine's --parallel decides how many steps run at once;
+  * a version (provider/VERSION) and a schema (provider/schema.json, tools/provider_schema.py writes it).
+Like the dynamic-provider host it replaces, the plugin tells the engine it takes no secrets and no previews of
+creates: the engine unwraps secret inputs on the way in and marks the outputs of secret inputs secret on the way
+out, and a preview of a resource to create makes no call into the plugin's create."""
+
+import asyncio
+import os
+import sys
+import threading
+import traceback
+from concurrent import futures
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import grpc  # noqa: E402
+from google.protobuf import empty_pb2  # noqa: E402
+from pulumi.runtime import rpc  # noqa: E402
+from pulumi.runtime.proto import plugin_pb2, provider_pb2 as proto  # noqa: E402
+from pulumi.runtime.proto import provider_pb2_grpc  # noqa: E402
+
+from provider import registry  # noqa: E402
+
+DYNAMIC_KEY = '__provider'   # what a dynamic resource kept in its state: a pickled provider, never read here
+# The engine decides how many steps run at once (--parallel); the plugin never holds one back.
+MAX_CALLS = 256
+
+
+def version() -> str:
+    with open(os.path.join(HERE, 'VERSION')) as f:
+        return f.read().strip()
+
+
+def type_of(urn: str) -> str:
+    """urn:pulumi:<stack>::<project>::<parent types $>...<type>::<name> -> <type>."""
+    parts = urn.split('::')
+    return parts[2].split('$')[-1] if len(parts) >= 4 else ''
+
+
+def plain(struct, keep_unknowns=False) -> dict:
+    props = rpc.deserialize_properties(struct, keep_unknowns) if struct is not None else {}
+    props.pop(DYNAMIC_KEY, None)
+    return props
+
+
+def wire(props: dict):
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(rpc.serialize_properties(dict(props or {}), {}))
+    finally:
+        loop.close()
+
+
+def _one_line_errors(fn):
+    """What a provider class raises is already one line for the operator (components/state.py: Failed, with
+    sys.tracebacklimit = 0): it reaches the CLI as the dynamic-provider host sent it."""
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except Exception:  # noqa: BLE001 - every error goes to the engine, never kills the server
+            context.abort(grpc.StatusCode.UNKNOWN, traceback.format_exc())
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
+    def __init__(self):
+        self.config = {}
+
+    def GetPluginInfo(self, request, context):
+        return plugin_pb2.PluginInfo(version=version())
+
+    def GetSchema(self, request, context):
+        with open(os.path.join(HERE, 'schema.json')) as f:
+            return proto.GetSchemaResponse(schema=f.read())
+
+    def CheckConfig(self, request, context):
+        return proto.CheckResponse(inputs=request.news)
+
+    def DiffConfig(self, request, context):
+        # A provider per host with nothing to configure yet: never a reason to replace what it serves (the engine
+        # asks this when a stack's resources move from the dynamic-provider host to this plugin).
+        return proto.DiffResponse(changes=proto.DiffResponse.DIFF_NONE)
+
+    def Configure(self, request, context):
+        self.config = {k: rpc.unwrap_rpc_secret(v) for k, v in rpc.deserialize_properties(request.args).items()}
+        return proto.ConfigureResponse(acceptSecrets=False, supportsPreview=False, acceptResources=False,
+                                       acceptOutputs=False)
+
+    def Cancel(self, request, context):
+        return empty_pb2.Empty()
+
+    @_one_line_errors
+    def Check(self, request, context):
+        olds, news = plain(request.olds, True), plain(request.news, True)
+        result = registry.provider_for(type_of(request.urn), news).check(olds, news)
+        return proto.CheckResponse(inputs=wire(result.inputs), failures=[
+            proto.CheckFailure(property=f.property, reason=f.reason) for f in result.failures or []])
+
+    @_one_line_errors
+    def Diff(self, request, context):
+        olds, news = plain(request.olds, True), plain(request.news, True)
+        result = registry.provider_for(type_of(request.urn), news).diff(request.id, olds, news)
+        fields = {'changes': proto.DiffResponse.DIFF_UNKNOWN if result.changes is None else
+                  proto.DiffResponse.DIFF_SOME if result.changes else proto.DiffResponse.DIFF_NONE}
+        if result.replaces is not None:
+            fields['replaces'] = result.replaces
+        if result.delete_before_replace is not None:
+            fields['deleteBeforeReplace'] = result.delete_before_replace
+        return proto.DiffResponse(**fields)
+
+    @_one_line_errors
+    def Create(self, request, context):
+        props = plain(request.properties)
+        result = registry.provider_for(type_of(request.urn), props).create(props)
+        return proto.CreateResponse(id=result.id, properties=wire(result.outs))
+
+    @_one_line_errors
+    def Read(self, request, context):
+        # On refresh the engine passes the last outputs; on an import, only the id.
+        props = plain(request.properties) or plain(request.inputs)
+        result = registry.provider_for(type_of(request.urn), props).read(request.id, props)
+        fields = {'id': result.id, 'properties': wire(result.outs)}
+        if result.inputs is not None:
+            fields['inputs'] = wire(result.inputs)
+        return proto.ReadResponse(**fields)
+
+    @_one_line_errors
+    def Update(self, request, context):
+        olds, news = plain(request.olds), plain(request.news)
+        result = registry.provider_for(type_of(request.urn), news).update(request.id, olds, news)
+        return proto.UpdateResponse(properties=wire(result.outs))
+
+    @_one_line_errors
+    def Delete(self, request, context):
+        props = plain(request.properties)
+        registry.provider_for(type_of(request.urn), props).delete(request.id, props)
+        return empty_pb2.Empty()
+
+
+def main():
+    from components import state
+    # A killed CLI leaves a provider's gRPC server waiting for ever: exit when the engine stops answering.
+    state.exit_with_engine()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_CALLS),
+                         options=[('grpc.max_receive_message_length', 256 * 1024 * 1024)])
+    provider_pb2_grpc.add_ResourceProviderServicer_to_server(GpuhostProvider(), server)
+    port = server.add_insecure_port('127.0.0.1:0')
+    server.start()
+    sys.stdout.write('%d\n' % port)
+    sys.stdout.flush()
+    done = threading.Event()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,55 @@
+"""Which class serves each of the plugin's resource types (gpuhost:index:<Name>), and the type each had as a
+dynamic resource (pulumi-python:dynamic/gpuhost:<Name>: the alias that moves a stack deployed before the plugin
+onto it without replacing anything)."""
+
+import importlib
+
+PACKAGE = 'gpuhost'
+DYNAMIC_PREFIX = 'pulumi-python:dynamic/gpuhost:'
+
+# name -> (module, class); ProxmoxGuest picks by its `kind` input (lxc: the container's checks on top).
+CLASSES = {
+    'KernelCmdline': ('components.host', 'KernelCmdlineProvider'),
+    'HostFile': ('components.host', 'HostFileProvider'),
+    'VfioBinding': ('components.host', 'VfioProvider'),
+    'HostStatus': ('components.host', 'HostStatusProvider'),
+    'ModelWeights': ('components.model', 'ModelProvider'),
+    'MetricsFile': ('components.monitoring', 'MetricsFileProvider'),
+    'HostCollector': ('components.monitoring', 'CollectorProvider'),
+    'PciMappings': ('components.pcimap', 'PciMappingProvider'),
+    'SglangUnit': ('components.sglang', 'SglangUnitProvider'),
+    'ProxmoxGuest': ('components.pve', 'PveGuestProvider'),
+}
+GUEST_KINDS = {'lxc': ('components.container', 'ContainerProvider'), 'qemu': ('components.pve', 'PveGuestProvider')}
+
+
+def token(name: str) -> str:
+    return '%s:index:%s' % (PACKAGE, name)
+
+
+def dynamic_type(name: str) -> str:
+    return DYNAMIC_PREFIX + name
+
+
+def name_of(type_token: str) -> str:
+    """The resource name of a type token this plugin serves; KeyError for any other."""
+    pkg, _, rest = type_token.partition(':')
+    module, _, name = rest.partition(':')
+    if pkg != PACKAGE or module != 'index' or name not in CLASSES:
+        raise KeyError('the gpuhost provider serves no resource type %r' % type_token)
+    return name
+
+
+_instances = {}
+
+
+def provider_for(type_token: str, props: dict):
+    """The (stateless) provider object serving a resource of this type with these properties."""
+    name = name_of(type_token)
+    where = CLASSES[name]
+    if name == 'ProxmoxGuest' and props.get('kind') in GUEST_KINDS:
+        where = GUEST_KINDS[props['kind']]
+    obj = _instances.get(where)
+    if obj is None:
+        obj = _instances[where] = getattr(importlib.import_module(where[0]), where[1])()
+    return obj
