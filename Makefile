@@ -33,7 +33,7 @@ render:        ## write every file STACK would put on its hosts into OUT, contac
 monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK into MON_OUT (monitoring/STACK)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.monitoring $(STACK) $(MON_OUT)
 
-docs:          ## rewrite what is generated from the code: README's outputs tables, docs/config.schema.json, docs/stack.schema.json (unit tests compare them)
+docs:          ## rewrite what is generated from the code: README's outputs tables, docs/config.schema.json, docs/stack.schema.json, provider/schema.json (unit tests compare them)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.docs
 
 bench:         ## no-op preview/up wall time and remote command count on the lab (its section of docs/bench.md)

@@ -144,6 +144,9 @@ def refusal(rep: dict, props: dict) -> str:
 
 
 class ModelProvider(ObservedProvider):
+    """The model's weights in their directory on the host, downloaded and verified against their sha256 sums by a
+    job on the host (components/jobs.py); refresh re-verifies from the cached sums."""
+
     # What is declared: the model, its revision, its directory on the host, its checksums - and that it is
     # verified. The report's facts are outputs.
     DESIRED = ('id', 'revision', 'dir', 'checksums', 'verified')

@@ -234,6 +234,9 @@ def facts_args(props) -> list:
 
 
 class SglangUnitProvider(ObservedProvider):
+    """SGLang's systemd unit in the container, with what it stands on (NVIDIA user space, CUDA, its Python
+    environment): written, restarted and checked (/health, /server_info), rolled back when the check fails."""
+
     # container_uid: which container (changes when it is replaced). A container started or rebooted by
     # this run is checked by the container step itself (/health, /server_info).
     # dropins: <unit>.d/*.conf files (systemctl edit) - they change the unit as systemd runs it: none.

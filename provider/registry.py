@@ -53,3 +53,17 @@ def provider_for(type_token: str, props: dict):
     if obj is None:
         obj = _instances[where] = getattr(importlib.import_module(where[0]), where[1])()
     return obj
+
+
+# Inputs the program hands over as Pulumi secrets (the host's SSH connection and Proxmox API login, the model hub
+# token, SGLang's API key, the package index password): marked secret in the schema.
+SECRET_INPUTS = ('connection', 'api', 'token', 'api_key', 'index_password')
+# Inputs the program leaves out when the stack does not set them (so a run of the program need not show them).
+OPTIONAL_INPUTS = {'ModelWeights': ('token',), 'SglangUnit': ('api_key', 'index_password')}
+
+
+def describe(name: str) -> str:
+    """The first paragraph of the serving class's docstring: the resource's description in the schema."""
+    cls = getattr(importlib.import_module(CLASSES[name][0]), CLASSES[name][1])
+    doc = (cls.__doc__ or '').strip().split('\n\n')[0]
+    return ' '.join(line.strip() for line in doc.splitlines())

@@ -2,8 +2,8 @@
 
     python -m tools.docs            all of them
     python -m tools.docs outputs    README's "Outputs" tables, from components/outputs.py OUTPUTS / FLEET_OUTPUTS
-    python -m tools.docs schemas    docs/config.schema.json (python -m config schema) and docs/stack.schema.json
-                                    (python -m config stack-schema)
+    python -m tools.docs schemas    docs/config.schema.json (python -m config schema), docs/stack.schema.json
+                                    (python -m config stack-schema) and provider/schema.json (tools/provider_schema.py)
 
 Unit tests compare each committed document with what these produce (tests/unit/test_docs.py,
 tests/unit/config/test_stack_schema.py) and name the command that regenerates it. docs/bench.md's tables are
@@ -88,6 +88,17 @@ def write_schemas() -> None:
         print('docs: docs/%s %s' % (name, 'unchanged' if same else 'written'))
 
 
+def write_provider_schema() -> None:
+    """provider/schema.json, the gpuhost plugin's package schema (tools/provider_schema.py)."""
+    from tools import provider_schema
+    text = provider_schema.text()
+    with open(provider_schema.PATH) as f:
+        same = f.read() == text
+    if not same:
+        write_atomic(provider_schema.PATH, text)
+    print('docs: provider/schema.json %s' % ('unchanged' if same else 'written'))
+
+
 def main(argv) -> None:
     what = argv[0] if argv else 'all'
     if what not in ('all', 'outputs', 'schemas') or len(argv) > 1:
@@ -96,6 +107,7 @@ def main(argv) -> None:
         write_outputs()
     if what in ('all', 'schemas'):
         write_schemas()
+        write_provider_schema()
 
 
 if __name__ == '__main__':

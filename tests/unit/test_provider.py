@@ -1,0 +1,109 @@
+"""The gpuhost provider plugin (provider/) as the CLI starts it: its version, its schema, and resources served by
+the classes that served them as dynamic resources - with what a dynamic resource left in its state ignored, and
+errors as one line."""
+
+import json
+import os
+import socket
+import subprocess
+
+import grpc
+import pytest
+from pulumi.runtime import rpc
+from pulumi.runtime.proto import provider_pb2 as proto
+from pulumi.runtime.proto import provider_pb2_grpc
+from google.protobuf import empty_pb2
+
+from provider import registry
+from tests.lablib import REPO
+from tools import provider_schema
+
+
+def test_the_committed_schema_is_the_generated_one():
+    with open(provider_schema.PATH) as f:
+        assert f.read() == provider_schema.text(), 'provider/schema.json is stale: run make docs'
+
+
+def test_every_custom_resource_of_the_program_is_served_by_the_plugin_and_secret_inputs_are_marked(lab_program):
+    custom = {r.typ for r in lab_program['resources'] if r.custom and not r.typ.startswith('pulumi:providers:')
+              and not r.typ.startswith('command:')}
+    assert custom == {registry.token(n) for n in registry.CLASSES}
+    with open(provider_schema.PATH) as f:
+        schema = json.load(f)
+    assert set(schema['resources']) == custom
+    for token, res in schema['resources'].items():
+        assert res['inputProperties']['connection'].get('secret') is True, token
+    assert schema['resources']['gpuhost:index:ProxmoxGuest']['inputProperties']['api']['secret'] is True
+
+
+@pytest.fixture(scope='module')
+def lab_program():
+    import config
+    from tests.unit.config.test_config import lab_data
+    from tests.unit.program import run_program
+    from tests.unit.test_runtime import FILES
+    return run_program(config.parse_fleet(lab_data()), FILES)
+
+
+@pytest.fixture(scope='module')
+def plugin():
+    """The plugin started as the CLI starts it: its executable with the engine's address (here a listener that
+    only has to be there: the plugin exits when the engine's address stops answering)."""
+    engine = socket.socket()
+    engine.bind(('127.0.0.1', 0))
+    engine.listen(16)
+    proc = subprocess.Popen([os.path.join(REPO, 'provider', 'pulumi-resource-gpuhost'),
+                             '127.0.0.1:%d' % engine.getsockname()[1]], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        with grpc.insecure_channel('127.0.0.1:%d' % port) as channel:
+            yield provider_pb2_grpc.ResourceProviderStub(channel), proc
+    finally:
+        proc.kill()
+        proc.wait()
+        engine.close()
+
+
+def props(d):
+    import asyncio
+    return asyncio.new_event_loop().run_until_complete(rpc.serialize_properties(d, {}))
+
+
+URN = 'urn:pulumi:lab::gpuhost::gpuhost:index:ProxmoxHost$gpuhost:index:HostFile::host-nvidia-options'
+CONN = {'host': '127.0.0.1', 'port': 22, 'user': 'root', 'private_key': 'k', 'host_key': 'ssh-ed25519 AAAA'}
+
+
+def test_the_plugin_reports_its_version_and_schema(plugin):
+    stub, _ = plugin
+    with open(os.path.join(REPO, 'provider', 'VERSION')) as f:
+        assert stub.GetPluginInfo(empty_pb2.Empty()).version == f.read().strip()
+    with open(provider_schema.PATH) as f:
+        assert json.loads(stub.GetSchema(proto.GetSchemaRequest(version=0)).schema) == json.load(f)
+
+
+def test_a_resource_moved_from_a_dynamic_provider_diffs_as_before_and_its_pickle_is_ignored(plugin):
+    stub, _ = plugin
+    file = {'connection': CONN, 'path': '/etc/modprobe.d/gpuhost-nvidia.conf', 'mode': '0644', 'post': 'initramfs',
+            'content': 'options nvidia NVreg_DmaRemapPeerMmio=1\n'}
+    old = dict(file, __provider='gASVpickled', sha256='x')
+    same = stub.Diff(proto.DiffRequest(urn=URN, id='x', olds=props(old), news=props(file)))
+    assert same.changes == proto.DiffResponse.DIFF_NONE
+    edited = stub.Diff(proto.DiffRequest(urn=URN, id='x', olds=props(old),
+                                         news=props(dict(file, content='options nvidia NVreg_DmaRemapPeerMmio=0\n'))))
+    assert edited.changes == proto.DiffResponse.DIFF_SOME and not edited.replaces
+
+
+def test_an_error_reaches_the_engine_as_one_line_without_python_frames(plugin):
+    stub, proc = plugin
+    with pytest.raises(grpc.RpcError) as e:
+        # A read of a host that does not answer: the provider's own message, not a traceback.
+        stub.Read(proto.ReadRequest(urn=URN, id='x', properties=props({
+            'connection': dict(CONN, port=1, timeout=2), 'path': '/etc/x', 'mode': '0644', 'post': 'none',
+            'content': ''})), timeout=60)
+    text = e.value.details()
+    assert text.startswith('gpuhost: ') and 'Traceback' not in text and 'File "' not in text, text
+    assert proc.poll() is None, 'the plugin died of an error'
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Diff(proto.DiffRequest(urn=URN.replace('HostFile', 'NoSuchThing'), id='x', olds=props({}),
+                                    news=props({})))
+    assert 'the gpuhost provider serves no resource type' in e.value.details()
