@@ -29,12 +29,15 @@ def program(tmp_path_factory):
     proj.mkdir()
     for name in ('Pulumi.yaml', '__main__.py'):
         shutil.copyfile(os.path.join(PROGRAM, name), proj / name)
+    # The resources are the gpuhost provider plugin's: the CLI starts it from the repository.
+    with open(proj / 'Pulumi.yaml', 'a') as f:
+        f.write('plugins:\n  providers:\n    - name: gpuhost\n      path: %s\n' % os.path.join(REPO, 'provider'))
     os.symlink(os.path.join(REPO, '.venv'), proj / '.venv')
     (base / 'state').mkdir()
     env = dict(os.environ, PULUMI_BACKEND_URL='file://%s' % (base / 'state'), PULUMI_HOME=str(base / 'home'),
                PULUMI_CONFIG_PASSPHRASE='gpuhost-policy-test', PULUMI_SKIP_UPDATE_CHECK='true',
                PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION='true', GPUHOST_REPO=REPO,
-               # The dynamic providers unpickle classes of components/: the repo must be importable there.
+               # The program imports components/ from the repository.
                PYTHONPATH=REPO)
     env.pop('PULUMI_CONFIG_PASSPHRASE_FILE', None)
     install_command_plugin(env)

@@ -4,7 +4,7 @@ The case comes from $GPUHOST_POLICY_CASE (JSON):
   model:  {"iommu.extra_kernel_args": [...], "sglang.tp": 2, ...}  dotted paths into the Deployment
           parsed from the repo's Pulumi.lab.yaml, set with model_copy (no validation: config/ is bypassed)
   api:    {"user": "...", "token_id": "..."}                       merged into the guests' `api` input
-  props:  {"<resource name>": {"key": value}}                       merged into a dynamic resource's inputs
+  props:  {"<resource name>": {"key": value}}                       merged into a gpuhost resource's inputs
           just before it registers (dicts merge, None deletes a key, {"__sub__": [[old, new], ...]} edits
           a string) - a program that writes what it likes, components or not.
 Preview only: nothing here contacts a host (the credentials are dummies).
@@ -20,12 +20,12 @@ sys.path.insert(0, REPO)
 
 import pulumi  # noqa: E402
 import yaml  # noqa: E402
-from pulumi import dynamic  # noqa: E402
 
 import config  # noqa: E402
 from components.container import GpuContainer  # noqa: E402
 from components.host import ProxmoxHost  # noqa: E402
 from components.sglang import SglangService  # noqa: E402
+from components.state import GpuhostResource  # noqa: E402
 from components.vm import SevSnpVm  # noqa: E402
 
 CASE = json.loads(os.environ.get('GPUHOST_POLICY_CASE') or '{}')
@@ -57,17 +57,17 @@ def doctored(model, path, value):
     return model.model_copy(update={head: value})
 
 
-_register = dynamic.Resource.__init__
+_register = GpuhostResource.__init__
 
 
-def _init(self, provider, name, props, opts=None):
+def _init(self, name, props, opts=None):
     over = (CASE.get('props') or {}).get(name)
     if over:
         props = merge(props, over)
-    _register(self, provider, name, props, opts)
+    _register(self, name, props, opts)
 
 
-dynamic.Resource.__init__ = _init
+GpuhostResource.__init__ = _init
 
 with open(os.path.join(REPO, 'Pulumi.lab.yaml')) as f:
     data = {k.split(':', 1)[1]: v for k, v in yaml.safe_load(f)['config'].items()}
