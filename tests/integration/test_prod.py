@@ -48,7 +48,8 @@ def test_prod_preview_succeeds_in_a_network_namespace_without_network(project):
                          cwd=proj, env=env, capture_output=True, text=True, timeout=300)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert '16 to create' in out
+    # (16 resources and the host's provider instance)
+    assert '17 to create' in out, out[-1500:]
     # The VM's GPUs through one PCI resource mapping each: what preview says it will create (the IDs and IOMMU
     # group are read from the host at apply), and the VM naming them.
     for i, bdf in enumerate(['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0']):
