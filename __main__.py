@@ -92,9 +92,9 @@ for h in fleet.hosts:
     gate = [built[ahead.index][3].service] if ahead is not None else []
     rollout = fleet.rollout_info(h.index)
     fleet_host = h.name if fleet.is_fleet else None
-    # The gpuhost provider plugin (provider/) serves every custom resource of this host: components pass it on
-    # to their children.
-    own = host_provider(name('gpuhost'))
+    # The gpuhost provider plugin (provider/) serves every custom resource of this host, with its connection and
+    # Proxmox login as its configuration: components pass it on to their children.
+    own = host_provider(name('gpuhost'), connection, api)
     served = pulumi.ResourceOptions(providers=[own])
     host = ProxmoxHost(name('host'), d, connection, gate=gate, rollout=rollout, fleet_host=fleet_host, opts=served)
     after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))

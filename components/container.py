@@ -88,7 +88,7 @@ class GpuContainer(pulumi.ComponentResource):
         config.update(d.container_mounts())
         gpu_devices = {bdf: '/dev/nvidia%d' % i for i, bdf in enumerate(c.gpus)}
         props = {
-            'api': api, 'connection': connection, 'node': d.host.node, 'kind': 'lxc', 'vmid': c.vmid,
+            'node': d.host.node, 'kind': 'lxc', 'vmid': c.vmid,
             'create': {'ostemplate': c.ostemplate, 'rootfs': '%s:%d' % (c.storage, c.rootfs_gb),
                        'unprivileged': int(c.unprivileged)},
             'config': config, 'start': True, 'protect': c.protect, 'adopt': c.adopt, 'service': service_props(d),

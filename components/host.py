@@ -528,15 +528,15 @@ class ProxmoxHost(pulumi.ComponentResource):
         vfio_devices = list(d.vm.gpus) if d.vm else []
 
         self.kernel = KernelCmdline('%s-kernel-cmdline' % name, {
-            'connection': connection, 'ensure_args': ensure, 'dangerous_args': [], 'policy': policy,
+            'ensure_args': ensure, 'dangerous_args': [], 'policy': policy,
             'inventory': inventory, 'blackwell_ids': blackwell, 'adopt': adopt}, child,
             outputs=KernelCmdlineProvider.OUTPUTS)
         self.nvidia = HostFile('%s-nvidia-options' % name, {
-            'connection': connection, 'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
+            'path': MODPROBE_FILE, 'mode': '0644', 'post': 'initramfs',
             'content': modprobe_content(d.nvidia.dma_remap_peer_mmio), 'inventory': inventory,
             'blackwell_ids': blackwell, 'adopt': adopt}, child, outputs=HostFileProvider.OUTPUTS)
         self.vfio = VfioBinding('%s-vfio' % name, {
-            'connection': connection, 'driver': 'vfio-pci', 'devices': vfio_devices,
+            'driver': 'vfio-pci', 'devices': vfio_devices,
             'container_devices': list(d.container.gpus), 'container_vmid': d.container.vmid,
             'modprobe_conflicts': [], 'dma_remap_peer_mmio': d.nvidia.dma_remap_peer_mmio,
             'inventory': inventory, 'blackwell_ids': blackwell, 'adopt': adopt,
@@ -548,7 +548,7 @@ class ProxmoxHost(pulumi.ComponentResource):
         # at the end of the run, so the outputs describe what the host has after it.
         observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)
         self.status = HostStatus('%s-status' % name, {
-            'connection': connection, 'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
+            'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
             'service': service_props(d), **({'rollout': rollout} if rollout else {})},
             # gate: in a fleet, a reboot (host.reboot: when-required) waits for the host before this one in
             # its rollout lane to serve again.

@@ -246,7 +246,7 @@ def verify_for_unit(target, check) -> None:
 def model_weights(name, d, connection, model_files=None, opts=None):
     m = d.model
     token = (model_files or {}).get('token')
-    props = {'connection': connection, 'id': m.id, 'revision': m.revision,
+    props = {'id': m.id, 'revision': m.revision,
              'dir': m.host_dir(d.sglang.model_path), 'storage': m.storage, 'source': m.base_url(),
              'token': pulumi.Output.secret(token) if token else None,
              'checksums': (model_files or {}).get('checksums'), 'verified': True, 'textfile': TEXTFILE,

@@ -216,7 +216,7 @@ def host_metrics(name, d, connection, container, service, opts=None) -> MetricsF
         lambda a: textfile(decl, *a))
     opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(depends_on=[unit]), opts)
     return MetricsFile(name, {
-        'connection': connection, 'path': TEXTFILE, 'mode': '0644', 'content': content,
+        'path': TEXTFILE, 'mode': '0644', 'content': content,
         'upstream': upstream(d, container, service), 'sha256': None}, opts)
 
 
@@ -403,7 +403,7 @@ def host_collector(name, d, connection, opts=None) -> HostCollector:
     the program's own modules), so preview shows the exact diff of each file."""
     files = collector_files(d)
     return HostCollector(name, {
-        'connection': connection, 'files': {p: c for p, (c, _) in files.items()},
+        'files': {p: c for p, (c, _) in files.items()},
         'modes': {p: m for p, (_, m) in files.items()}, 'timer': CollectorProvider.TIMER_ON,
         'service_unit': COLLECTOR_SERVICE, 'timer_unit': COLLECTOR_TIMER, 'textfile_dir': TEXTFILE_DIR,
         'script': COLLECTOR_SCRIPT, 'config': COLLECTOR_CONFIG,

@@ -678,7 +678,7 @@ class SglangService(pulumi.ComponentResource):
         if d.model:
             # The weights it loaded are the declared revision's (a switch of revision is checked, not assumed).
             expect['model_path'] = d.model.container_dir(s.model_path)
-        props = dict(service_props(d), expect=expect, connection=connection,
+        props = dict(service_props(d), expect=expect,
                      api_key=pulumi.Output.secret(key) if key else None,
                      container_uid=container.identity,
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],

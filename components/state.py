@@ -224,10 +224,12 @@ class ObservedProvider(ResourceProvider):
         return ReadResult(id_, outs, inputs)
 
 
-def host_provider(name: str, opts=None):
+def host_provider(name: str, connection, api, opts=None):
     """The gpuhost provider plugin's instance for one host (provider/): every custom resource of that host is
-    served by it (components pass it on to their children: `providers`)."""
-    return pulumi.ProviderResource('gpuhost', name, {}, opts)
+    served by it (components pass it on to their children: `providers`). Its configuration is the host's SSH
+    connection and Proxmox API login, both secrets, held once here rather than in every resource's inputs
+    (the plugin hands them to each call: provider/__main__.py)."""
+    return pulumi.ProviderResource('gpuhost', name, {'connection': connection, 'api': api}, opts)
 
 
 class GpuhostResource(pulumi.CustomResource):

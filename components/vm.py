@@ -74,13 +74,13 @@ class SevSnpVm(pulumi.ComponentResource):
         if d.vm.mapping_ids():
             self.mappings = pcimap.PciMappings(
                 '%s-pci-mappings' % name,
-                dict(api=api, connection=connection, entries=None, **mapping_props(d), **fleet),
+                dict(entries=None, **mapping_props(d), **fleet),
                 # After what the VM waits for (the host's files and bindings): a child does not inherit its
                 # component's depends_on, and the mappings read the host over the same SSH connection.
                 pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None))
             # The VM is created and started only after its mappings are made and checked against the host.
             depends.append(self.mappings)
-        props = {'api': api, 'connection': None, 'node': d.host.node, 'kind': 'qemu', 'vmid': d.vm.vmid,
+        props = {'node': d.host.node, 'kind': 'qemu', 'vmid': d.vm.vmid,
                  'create': {}, 'config': config, 'start': d.vm.start, 'raw_lxc': {}, 'protect': d.vm.protect,
                  'adopt': d.vm.adopt,
                  'guard_gpus': list(d.container.gpus), 'gpu_binding': d.vm.gpu_binding,

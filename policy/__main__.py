@@ -87,9 +87,23 @@ def plain(value):
     return value
 
 
+def inputs(args) -> dict:
+    """A resource's inputs as the rules read them: a gpuhost resource's with its host's `connection` and `api`,
+    which its provider instance's configuration holds (components/state.py host_provider) - the way a dynamic
+    resource of an older release carried them itself."""
+    props = plain(args.props)
+    provider = getattr(args, 'provider', None)
+    if isinstance(props, dict) and provider is not None and provider.resource_type == 'pulumi:providers:gpuhost':
+        config = plain(provider.props) or {}
+        for key in ('connection', 'api'):
+            if key in config:
+                props.setdefault(key, config[key])
+    return props
+
+
 def _validator(rule):
     def validate(args, report_violation):
-        res = rules.Res(args.resource_type, args.name, args.urn, plain(args.props))
+        res = rules.Res(args.resource_type, args.name, args.urn, inputs(args))
         if not res.kind:
             return
         try:

@@ -29,6 +29,11 @@ from pulumi.runtime.proto import provider_pb2_grpc  # noqa: E402
 from provider import registry  # noqa: E402
 
 DYNAMIC_KEY = '__provider'   # what a dynamic resource kept in its state: a pickled provider, never read here
+# The provider instance's configuration (one instance per host, components/state.py host_provider): the host's SSH
+# connection and its Proxmox API login. Every call gets them as the resource's `connection` / `api` properties, the
+# way the serving classes read them; they never go back into a resource's inputs or outputs (a stack deployed before
+# the configuration held them in every resource: gone from each at its next refresh or update).
+HOST_KEYS = ('connection', 'api')
 # The engine decides how many steps run at once (--parallel); the plugin never holds one back.
 MAX_CALLS = 256
 
@@ -48,6 +53,17 @@ def plain(struct, keep_unknowns=False) -> dict:
     props = rpc.deserialize_properties(struct, keep_unknowns) if struct is not None else {}
     props.pop(DYNAMIC_KEY, None)
     return props
+
+
+def without_host(props: dict) -> dict:
+    return {k: v for k, v in (props or {}).items() if k not in HOST_KEYS}
+
+
+def configuration(struct) -> dict:
+    """The provider's configuration as plain values (its secrets unwrapped: they reach only the serving classes,
+    as the dynamic resources' secret inputs did)."""
+    args = rpc.deserialize_properties(struct, True) if struct is not None else {}
+    return {k: rpc.unwrap_rpc_secret(v) for k, v in args.items()}
 
 
 def wire(props: dict):
@@ -85,28 +101,36 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         return proto.CheckResponse(inputs=request.news)
 
     def DiffConfig(self, request, context):
-        # A provider per host with nothing to configure yet: never a reason to replace what it serves (the engine
-        # asks this when a stack's resources move from the dynamic-provider host to this plugin).
-        return proto.DiffResponse(changes=proto.DiffResponse.DIFF_NONE)
+        # A new connection or login (a rotated key, a new password) updates the provider instance and nothing it
+        # serves; never a replacement (the engine also asks this when a stack's resources move from the
+        # dynamic-provider host onto this plugin).
+        olds, news = configuration(request.olds), configuration(request.news)
+        changed = sorted(k for k in set(olds) | set(news) if olds.get(k) != news.get(k))
+        return proto.DiffResponse(changes=proto.DiffResponse.DIFF_SOME if changed else proto.DiffResponse.DIFF_NONE,
+                                  diffs=changed, replaces=[])
 
     def Configure(self, request, context):
-        self.config = {k: rpc.unwrap_rpc_secret(v) for k, v in rpc.deserialize_properties(request.args).items()}
+        self.config = {k: v for k, v in configuration(request.args).items() if k in HOST_KEYS}
         return proto.ConfigureResponse(acceptSecrets=False, supportsPreview=False, acceptResources=False,
                                        acceptOutputs=False)
+
+    def host(self, props: dict) -> dict:
+        """The resource's properties as its serving class reads them: with the host's connection and login."""
+        return dict(props, **self.config)
 
     def Cancel(self, request, context):
         return empty_pb2.Empty()
 
     @_one_line_errors
     def Check(self, request, context):
-        olds, news = plain(request.olds, True), plain(request.news, True)
+        olds, news = self.host(plain(request.olds, True)), self.host(plain(request.news, True))
         result = registry.provider_for(type_of(request.urn), news).check(olds, news)
-        return proto.CheckResponse(inputs=wire(result.inputs), failures=[
+        return proto.CheckResponse(inputs=wire(without_host(result.inputs)), failures=[
             proto.CheckFailure(property=f.property, reason=f.reason) for f in result.failures or []])
 
     @_one_line_errors
     def Diff(self, request, context):
-        olds, news = plain(request.olds, True), plain(request.news, True)
+        olds, news = self.host(plain(request.olds, True)), self.host(plain(request.news, True))
         result = registry.provider_for(type_of(request.urn), news).diff(request.id, olds, news)
         fields = {'changes': proto.DiffResponse.DIFF_UNKNOWN if result.changes is None else
                   proto.DiffResponse.DIFF_SOME if result.changes else proto.DiffResponse.DIFF_NONE}
@@ -118,29 +142,29 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
 
     @_one_line_errors
     def Create(self, request, context):
-        props = plain(request.properties)
+        props = self.host(plain(request.properties))
         result = registry.provider_for(type_of(request.urn), props).create(props)
-        return proto.CreateResponse(id=result.id, properties=wire(result.outs))
+        return proto.CreateResponse(id=result.id, properties=wire(without_host(result.outs)))
 
     @_one_line_errors
     def Read(self, request, context):
         # On refresh the engine passes the last outputs; on an import, only the id.
-        props = plain(request.properties) or plain(request.inputs)
+        props = self.host(plain(request.properties) or plain(request.inputs))
         result = registry.provider_for(type_of(request.urn), props).read(request.id, props)
-        fields = {'id': result.id, 'properties': wire(result.outs)}
+        fields = {'id': result.id, 'properties': wire(without_host(result.outs))}
         if result.inputs is not None:
-            fields['inputs'] = wire(result.inputs)
+            fields['inputs'] = wire(without_host(result.inputs))
         return proto.ReadResponse(**fields)
 
     @_one_line_errors
     def Update(self, request, context):
-        olds, news = plain(request.olds), plain(request.news)
+        olds, news = self.host(plain(request.olds)), self.host(plain(request.news))
         result = registry.provider_for(type_of(request.urn), news).update(request.id, olds, news)
-        return proto.UpdateResponse(properties=wire(result.outs))
+        return proto.UpdateResponse(properties=wire(without_host(result.outs)))
 
     @_one_line_errors
     def Delete(self, request, context):
-        props = plain(request.properties)
+        props = self.host(plain(request.properties))
         registry.provider_for(type_of(request.urn), props).delete(request.id, props)
         return empty_pb2.Empty()
 

@@ -61,7 +61,9 @@ def schema() -> dict:
         'version': version,
         'description': 'An 8-GPU Proxmox inference host (IOMMU, vfio-pci, LXC + SEV-SNP VM, SGLang with MTP): the '
                        'custom resources of the gpuhost program.',
-        'provider': {'description': 'One instance per host.', 'inputProperties': {}},
+        'provider': {'description': 'One instance per host: its SSH connection and Proxmox API login, held once.',
+                     'inputProperties': {k: dict(ANY, secret=True) for k in ('api', 'connection')},
+                     'requiredInputs': ['api', 'connection']},
         'resources': resources,
     }
 

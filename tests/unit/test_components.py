@@ -88,7 +88,8 @@ def test_guests_and_service():
                                            enumerate(['0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0'])}
         assert maps.inputs['checks'] == {'gpuhost-300-gpu%d' % i: '' for i in range(4)}
         assert maps.inputs['guard'] == {'gpus': list(d.container.gpus), 'numa': 0} and maps.inputs['vm_numa'] == 1
-        assert maps.inputs['node'] == 'pve-lab' and maps.inputs['connection'] == CONN
+        # (the host's connection and login are its provider's configuration, not the resource's: state.host_provider)
+        assert maps.inputs['node'] == 'pve-lab' and not {'api', 'connection'} & set(maps.inputs)
         assert unit['expect'] == {'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 1,
                                   'speculative_eagle_topk': 1, 'speculative_num_draft_tokens': 2,
                                   # the declared revision's directory: what SGLang must report it loaded

@@ -31,9 +31,17 @@ def test_every_custom_resource_of_the_program_is_served_by_the_plugin_and_secret
     with open(provider_schema.PATH) as f:
         schema = json.load(f)
     assert set(schema['resources']) == custom
+    # The host's SSH connection and Proxmox login are the provider instance's configuration (secrets, once per
+    # host), in no resource's inputs.
+    assert schema['provider']['inputProperties'] == {'api': {'$ref': 'pulumi.json#/Any', 'secret': True},
+                                                     'connection': {'$ref': 'pulumi.json#/Any', 'secret': True}}
     for token, res in schema['resources'].items():
-        assert res['inputProperties']['connection'].get('secret') is True, token
-    assert schema['resources']['gpuhost:index:ProxmoxGuest']['inputProperties']['api']['secret'] is True
+        assert not {'api', 'connection'} & set(res['inputProperties']), token
+    assert schema['resources']['gpuhost:index:SglangUnit']['inputProperties']['api_key']['secret'] is True
+    providers = [r for r in lab_program['resources'] if r.typ == 'pulumi:providers:gpuhost']
+    assert len(providers) == 1 and set(providers[0].inputs) >= {'api', 'connection'}
+    assert not [r.name for r in lab_program['resources'] if r.typ.startswith('gpuhost:index:') and r.custom
+                and {'api', 'connection'} & set(r.inputs)]
 
 
 @pytest.fixture(scope='module')
