@@ -349,6 +349,35 @@ def refusals(props: dict, actual: dict) -> list:
     return out
 
 
+# What read_by_id() marks an imported guest's state with: its config holds every key the guest had, which the
+# program has not declared (as_declared); gone with the first update.
+IMPORTED = 'imported'
+# Proxmox's own bookkeeping in a guest's config, never the program's.
+UNMANAGED_KEYS = ('digest', 'lock')
+GPU_KEY_RE = re.compile(r'^(dev|hostpci)\d+$')
+
+
+def is_gpu_entry(value) -> bool:
+    """A devN or hostpciN value that gives a guest a GPU: /dev/nvidiaN (not the control nodes), or a PCI
+    device or resource mapping."""
+    first, sub = split_props(str(value or ''))
+    path = first or sub.get('path') or ''
+    return bool(re.match(r'^/dev/nvidia\d+$', path) or sub.get('mapping') or re.match(
+        r'^([0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}(\.[0-7])?$', path, re.I))
+
+
+def as_declared(olds: dict, news: dict) -> dict:
+    """An imported guest's observed state seen as the program's: only the keys the config declares are compared
+    and owned (the others are the guest's own and stay), and its create-only keys are those refusals() checked
+    at the import. Any other state unchanged."""
+    if not olds.get(IMPORTED):
+        return olds
+    config = olds.get('config') or {}
+    raw = olds.get('raw_lxc') or {}
+    return dict(olds, config={k: config.get(k) for k in news.get('config') or {}},
+                raw_lxc={k: raw.get(k) for k in news.get('raw_lxc') or {}}, create=news.get('create'))
+
+
 def show(value) -> str:
     return '(unset)' if value is None else str(value)
 
@@ -372,6 +401,7 @@ class PveGuestProvider(ObservedProvider):
                     'unprivileged': 'gpuhost:container.unprivileged'}
 
     def diff(self, id_, olds, news):
+        olds = as_declared(olds, news)
         result = super().diff(id_, olds, news)
         # (A replacement makes a new guest, which has no mount point of its own; protect guards that case.)
         collisions = [] if result.replaces else mount_collisions(news.get('config') or {}, olds.get('mounts') or {},
@@ -506,6 +536,11 @@ class PveGuestProvider(ObservedProvider):
         adopting it means - or refuse, before anything runs. Pulumi's own `import` cannot do this for a
         dynamic provider (the engine's Read on import carries no properties, so the provider host cannot
         even load this class: pulumi/pulumi#16175); create() does the adoption instead."""
+        if olds.get(IMPORTED):
+            # `pulumi import` / import_: olds are the guest as read() found it by its id. Taken over only if it is
+            # the guest the config describes.
+            self.check_import(olds, news)
+            return CheckResult(dict(news, adopt=False), [])
         if olds:
             # Adoption is for a guest the stack does not hold yet. One it holds is never adopted again: a
             # replacement (protect: false) creates a new guest - and never takes over another guest at a new vmid.
@@ -594,9 +629,11 @@ class PveGuestProvider(ObservedProvider):
             g = self.guest(prox, news)
             cfg = api_call('reading %s' % self.label(news), g.config.get, read=True)
             actual, _ = merge_pending(api_call('reading %s' % self.label(news), g.pending.get, read=True))
-            to_set, to_delete = changes(news['config'], actual, (olds.get('config') or {}).keys())
+            olds = as_declared(olds, news)
+            owned = {} if olds.get(IMPORTED) else (olds.get('config') or {})
+            to_set, to_delete = changes(news['config'], actual, owned.keys())
             # Read right before the write: a mount point set since the last refresh is never overwritten either.
-            collisions = mount_collisions(to_set, mounts_of(actual), (olds.get('config') or {}))
+            collisions = mount_collisions(to_set, mounts_of(actual), owned)
             if collisions:
                 raise PveError('%s: %s. Nothing was changed.' % (self.label(news), collision_text(news['vmid'],
                                                                                                   collisions)))
@@ -626,6 +663,9 @@ class PveGuestProvider(ObservedProvider):
         return UpdateResult(outs)
 
     def read(self, id_, props):
+        if 'kind' not in props:
+            return self.read_by_id(id_, props)
+
         def danger(foreign):
             warn('%s: DANGER - %s in %s point%s at the container\'s GPU, set outside Pulumi; started, the VM would '
                  'take it from the container. `pulumi up` puts back the declared hostpci%s.' % (
@@ -640,6 +680,54 @@ class PveGuestProvider(ObservedProvider):
                     return self.read_result(None, {})
                 raise
         return self.read_result(id_, outs)
+
+    def read_by_id(self, id_, props):
+        """`pulumi import gpuhost:index:ProxmoxGuest <name> <vmid>` (or the import_ option): the engine's Read
+        carries the id alone, and the provider's configuration (the host's login). The guest is found in the
+        cluster by its vmid and read whole - its config, its raw lxc.* lines, its power state - and marked
+        IMPORTED: until the first update, the program takes as its own only the keys it declares (as_declared),
+        so nothing the guest has that the config does not name is ever deleted or replaced."""
+        vmid = str(id_)
+        if not vmid.isdigit():
+            raise OperatorError('import of a Proxmox guest: the id is its vmid (a number, e.g. 200), not %r' % vmid)
+        with client(props['api']) as prox:
+            listed = api_call('listing the guests', prox.cluster.resources.get, type='vm', read=True)
+            found = [g for g in listed or [] if str(g.get('vmid')) == vmid and g.get('type') in ('lxc', 'qemu')]
+            if not found:
+                return self.read_result(None, {})
+            where = dict(props, node=found[0]['node'], kind=found[0]['type'], vmid=int(vmid))
+            actual, _ = merge_pending(api_call('reading %s' % self.label(where), self.guest(prox, where).pending.get,
+                                               read=True))
+            config = {k: v for k, v in actual.items() if k not in UNMANAGED_KEYS and v is not None}
+            create = {'unprivileged': int(actual.get('unprivileged') or 0)} if where['kind'] == 'lxc' else {}
+            raw = parse_raw(self.read_conf(where)[1]) if where['kind'] == 'lxc' else {}
+            found = dict(where, config=config, create=create, raw_lxc=raw, **{IMPORTED: True})
+            outs = dict(found, **self.observe(prox, found))
+        return self.read_result(vmid, dict(outs, create=create, **{IMPORTED: True}))
+
+    def check_import(self, found, news):
+        """An imported guest is taken over only if it is the one the config describes: the same kind, node and
+        vmid, its name, its create-only keys and its mount points (refusals(), as for adopt), and no GPU the
+        config does not give it (a devN /dev/nvidiaN or a hostpciN that is not declared: another workload's
+        GPU, or a vmid typo between two GPU guests)."""
+        side = 'container' if news['kind'] == 'lxc' else 'vm'
+        wrong = ['it is a%s %s' % ('n' if found.get('kind') == 'lxc' else '', 'LXC container' if found.get('kind') ==
+                                   'lxc' else 'QEMU VM')] if found.get('kind') != news['kind'] else []
+        if str(found.get('vmid')) != str(news['vmid']) or found.get('node') != news['node']:
+            wrong.append('it is guest %s on %s, the config declares %s on %s (gpuhost:%s.vmid, gpuhost:host.node)' % (
+                found.get('vmid'), found.get('node'), news['vmid'], news['node'], side))
+        have = found.get('config') or {}
+        if not wrong:
+            wrong += refusals(news, have)
+        declared = news.get('config') or {}
+        foreign = sorted(k for k, v in have.items() if GPU_KEY_RE.match(k) and is_gpu_entry(v) and
+                         not same_value(k, declared.get(k), v))
+        if foreign:
+            wrong.append('it has GPU entries the config does not give it (%s) - another workload\'s GPUs, or the wrong '
+                         'vmid' % ', '.join('%s: %s' % (k, have[k]) for k in foreign))
+        if wrong:
+            raise PveError('%s: not imported - %s. Nothing was changed; check the id given to `pulumi import` (or '
+                           'the import_ option) against gpuhost:%s.vmid.' % (self.label(news), '; '.join(wrong), side))
 
     def delete(self, _id, props):
         with client(props['api']) as prox:
