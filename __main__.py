@@ -96,24 +96,23 @@ for h in fleet.hosts:
     # Proxmox login as its configuration: components pass it on to their children.
     own = host_provider(name('gpuhost'), connection, api)
     served = pulumi.ResourceOptions(providers=[own])
-    host = ProxmoxHost(name('host'), d, connection, gate=gate, rollout=rollout, fleet_host=fleet_host, opts=served)
+    host = ProxmoxHost(name('host'), d, gate=gate, rollout=rollout, fleet_host=fleet_host, opts=served)
     after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))
-    container = GpuContainer(name('container'), d, api, connection, opts=after_host,
+    container = GpuContainer(name('container'), d, opts=after_host,
                              gate=gate, fleet_host=fleet_host, rollout=rollout)
-    vm = (SevSnpVm(name('vm'), d, api, opts=after_host, fleet_host=fleet_host,
-                   connection=connection) if d.vm else None)
+    vm = (SevSnpVm(name('vm'), d, opts=after_host, fleet_host=fleet_host) if d.vm else None)
     # The weights on the host, verified (gpuhost:model): the unit depends on them.
-    weights = (model_weights(name('model'), d, connection, inputs[h.index][3],
+    weights = (model_weights(name('model'), d, inputs[h.index][3],
                              opts=pulumi.ResourceOptions(depends_on=[host], provider=own)) if d.model else None)
     service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2], model=weights,
                             model_files=inputs[h.index][3], opts=served)
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
     # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
-    monitoring.host_metrics(name('host-metrics'), d, connection, container, service,
+    monitoring.host_metrics(name('host-metrics'), d, container, service,
                             opts=pulumi.ResourceOptions(provider=own))
     # After the host's own files: the collector compares the host with them (and one SSH command at a time).
-    monitoring.host_collector(name('collector'), d, connection,
+    monitoring.host_collector(name('collector'), d,
                               opts=pulumi.ResourceOptions(depends_on=[host], provider=own))
     built.append((host, container, vm, service, weights))
 

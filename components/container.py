@@ -73,7 +73,7 @@ def raw_lxc_lines(d) -> dict:
 class GpuContainer(pulumi.ComponentResource):
     """Outputs: vmid, address, status, devices (devN entries), uid (changes when the container is replaced)."""
 
-    def __init__(self, name, deployment, api, connection, opts=None, gate=(), fleet_host=None, rollout=None):
+    def __init__(self, name, deployment, opts=None, gate=(), fleet_host=None, rollout=None):
         super().__init__('gpuhost:index:GpuContainer', name, None, opts)
         d = deployment
         c = d.container

@@ -514,8 +514,7 @@ class ProxmoxHost(pulumi.ComponentResource):
     """See the module docstring. Outputs: reboot_required, reboot_reasons, gpus, iommu_domain_types,
     running_cmdline, boot."""
 
-    def __init__(self, name: str, deployment, connection: pulumi.Input[dict], opts=None, gate=(), rollout=None,
-                 fleet_host=None):
+    def __init__(self, name: str, deployment, opts=None, gate=(), rollout=None, fleet_host=None):
         super().__init__('gpuhost:index:ProxmoxHost', name, None, opts)
         d = deployment
         child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)

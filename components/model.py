@@ -243,7 +243,7 @@ def verify_for_unit(target, check) -> None:
         raise ModelError(refusal(rep, check))
 
 
-def model_weights(name, d, connection, model_files=None, opts=None):
+def model_weights(name, d, model_files=None, opts=None):
     m = d.model
     token = (model_files or {}).get('token')
     props = {'id': m.id, 'revision': m.revision,

@@ -207,7 +207,7 @@ def upstream(d, container, service) -> pulumi.Output:
     return token
 
 
-def host_metrics(name, d, connection, container, service, opts=None) -> MetricsFile:
+def host_metrics(name, d, container, service, opts=None) -> MetricsFile:
     """The `host-metrics` resource: gpuhost.prom from the SGLang unit's outputs, written after it
     (`upstream`: see upstream())."""
     decl = declared(d)
@@ -398,7 +398,7 @@ class HostCollector(GpuhostResource, name='HostCollector'):
     """The collector on the host (CollectorProvider)."""
 
 
-def host_collector(name, d, connection, opts=None) -> HostCollector:
+def host_collector(name, d, opts=None) -> HostCollector:
     """The `collector` resource: everything it writes is known at preview (rendered from the config and
     the program's own modules), so preview shows the exact diff of each file."""
     files = collector_files(d)

@@ -64,7 +64,7 @@ class SevSnpVm(pulumi.ComponentResource):
     """Outputs: vmid, status, pending (config keys waiting for a VM restart), hostpci, gpu_mappings (each
     mapping's entry for the node as Proxmox has it; {} with gpu_binding: address)."""
 
-    def __init__(self, name, deployment, api, opts=None, fleet_host=None, connection=None):
+    def __init__(self, name, deployment, opts=None, fleet_host=None):
         super().__init__('gpuhost:index:SevSnpVm', name, None, opts)
         d = deployment
         config = vm_config(d)

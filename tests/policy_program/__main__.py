@@ -25,7 +25,7 @@ import config  # noqa: E402
 from components.container import GpuContainer  # noqa: E402
 from components.host import ProxmoxHost  # noqa: E402
 from components.sglang import SglangService  # noqa: E402
-from components.state import GpuhostResource  # noqa: E402
+from components.state import GpuhostResource, host_provider  # noqa: E402
 from components.vm import SevSnpVm  # noqa: E402
 
 CASE = json.loads(os.environ.get('GPUHOST_POLICY_CASE') or '{}')
@@ -81,8 +81,12 @@ api = pulumi.Output.secret(merge({'host': d.host.address, 'port': 8006, 'user': 
                                   'password': 'policy-test-password', 'ca_cert': 'dummy', 'timeout': 30},
                                  CASE.get('api') or {}))
 
-host = ProxmoxHost('host', d, connection)
-container = GpuContainer('container', d, api, connection, opts=pulumi.ResourceOptions(depends_on=[host]))
+# The host's provider instance holds the connection and login, as the program's (components/state.py host_provider):
+# the pack reads a guest's api from it.
+served = pulumi.ResourceOptions(providers=[host_provider('gpuhost', connection, api)])
+host = ProxmoxHost('host', d, opts=served)
+after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))
+container = GpuContainer('container', d, opts=after_host)
 if d.vm:
-    SevSnpVm('vm', d, api, opts=pulumi.ResourceOptions(depends_on=[host]), connection=connection)
-SglangService('sglang', d, connection, container)
+    SevSnpVm('vm', d, opts=after_host)
+SglangService('sglang', d, connection, container, opts=served)

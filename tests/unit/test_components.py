@@ -25,7 +25,7 @@ def by_name():
 @pulumi.runtime.test
 def test_host_children_and_inputs():
     d = parse()
-    host = ProxmoxHost('host', d, CONN)
+    host = ProxmoxHost('host', d)
 
     def check(_):
         r = by_name()
@@ -53,7 +53,7 @@ def test_no_vm_means_no_vm_gpus_to_bind_but_container_bindings_are_still_watched
     data['host']['api']['password'] = 'x'
     data['host']['api'].pop('password_file')
     d = config.parse(data)
-    host = ProxmoxHost('host', d, CONN)
+    host = ProxmoxHost('host', d)
 
     def check(_):
         names = by_name()
@@ -67,8 +67,8 @@ def test_no_vm_means_no_vm_gpus_to_bind_but_container_bindings_are_still_watched
 @pulumi.runtime.test
 def test_guests_and_service():
     d = parse()
-    ct = GpuContainer('container', d, API, CONN)
-    vm = SevSnpVm('vm', d, API, connection=CONN)
+    ct = GpuContainer('container', d)
+    vm = SevSnpVm('vm', d)
     svc = SglangService('sglang', d, CONN, ct)
 
     def check(_):
@@ -103,7 +103,7 @@ def test_guests_and_service():
 def test_the_unit_runs_from_its_environment_and_the_index_password_is_a_secret():
     from tests.unit.test_runtime import FILES
     d = parse()
-    ct = GpuContainer('container', d, API, CONN)
+    ct = GpuContainer('container', d)
     svc = SglangService('sglang', d, CONN, ct, runtime_files=FILES)
 
     def check(_):
@@ -128,7 +128,7 @@ def test_the_unit_runs_from_its_environment_and_the_index_password_is_a_secret()
 @pulumi.runtime.test
 def test_gpus_by_address_make_no_mappings():
     d = parse(vm__gpu_binding='address')
-    vm = SevSnpVm('vm', d, API, connection=CONN)
+    vm = SevSnpVm('vm', d)
 
     def check(_):
         r = by_name()
