@@ -168,14 +168,15 @@ def test_inputs_written_past_the_components_are_stopped_in_any_spelling(program)
         'host-kernel-cmdline': {'ensure_args': ['iommu.passthrough=0', 'quiet iommu=pt,nofoo']},
         'host-nvidia-options': {'content': {'__sub__': [['options nvidia', 'options vfio_pci ids=10de:2bb5\n'
                                                                             'options nvidia']]}},
-        'vm-qemu': {'config': {'hostpci1': '10de:2bb5,pcie=1', 'hostpci4': 'c1:00.0'},
-                    'api': {'host': 'x', 'port': 8006, 'user': 'root@pam', 'token_id': 'root@pam!ci',
-                            'token_secret': 'tok-SECRET-value-123'}},
+        'vm-qemu': {'config': {'hostpci1': '10de:2bb5,pcie=1', 'hostpci4': 'c1:00.0'}},
         'container-lxc': {'config': {'dev3': None, 'dev8': '/dev/vfio/12,mode=0666'}},
         'vm-pci-mappings': {'mappings': {'gpuhost-300-gpu1': {'path': '0000:11:00.0'}}},
         'sglang-unit': {'unit': {'__sub__': [['--tp-size 4', '--tp 4'], ['--host 0.0.0.0', '--host=::'],
                                              [' --speculative-num-draft-tokens 2', ''],
-                                             ['Type=simple', 'Type=simple\nUnsetEnvironment=NCCL_P2P_DISABLE']]}}}}
+                                             ['Type=simple', 'Type=simple\nUnsetEnvironment=NCCL_P2P_DISABLE']]}}},
+        # The login the guests are made with is the host's provider instance's (the plugin gives it to every call;
+        # an `api` input of a resource's own is not used): an API token there, and no password.
+        'api': {'host': 'x', 'token_id': 'root@pam!ci', 'token_secret': 'tok-SECRET-value-123', 'password': None}}
     code, out = preview(program, case)
     assert code != 0
     got = findings(out)
