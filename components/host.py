@@ -26,7 +26,7 @@ import time
 import pulumi
 from pulumi.dynamic import CheckResult
 
-from components import remote
+from components import remote, state
 from components.host_state import assignment, reboot_reasons
 from grammar import cmdline
 from grammar.gpu import BLACKWELL_IDS
@@ -480,7 +480,7 @@ def reboot_and_wait(target: remote.Target, timeout: float = 900.0) -> None:
                 return
         except remote.RemoteError:
             pass
-        time.sleep(2)
+        state.pause(2, 'host %s: waiting for it to come back from its reboot (it goes on booting)' % target.host)
     raise HostStateError('host %s did not come back over SSH within %d s after reboot' % (target.host, timeout))
 
 

@@ -26,6 +26,7 @@ import time
 from typing import Callable, Optional
 
 from components import remote
+from components import state
 from components.state import OperatorError, info
 
 JOBS_DIR = '/var/lib/gpuhost/jobs'
@@ -234,6 +235,10 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
     lost_since = None
     settled = 0
     while True:
+        if state.CANCELLED.is_set():
+            raise JobDetached('%s: the run was interrupted (Ctrl-C) while following job %s %s; the job keeps running '
+                              '- the next `up` re-attaches to it (watch it: %s)' % (
+                                  job.label, job.name, job.where, job.watch_hint()))
         try:
             p = poll(target, job)
             lost_since = None
@@ -245,7 +250,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                                   '%s - the next `up` re-attaches to it (watch it: %s)' % (
                                       job.label, job.name, job.where, str(e).split(';')[0], job.where,
                                       job.watch_hint())) from None
-            time.sleep(min(poll_s * 2, 5.0))
+            state.CANCELLED.wait(min(poll_s * 2, 5.0))
             continue
         now = time.monotonic()
         # 'unknown': systemd did not answer (a loaded host) - neither running nor ended; asked again below, and
@@ -256,7 +261,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                     job.label, job.name, job.where, JOBS_DIR, job.name), job)
             if p.result is None and settled < 5:
                 settled += 1        # the outcome is written by ExecStopPost: give a loaded host a moment
-                time.sleep(1.0)
+                state.CANCELLED.wait(1.0)
                 continue
             return p
         # Moving: its own counter, or (a job that writes none, an installer) its output growing; or CPU time where
@@ -275,7 +280,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
         if now - last_said >= say_s:
             last_said = now
             say('%s: %s' % (job.prefix or job.label, describe_progress(p.progress)))
-        time.sleep(poll_s)
+        state.CANCELLED.wait(poll_s)
 
 
 def run(target, job: Job, say: Callable[[str], None] = info, **kw) -> Poll:

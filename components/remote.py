@@ -24,6 +24,7 @@ import time
 from typing import Optional, Sequence
 
 from components import host_state
+from components import state
 from components.state import OperatorError
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
@@ -223,6 +224,11 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     limit = timeout if timeout is not None else step_timeout(name, target)
     own = client is None
     started = False
+    if state.CANCELLED.is_set():
+        # Interrupted: no step starts after it. One in flight is not cut off - each is one short change made whole
+        # (a temporary file renamed into place, a package transaction), so it ends by itself.
+        raise state.Interrupted('%s: %s was not started - the run was interrupted (Ctrl-C); %s' % (
+            target.name, step, state.RERUN))
     try:
         client = client or pooled(target)
         transport = client.get_transport()
@@ -276,11 +282,11 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     except (OSError, EOFError, socket.timeout, paramiko.SSHException) as e:
         if own:
             discard(target)
-        state = ('the step may have completed on the host%s' % (' (%s)' % lost_detail if lost_detail else '')
+        where = ('the step may have completed on the host%s' % (' (%s)' % lost_detail if lost_detail else '')
                  if started else 'the step had not started')
         raise ConnectionLost('connection to %s lost during %s (%s); %s. Safe to re-run: every step reads the '
                              'host first and does only what is still missing.' % (
-                                 target.name, step, _transport_reason(e), state)) from None
+                                 target.name, step, _transport_reason(e), where)) from None
     result = Result(b''.join(out).decode('utf-8', 'replace'), b''.join(err).decode('utf-8', 'replace'), code)
     if check and code != 0:
         tail = result.stderr.strip().splitlines()[-5:]

@@ -18,7 +18,7 @@ import urllib.request
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
 
-from components import model as model_mod, remote, runtime
+from components import model as model_mod, remote, runtime, state
 from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
@@ -57,7 +57,7 @@ def wait_http(url: str, timeout: float, what: str, failed=None) -> None:
                 what, url, 'loading, last answer ' + last if last and last.startswith('HTTP') else
                 'not answering yet (%s)' % last, time.time() - start, timeout))
             next_report = time.time() + 15
-        time.sleep(0.5)
+        state.pause(0.5, '%s: waiting for %s (SGLang goes on starting)' % (what, url))
     raise ServiceError('%s: %s did not answer 200 within %d s (last: %s); see the unit\'s log in the container '
                        '(journalctl -u <unit>)' % (what, url, timeout, last))
 

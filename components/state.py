@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import threading
 from typing import Iterable
 
 import pulumi
@@ -22,6 +23,26 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 class OperatorError(RuntimeError):
     """An error whose message is complete for the operator (what, where, current vs desired, next
     step). Raised from provider methods without the Python frames that led to it."""
+
+
+class Interrupted(OperatorError):
+    """The run was interrupted (the operator's first Ctrl-C reached the provider's Cancel): a step that had not
+    started does not start, a wait stops; what already runs on a host - a step in flight, a durable job, a Proxmox
+    task, SGLang loading - is left to end by itself. The next `pulumi up` reads the host and carries on."""
+
+
+# Set by the provider plugin's Cancel (provider/__main__.py). A plugin process serves one CLI command, so it is
+# never cleared there.
+CANCELLED = threading.Event()
+
+
+def pause(seconds: float, what: str) -> None:
+    """time.sleep(seconds) in a wait loop, ended by an interrupt: raises Interrupted saying what was left."""
+    if CANCELLED.wait(seconds):
+        raise Interrupted('%s: the run was interrupted (Ctrl-C) while waiting; %s' % (what, RERUN))
+
+
+RERUN = 'the next `pulumi up` reads the host and carries on from where it is.'
 
 
 class Failed(Exception):

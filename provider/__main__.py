@@ -119,6 +119,11 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         return dict(props, **self.config)
 
     def Cancel(self, request, context):
+        # The operator's first Ctrl-C (the engine signals every provider and waits for the steps in flight): no
+        # remote step starts after it, and a wait - a job followed, SGLang loading, a host rebooting - ends at
+        # once with one line saying what goes on by itself (components/state.py CANCELLED).
+        from components import state
+        state.CANCELLED.set()
         return empty_pb2.Empty()
 
     @_one_line_errors

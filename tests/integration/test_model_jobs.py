@@ -1,9 +1,9 @@
 """The model at full size, shown at the lab's size: the download and verification run as a job on the host's
 systemd (components/jobs.py), so they outlast the SSH command timeout - here 8 s (gpuhost:host.ssh.command_timeout)
 against a mirror throttled so each download lasts several times that. `pulumi` killed with SIGKILL mid-download,
-an SSH drop mid-poll, a second `up` at the same time: the job keeps running, one copy of it, and no byte is
-fetched twice; a partial whose mirror file was replaced meanwhile is discarded, not spliced; a same-size
-corrupted shard is fetched again."""
+an operator's Ctrl-C, an SSH drop mid-poll, a second `up` at the same time: the job keeps running, one copy of it,
+and no byte is fetched twice; a partial whose mirror file was replaced meanwhile is discarded, not spliced; a
+same-size corrupted shard is fetched again."""
 
 import json
 import os
@@ -150,6 +150,48 @@ def test_pulumi_killed_mid_download_the_job_goes_on_and_the_next_up_reattaches(d
         lab.pulumi('cancel', '--yes', stack=STACK)
         lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
         out = up_until(lab, 're-attached to job gpuhost-model-', lambda: throttle(lab))
+    throttle(lab)
+    assert 're-attached to job gpuhost-model-' in out, out[-3000:]
+    fetched_once(lab, since, SHARDS[1:])
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def test_one_ctrl_c_mid_download_ends_the_run_at_once_and_the_next_up_reattaches(deployed):
+    """An operator's Ctrl-C, as a terminal sends it (SIGINT to the CLI's process group; the CLI starts each plugin
+    in a group of its own): the engine's Cancel reaches the gpuhost plugin, which stops following the job - the run
+    ends in seconds, not when the download would have ended (244 GB: hours), and the job goes on on the host."""
+    lab, _, _ = deployed
+    remove(lab, *SHARDS[1:])
+    throttle(lab, 2000)
+    since = time.time()
+    proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--refresh', '--stack', STACK],
+                            cwd=lab.project, env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = threading.Event()
+    lines = []
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            if 'model: downloading' in line:
+                seen.set()
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    assert seen.wait(120), ''.join(lines)[-3000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    signalled = time.time()
+    # At 2 kB/s the two shards left take minutes; the run ends well before.
+    proc.wait(90)
+    took = time.time() - signalled
+    t.join(10)
+    out = ''.join(lines)
+    print('Ctrl-C to the end of the run: %.1f s' % took)
+    assert proc.returncode != 0, out[-3000:]
+    assert 'the run was interrupted (Ctrl-C) while following job gpuhost-model-' in out, out[-3000:]
+    assert 'the job keeps running - the next `up` re-attaches to it' in out, out[-3000:]
+    assert 'Traceback (most recent call last)' not in out and 'KeyboardInterrupt' not in out, out[-3000:]
+    assert job_running(lab), 'the download job died with the run'
+    out = up_until(lab, 're-attached to job gpuhost-model-', lambda: throttle(lab))
     throttle(lab)
     assert 're-attached to job gpuhost-model-' in out, out[-3000:]
     fetched_once(lab, since, SHARDS[1:])
