@@ -30,14 +30,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from pulumi.dynamic import CreateResult, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
 
 from components import remote
 from components.host import read_facts
-from components.pve import api_call, client
+from components.pve import IMPORTED, api_call, client
 from components.state import GpuhostResource, ObservedProvider, OperatorError, warn
 from grammar.gpu import BDF_RE
-from grammar.pve import RECORDED, map_entry, parse_map_entry
+from grammar.pve import RECORDED, map_entry, parse_map_entry, split_props
 
 
 class MappingError(OperatorError):
@@ -325,7 +325,99 @@ class PciMappingProvider(ObservedProvider):
     def update(self, _id, olds, news):
         return UpdateResult(self.apply(news, olds))
 
+    def check(self, olds, news):
+        if olds.get(IMPORTED):
+            # `pulumi import` / import_: olds are the mappings as read_by_id() found them.
+            self.check_import(olds, news)
+        return CheckResult(news, [])
+
+    def diff(self, id_, olds, news):
+        if olds.get(IMPORTED):
+            # Until the first update an import is compared on what it found - the mappings and their entries for
+            # this node - and check_import() verified each against the device at its address, as `up` does.
+            changed = not self.same('mappings', olds.get('mappings'), news.get('mappings'))
+            return DiffResult(changes=changed, replaces=[])
+        return super().diff(id_, olds, news)
+
+    def read_by_id(self, id_, props):
+        """`pulumi import gpuhost:index:PciMappings <name> pci-mappings-<vmid>` (or the import_ option): the engine's
+        Read carries the id alone. The VM is found in the cluster by its vmid; its mappings are the ones its
+        hostpciN entries name (`mapping=<id>`), read with their entries for the VM's node; marked IMPORTED until
+        the first update."""
+        vmid = str(id_)
+        if vmid.startswith('pci-mappings-'):
+            vmid = vmid[len('pci-mappings-'):]
+        if not vmid.isdigit():
+            raise MappingError('import of the PCI resource mappings of a VM: the id is pci-mappings-<vmid> (e.g. '
+                               'pci-mappings-300), not %r' % str(id_))
+        with client(props['api']) as prox:
+            listed = api_call('listing the guests', prox.cluster.resources.get, type='vm', read=True)
+            found = [g for g in listed or [] if str(g.get('vmid')) == vmid and g.get('type') == 'qemu']
+            if not found:
+                return self.read_result(None, {})
+            node = found[0]['node']
+            where = dict(props, node=node, vmid=int(vmid))
+            config = api_call('reading VM %s' % vmid, prox.nodes(node).qemu(vmid).config.get, read=True) or {}
+            hostpci = {}
+            for key in sorted(config, key=lambda k: (len(k), k)):
+                if key.startswith('hostpci') and key[len('hostpci'):].isdigit():
+                    mid = split_props(str(config[key]))[1].get('mapping')
+                    if mid:
+                        hostpci[mid] = key
+            by_id = self.listing(prox, where)
+        mappings, entries = {}, {}
+        for mid in sorted(hostpci):
+            mine = node_entries(by_id.get(mid), node)
+            mappings[mid] = observed_spec(mine)
+            entries[mid] = mine[0] if len(mine) == 1 else None
+        outs = dict(where, mappings=mappings, hostpci=hostpci, entries=entries,
+                    written={mid: spec['path'] for mid, spec in mappings.items() if spec}, **{IMPORTED: True})
+        return self.read_result('pci-mappings-%s' % vmid, outs)
+
+    def check_import(self, found, news):
+        """Taken over only if they are the mappings the config describes - the same VM and node, the same
+        mapping ids on the same hostpciN, each entry at the declared address - and the device at each address is
+        still the VM's GPU its entry records (the checks `up` makes before it starts the VM). Else one line."""
+        wrong = []
+        if str(found.get('vmid')) != str(news['vmid']) or found.get('node') != news['node']:
+            wrong.append('they are VM %s\'s on %s, the config declares VM %s on %s (gpuhost:vm.vmid, '
+                         'gpuhost:host.node)' % (found.get('vmid'), found.get('node'), news['vmid'], news['node']))
+        have, want = found.get('mappings') or {}, news.get('mappings') or {}
+        if not wrong and sorted(have) != sorted(want):
+            wrong.append('the VM names the mappings %s, the config declares %s' % (
+                ', '.join(sorted(have)) or 'none', ', '.join(sorted(want)) or 'none'))
+        if not wrong:
+            for mid in sorted(want):
+                spec = have.get(mid)
+                if spec is None:
+                    wrong.append('mapping %s has no entry for node %s' % (mid, news['node']))
+                elif spec.get('path') != want[mid]['path']:
+                    wrong.append('mapping %s points at %s, the config declares %s' % (mid, spec.get('path'),
+                                                                                     want[mid]['path']))
+                elif (found.get('hostpci') or {}).get(mid) != (news.get('hostpci') or {}).get(mid):
+                    wrong.append('the VM uses mapping %s as %s, the config as %s' % (
+                        mid, (found.get('hostpci') or {}).get(mid), (news.get('hostpci') or {}).get(mid)))
+        if not wrong:
+            with client(news['api']) as prox:
+                by_id = self.listing(prox, news)
+            facts = read_facts(remote.Target.from_inputs(news['connection']), pci=sorted(
+                s['path'] for s in want.values()))
+            for mid in sorted(want):
+                spec = self.spec(news, mid)
+                mine = node_entries(by_id.get(mid), news['node'])
+                finding = verify(mid, spec, mine[0] if len(mine) == 1 else None, facts.pci.get(spec['path']),
+                                 news['guard'], news['vm_numa'])
+                if finding is not None:
+                    wrong.append(('DANGER - ' if finding.danger else '') + finding.text)
+        if wrong:
+            raise MappingError('%s: not imported - %s. Nothing was changed; check the id given to `pulumi import` '
+                               '(or the import_ option) against gpuhost:vm.vmid and gpuhost:vm.gpus.' % (
+                                   self.label(news), '; '.join(wrong)))
+
     def read(self, id_, props):
+        if 'mappings' not in props:
+            return self.read_by_id(id_, props)
+
         def finding(mid, spec, f):
             warn('VM %s: %s%s. `pulumi up` will stop before starting the VM%s.' % (
                 props['vmid'], 'DANGER - ' if f.danger else 'the PCI bus changed - ', f.text,
