@@ -25,8 +25,7 @@ import json
 import time
 from typing import Callable, Optional
 
-from components import remote
-from components import state
+from components import remote, state
 from components.state import OperatorError, info
 
 JOBS_DIR = '/var/lib/gpuhost/jobs'

@@ -23,8 +23,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from components import host_state
-from components import state
+from components import host_state, state
 from components.state import OperatorError
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')

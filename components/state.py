@@ -36,13 +36,13 @@ class Interrupted(OperatorError):
 CANCELLED = threading.Event()
 
 
+RERUN = 'the next `pulumi up` reads the host and carries on from where it is.'
+
+
 def pause(seconds: float, what: str) -> None:
     """time.sleep(seconds) in a wait loop, ended by an interrupt: raises Interrupted saying what was left."""
     if CANCELLED.wait(seconds):
         raise Interrupted('%s: the run was interrupted (Ctrl-C) while waiting; %s' % (what, RERUN))
-
-
-RERUN = 'the next `pulumi up` reads the host and carries on from where it is.'
 
 
 class Failed(Exception):
