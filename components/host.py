@@ -480,7 +480,8 @@ def reboot_and_wait(target: remote.Target, timeout: float = 900.0) -> None:
                 return
         except remote.RemoteError:
             pass
-        state.pause(2, 'host %s: waiting for it to come back from its reboot (it goes on booting)' % target.host)
+        state.pause(2, 'host %s' % target.host, 'it to come back from its reboot',
+                    'it goes on booting, and the next `pulumi up` carries on from there')
     raise HostStateError('host %s did not come back over SSH within %d s after reboot' % (target.host, timeout))
 
 

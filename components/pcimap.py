@@ -329,12 +329,12 @@ class PciMappingProvider(ObservedProvider):
         if olds.get(IMPORTED):
             # `pulumi import` / import_: olds are the mappings as read_by_id() found them.
             self.check_import(olds, news)
-        return CheckResult(news, [])
+        return CheckResult({k: v for k, v in news.items() if k != IMPORTED}, [])
 
     def diff(self, id_, olds, news):
         if olds.get(IMPORTED):
-            # Until the first update an import is compared on what it found - the mappings and their entries for
-            # this node - and check_import() verified each against the device at its address, as `up` does.
+            # Until its first update or refresh an import is compared on what it found - the mappings and their
+            # entries for this node; check_import() verified the device at each declared address, as `up` does.
             changed = not self.same('mappings', olds.get('mappings'), news.get('mappings'))
             return DiffResult(changes=changed, replaces=[])
         return super().diff(id_, olds, news)
@@ -375,9 +375,11 @@ class PciMappingProvider(ObservedProvider):
         return self.read_result('pci-mappings-%s' % vmid, outs)
 
     def check_import(self, found, news):
-        """Taken over only if they are the mappings the config describes - the same VM and node, the same
-        mapping ids on the same hostpciN, each entry at the declared address - and the device at each address is
-        still the VM's GPU its entry records (the checks `up` makes before it starts the VM). Else one line."""
+        """Taken over only if they are the mappings the config describes - the same VM and node, the same mapping
+        ids on the same hostpciN - and the device at each declared address is still the VM's GPU (the checks `up`
+        makes before it starts the VM). Else one line. An entry pointing elsewhere than declared is taken over and
+        rewritten by the next `up`, as the config moving a GPU is. `pulumi import` from the command line has no
+        program (news is what was read): the Proxmox side alone is checked then; the first `up` checks the rest."""
         wrong = []
         if str(found.get('vmid')) != str(news['vmid']) or found.get('node') != news['node']:
             wrong.append('they are VM %s\'s on %s, the config declares VM %s on %s (gpuhost:vm.vmid, '
@@ -388,16 +390,10 @@ class PciMappingProvider(ObservedProvider):
                 ', '.join(sorted(have)) or 'none', ', '.join(sorted(want)) or 'none'))
         if not wrong:
             for mid in sorted(want):
-                spec = have.get(mid)
-                if spec is None:
-                    wrong.append('mapping %s has no entry for node %s' % (mid, news['node']))
-                elif spec.get('path') != want[mid]['path']:
-                    wrong.append('mapping %s points at %s, the config declares %s' % (mid, spec.get('path'),
-                                                                                     want[mid]['path']))
-                elif (found.get('hostpci') or {}).get(mid) != (news.get('hostpci') or {}).get(mid):
+                if (found.get('hostpci') or {}).get(mid) != (news.get('hostpci') or {}).get(mid):
                     wrong.append('the VM uses mapping %s as %s, the config as %s' % (
                         mid, (found.get('hostpci') or {}).get(mid), (news.get('hostpci') or {}).get(mid)))
-        if not wrong:
+        if not wrong and 'guard' in news:
             with client(news['api']) as prox:
                 by_id = self.listing(prox, news)
             facts = read_facts(remote.Target.from_inputs(news['connection']), pci=sorted(
@@ -405,8 +401,8 @@ class PciMappingProvider(ObservedProvider):
             for mid in sorted(want):
                 spec = self.spec(news, mid)
                 mine = node_entries(by_id.get(mid), news['node'])
-                finding = verify(mid, spec, mine[0] if len(mine) == 1 else None, facts.pci.get(spec['path']),
-                                 news['guard'], news['vm_numa'])
+                entry = mine[0] if len(mine) == 1 and mine[0].get('path') == spec['path'] else None
+                finding = verify(mid, spec, entry, facts.pci.get(spec['path']), news['guard'], news['vm_numa'])
                 if finding is not None:
                     wrong.append(('DANGER - ' if finding.danger else '') + finding.text)
         if wrong:
@@ -417,6 +413,7 @@ class PciMappingProvider(ObservedProvider):
     def read(self, id_, props):
         if 'mappings' not in props:
             return self.read_by_id(id_, props)
+        props = {k: v for k, v in props.items() if k != IMPORTED}   # a refresh makes an import the program's
 
         def finding(mid, spec, f):
             warn('VM %s: %s%s. `pulumi up` will stop before starting the VM%s.' % (

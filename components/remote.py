@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from components import host_state, state
+from components import host_state
 from components.state import OperatorError
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
@@ -223,11 +223,6 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     limit = timeout if timeout is not None else step_timeout(name, target)
     own = client is None
     started = False
-    if state.CANCELLED.is_set():
-        # Interrupted: no step starts after it. One in flight is not cut off - each is one short change made whole
-        # (a temporary file renamed into place, a package transaction), so it ends by itself.
-        raise state.Interrupted('%s: %s was not started - the run was interrupted (Ctrl-C); %s' % (
-            target.name, step, state.RERUN))
     try:
         client = client or pooled(target)
         transport = client.get_transport()

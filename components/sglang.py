@@ -57,7 +57,8 @@ def wait_http(url: str, timeout: float, what: str, failed=None) -> None:
                 what, url, 'loading, last answer ' + last if last and last.startswith('HTTP') else
                 'not answering yet (%s)' % last, time.time() - start, timeout))
             next_report = time.time() + 15
-        state.pause(0.5, '%s: waiting for %s (SGLang goes on starting)' % (what, url))
+        state.pause(0.5, what, url, 'SGLang goes on starting, and the next `pulumi up` checks it (a unit this run '
+                    'restarted is restarted once more: its settings were not confirmed serving)')
     raise ServiceError('%s: %s did not answer 200 within %d s (last: %s); see the unit\'s log in the container '
                        '(journalctl -u <unit>)' % (what, url, timeout, last))
 
@@ -466,6 +467,11 @@ class SglangUnitProvider(ObservedProvider):
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], 'yes'])
             old = dict(props, expect=previous.get('expect'), version=previous.get('version') or '?')
             verify_serving(target, old, lambda: self.observe(target, props)['active'])
+        except state.Interrupted:
+            # Ctrl-C while the previous unit loads again: it was put back and restarted; what failed still says why.
+            raise ServiceError('%s. The previous unit was put back (%s%s) and restarted; the run was interrupted '
+                               '(Ctrl-C) before it answered - the next `pulumi up` checks it' % (
+                                   what, back, ''.join('; ' + s for s in stays))) from None
         except (ServiceError, remote.RemoteError) as e:
             raise ServiceError('%s. Putting the previous unit back (%s%s) failed too: %s. Check the service in '
                                'container %s (journalctl -u %s) and re-run' % (

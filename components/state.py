@@ -26,9 +26,11 @@ class OperatorError(RuntimeError):
 
 
 class Interrupted(OperatorError):
-    """The run was interrupted (the operator's first Ctrl-C reached the provider's Cancel): a step that had not
-    started does not start, a wait stops; what already runs on a host - a step in flight, a durable job, a Proxmox
-    task, SGLang loading - is left to end by itself. The next `pulumi up` reads the host and carries on."""
+    """The run was interrupted (the operator's first Ctrl-C reached the provider's Cancel) while it waited for
+    something that goes on by itself - a durable job, SGLang loading, a host rebooting: the wait ends at once with
+    one line saying what goes on. Remote steps are not stopped: each is one short change made whole, and a
+    resource's steps after one that changed the host (a guest created, a unit restarted) still run, so the
+    state records what was done; the engine starts no new resource after the Cancel."""
 
 
 # Set by the provider plugin's Cancel (provider/__main__.py). A plugin process serves one CLI command, so it is
@@ -36,13 +38,11 @@ class Interrupted(OperatorError):
 CANCELLED = threading.Event()
 
 
-RERUN = 'the next `pulumi up` reads the host and carries on from where it is.'
-
-
-def pause(seconds: float, what: str) -> None:
-    """time.sleep(seconds) in a wait loop, ended by an interrupt: raises Interrupted saying what was left."""
+def pause(seconds: float, who: str, waiting_for: str, then: str) -> None:
+    """time.sleep(seconds) in a wait loop that an interrupt ends: raises Interrupted saying who waited for what,
+    and `then` - what goes on by itself and what the next run does."""
     if CANCELLED.wait(seconds):
-        raise Interrupted('%s: the run was interrupted (Ctrl-C) while waiting; %s' % (what, RERUN))
+        raise Interrupted('%s: interrupted (Ctrl-C) while waiting for %s; %s' % (who, waiting_for, then))
 
 
 class Failed(Exception):

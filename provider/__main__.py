@@ -119,9 +119,9 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         return dict(props, **self.config)
 
     def Cancel(self, request, context):
-        # The operator's first Ctrl-C (the engine signals every provider and waits for the steps in flight): no
-        # remote step starts after it, and a wait - a job followed, SGLang loading, a host rebooting - ends at
-        # once with one line saying what goes on by itself (components/state.py CANCELLED).
+        # The operator's first Ctrl-C (the engine signals every provider and waits for the steps in flight): a
+        # wait - a job followed, SGLang loading, a host rebooting - ends at once with one line saying what goes on
+        # by itself (components/state.py CANCELLED, Interrupted).
         from components import state
         state.CANCELLED.set()
         return empty_pb2.Empty()
@@ -153,8 +153,10 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
 
     @_one_line_errors
     def Read(self, request, context):
-        # On refresh the engine passes the last outputs; on an import, only the id.
-        props = self.host(plain(request.properties) or plain(request.inputs))
+        # On refresh the engine passes the last outputs and inputs: the outputs over the inputs (a resource taken in
+        # by `import_` keeps the outputs its import read, which lack what only the program declares); on an
+        # import, only the id.
+        props = self.host(dict(plain(request.inputs), **plain(request.properties)))
         result = registry.provider_for(type_of(request.urn), props).read(request.id, props)
         fields = {'id': result.id, 'properties': wire(without_host(result.outs))}
         if result.inputs is not None:

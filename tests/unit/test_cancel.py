@@ -1,6 +1,7 @@
-"""The engine's Cancel (an operator's first Ctrl-C) as the plugin takes it: no remote step starts after it, a job
-being followed is left running with one line saying so, and a wait ends at once - never after the job or the wait
-would have ended by itself (a 244 GB download: hours)."""
+"""The engine's Cancel (an operator's first Ctrl-C) as the plugin takes it: a job being followed is left running with
+one line saying so, and a wait for SGLang or a rebooting host ends at once - never after the job or the wait would
+have ended by itself (a 244 GB download: hours). Remote steps still run: a resource's steps after one that changed the
+host (a guest created, a unit restarted) complete, so the state records what was done."""
 
 import threading
 import time
@@ -23,16 +24,23 @@ def _target():
                          command_timeout=20.0)
 
 
-def test_the_plugins_cancel_stops_the_next_remote_step_before_it_connects(monkeypatch):
-    def no_connection(target):
-        raise AssertionError('a step was started after Cancel')
-    monkeypatch.setattr(remote, 'pooled', no_connection)
-    GpuhostProvider().Cancel(None, None)
+def test_after_the_plugins_cancel_a_reboot_wait_ends_at_once_and_remote_steps_still_run(monkeypatch):
+    from components import host
+    calls = []
+
+    def run(target, name, args=(), **kw):
+        calls.append(name)
+        return remote.Result('same-boot-id\n', '', 0)   # the host has not come back yet
+    monkeypatch.setattr(remote, 'run', run)
+    threading.Timer(0.3, GpuhostProvider().Cancel, (None, None)).start()
+    start = time.monotonic()
     with pytest.raises(state.Interrupted) as e:
-        remote.run(_target(), 'read_file.sh', ['/etc/hostname'])
-    assert str(e.value) == ('root@pve1:22: reading /etc/hostname was not started - the run was interrupted '
-                            '(Ctrl-C); '
-                            'the next `pulumi up` reads the host and carries on from where it is.')
+        host.reboot_and_wait(_target(), timeout=900)
+    assert time.monotonic() - start < 5, 'the reboot wait went on after Cancel'
+    assert str(e.value) == ('host pve1: interrupted (Ctrl-C) while waiting for it to come back from its reboot; it goes '
+                            'on booting, and the next `pulumi up` carries on from there')
+    # A remote step after the Cancel runs: the steps of a resource after a change on the host complete.
+    assert remote.run(_target(), 'read_file.sh', ['/etc/hostname']).stdout == 'same-boot-id\n'
 
 
 RUNNING = ('state\tactive\nsub\trunning\ncpu\t1\nspec\tabc\nstarted\t1700000000\nnow\t1700000010\n'
@@ -69,5 +77,6 @@ def test_a_wait_for_sglang_ends_on_cancel_with_what_goes_on(monkeypatch):
         # Nothing listens there: the wait would go on for its whole 600 s.
         sglang.wait_http('http://127.0.0.1:9/health', 600, 'sglang-unit: SGLang in container 200')
     assert time.monotonic() - start < 5
-    assert str(e.value).startswith('sglang-unit: SGLang in container 200: waiting for http://127.0.0.1:9/health '
-                                   '(SGLang goes on starting): the run was interrupted (Ctrl-C) while waiting')
+    assert str(e.value).startswith('sglang-unit: SGLang in container 200: interrupted (Ctrl-C) while waiting for '
+                                   'http://127.0.0.1:9/health; SGLang goes on starting, and the next `pulumi up` '
+                                   'checks it')

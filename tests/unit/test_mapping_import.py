@@ -94,8 +94,10 @@ def test_the_vms_id_alone_is_taken_and_an_unknown_vm_is_not_found(api):
 
 
 @pytest.mark.parametrize('paths, facts, why', [
+    # The config declares an address where the host has nothing.
     (('0000:81:00.0', '0000:83:00.0'), PCI_FACTS,
-     'mapping gpuhost-300-gpu1 points at 0000:82:00.0, the config declares 0000:83:00.0'),
+     'the PCI mapping gpuhost-300-gpu1 (hostpci1) is for 0000:83:00.0, a 10de:2bb5 GPU, but the host has no PCI '
+     'device there'),
     (('0000:81:00.0',), PCI_FACTS, 'the VM names the mappings gpuhost-300-gpu0, gpuhost-300-gpu1, the config '
                                    'declares gpuhost-300-gpu0'),
     # The bus renumbered since the entry was written: a container GPU (NUMA 0) now sits at the VM's address.
@@ -113,3 +115,30 @@ def test_an_import_of_other_mappings_or_of_a_changed_device_is_refused_before_an
     text = str(e.value)
     assert text.startswith('the PCI resource mappings of VM 300: not imported - ') and why in text, text
     assert 'Nothing was changed' in text
+
+
+def test_an_import_whose_entries_point_elsewhere_is_taken_and_updated_like_a_moved_gpu(api):
+    """Mappings whose entries point at other addresses than declared (both the VM's GPUs): taken over, and the
+    first `up` rewrites them, as when the config moves a GPU. Refused or not, nothing is written at import."""
+    deploy(api)
+    made = list(api['store'].writes)
+    found = read(api)
+    provider = pcimap.PciMappingProvider()
+    news = declared(api, ('0000:82:00.0', '0000:81:00.0'))
+    checked = provider.check(found.inputs, news)
+    assert pve.IMPORTED not in checked.inputs
+    diff = provider.diff(found.id, found.outs, checked.inputs)
+    assert diff.changes and not diff.replaces
+    assert api['store'].writes == made
+
+
+def test_an_import_from_the_command_line_checks_the_proxmox_side_and_a_refresh_makes_it_the_programs(api):
+    """`pulumi import` without a program: Check gets what Read found as its news (no guard, no NUMA node). Then a
+    refresh (outputs over inputs, as the plugin hands them) reads it as any mapping of the stack, unmarked."""
+    deploy(api)
+    found = read(api)
+    provider = pcimap.PciMappingProvider()
+    provider.check(found.inputs, dict(found.inputs, api=declared(api)['api']))
+    refreshed = provider.read(found.id, dict(declared(api), **{k: v for k, v in found.outs.items() if v is not None}))
+    assert pve.IMPORTED not in refreshed.outs and refreshed.outs['checks'] == {'gpuhost-300-gpu0': '',
+                                                                               'gpuhost-300-gpu1': ''}
