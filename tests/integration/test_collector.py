@@ -105,7 +105,8 @@ def test_identity_domain_fires_the_critical_alert_with_no_pulumi_run(lab, env):
         fired = time.time()
         print('identity: collector ran %.1f s after the flip, the alert fired %.1f s after that run' % (
             run['end'] - flipped, fired - run['end']))
-        print('runs of the collector that failed before it:\n' + '\n'.join(failed) if failed else '')
+        if failed:
+            print('runs of the collector that failed before it:\n' + '\n'.join(failed))
         # Within two intervals of the collector writing it: the next scrape, the evaluation after it (and 1 s for
         # this loop's polling and the API on a loaded machine).
         assert fired - run['end'] <= 2 * SCRAPE_S + 1.0, (run, fired, failed)
