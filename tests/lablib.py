@@ -182,9 +182,9 @@ FAILED_LOGS = '/tmp/gpuhost-lab-logs'
 
 
 def keep_logs(base, label):
-    """Copy every *.log below base's project lab directories, and the record of every SSH command the lab ran
-    (control/ssh-commands.raw: each command line, its number and time), to FAILED_LOGS/<label>-<time>;
-    returns the copy."""
+    """Copy every *.log below base's project lab directories, the record of every SSH command the lab ran
+    (control/ssh-commands.raw: each command line, its number and time) and each simulated host's journal
+    (host-journal.log) to FAILED_LOGS/<label>-<time>; returns the copy."""
     import time
     dest = os.path.join(FAILED_LOGS, '%s-%s-%d' % (label, time.strftime('%Y%m%dT%H%M%S'), os.getpid()))
     project = os.path.join(base, 'project')
@@ -202,6 +202,15 @@ def keep_logs(base, label):
                         shutil.copyfile(src, out)
                     except OSError:
                         pass
+            # The simulated host's own journal (persistent, in its /var's upper layer): its systemd's account of
+            # every unit it ran - why a unit failed is there and nowhere else.
+            journal = os.path.join(dirpath, 'host', 'var', 'log', 'journal')
+            if os.path.isdir(journal):
+                out = os.path.join(dest, os.path.relpath(dirpath, project), 'host-journal.log')
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                with open(out, 'w') as f:
+                    subprocess.run(['journalctl', '--directory=' + journal, '--no-pager', '-o', 'short-precise'],
+                                   stdout=f, stderr=subprocess.STDOUT, timeout=60, check=False)
     return dest
 
 

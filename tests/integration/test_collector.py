@@ -9,6 +9,7 @@ the timer, the script and the files. One lab, one Prometheus, one stack for the 
 import json
 import subprocess
 import time
+import warnings
 
 import pytest
 
@@ -53,6 +54,7 @@ def written_after(lab, t):
         failed.append(lab.on_host("journalctl --no-pager -o short-precise -u %s --since '@%.3f' --until '@%.3f'" % (
             SERVICE, run['start'] - 1, run['end'] + 1)).stdout)
         assert len(failed) < 3, 'the collector failed 3 times in a row:\n' + '\n'.join(failed)
+        warnings.warn('a collector run on its timer failed (the next one is measured):\n' + failed[-1])
         t = run['start']
 
 
