@@ -621,9 +621,10 @@ class Lab(object):
         ...: No such file or directory", status=219/CGROUP - before the unit's program runs at all; the run before
         logs "Failed to kill control group ..., ignoring: Input/output error"). Any other failure is the program's:
         the test fails with the lines."""
+        import shlex
         import warnings
         lines = self.on_host("journalctl --no-pager -o short-precise -u %s --since '@%.3f' --until '@%.3f'" % (
-            unit, start - 1, end + 1)).stdout
+            shlex.quote(unit), start - 1, end + 1)).stdout
         assert LAB_CGROUP_FAULT in lines, '%s failed:\n%s' % (unit, lines)
         warnings.warn('%s: a run failed with the lab host\'s cgroup v1 fault (%s):\n%s' % (unit, LAB_CGROUP_FAULT, lines))
         return lines

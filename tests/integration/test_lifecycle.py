@@ -227,7 +227,6 @@ def test_reboot_clears_reboot_required(lab, stack):
             break
         assert attempt == 0, started.stderr
         lab.lab_unit_fault('gpuhost-collector.service', before, time.time())
-        time.sleep(2)
     prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-collector.prom').stdout
     assert 'gpuhost_reboot_required 0\n' in prom and 'gpuhost_reboot_reasons{kind="kernel_cmdline_missing"} 0\n' in prom
     assert changed(lab.preview_json(STACK)) == {}
