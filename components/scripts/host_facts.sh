@@ -4,11 +4,18 @@ set -euo pipefail
 tab=$'\t'
 oneline() { tr '\t\n\r' '   ' | sed 's/ *$//'; }
 # The first line of a file into the variable named $1 without a process (a run reads sysfs a few hundred times;
-# `$(cat ...)` made that a few hundred processes): rd VAR FILE [DEFAULT] - DEFAULT (else empty) when the file cannot
-# be read or is empty (a sysfs or procfs attribute never is: it ends with a newline). link VAR PATH: the last
-# component of a symlink's target (`basename "$(readlink PATH)"` in one process).
-rd() { local -n _rd=$1; _rd=; { IFS= read -r _rd < "$2"; } 2>/dev/null || [ -n "$_rd" ] || _rd=${3-}; }
-link() { local -n _ln=$1; _ln=$(readlink "$2"); _ln=${_ln##*/}; }
+# `$(cat ...)` made that a few hundred processes): rd VAR FILE [DEFAULT]. A file that cannot be opened gives DEFAULT,
+# or without one fails (as `VAR=$(cat FILE)` failed the script); an empty file gives ''. link VAR PATH: the last
+# component of a symlink's target, '' if it is gone (`basename "$(readlink PATH)"` in one process).
+rd() {
+  local -n _rd=$1
+  _rd=
+  if { IFS= read -r _rd || :; } 2>/dev/null < "$2"; then return 0; fi
+  if [ $# -ge 3 ]; then _rd=$3; return 0; fi
+  echo "host_facts.sh: cannot read $2" >&2
+  return 1
+}
+link() { local -n _ln=$1; _ln=$(readlink "$2") || _ln=; _ln=${_ln##*/}; }
 # The boot method: proxmox-boot-tool's answer is read whole first (a `| grep -q` under pipefail can
 # kill the writer with SIGPIPE on a long answer and misreport the boot method).
 pbt=
@@ -39,7 +46,7 @@ echo "running${tab}$(oneline < /proc/cmdline)"
 # The nvidia kernel module the host runs: what the containers' NVIDIA user space must equal.
 if [ -r /sys/module/nvidia/version ]; then echo "nvidia_module${tab}$(head -n 1 /sys/module/nvidia/version | oneline)"; fi
 for dev in /sys/bus/pci/devices/*; do
-  rd vendor "$dev/vendor"
+  rd vendor "$dev/vendor" -
   [ "$vendor" = 0x10de ] || continue
   rd class "$dev/class" 0x03
   case "$class" in 0x03*) ;; *) continue ;; esac
@@ -51,14 +58,14 @@ for dev in /sys/bus/pci/devices/*; do
     link group "$dev/iommu_group"
     rd gtype "/sys/kernel/iommu_groups/$group/type" -
   fi
-  rd device "$dev/device"; rd numa "$dev/numa_node"
+  rd device "$dev/device"; rd numa "$dev/numa_node" ''
   echo "gpu${tab}${bdf}${tab}${vendor#0x}:${device#0x}${tab}${numa}${tab}${driver}${tab}${override}${tab}${group}${tab}${gtype}"
   info=/proc/driver/nvidia/gpus/$bdf/information
   if [ -f "$info" ]; then
     minor=
-    while IFS=: read -r key value; do
-      if [[ $key == 'Device Minor'* ]]; then minor=${value//[[:blank:]]/}; fi
-    done < "$info"
+    { while IFS=: read -r key value; do
+        if [[ $key == 'Device Minor'* ]]; then minor=${value//[[:blank:]]/}; fi
+      done < "$info"; } 2>/dev/null || :
     echo "minor${tab}${bdf}${tab}${minor}"
   fi
 done
@@ -89,7 +96,7 @@ done
 for f in /etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/local/lib/modprobe.d/*.conf /lib/modprobe.d/*.conf \
          /usr/lib/modprobe.d/*.conf; do
   [ -f "$f" ] || continue
-  rd first "$f"
+  rd first "$f" ''
   if [[ $first == '# Managed by gpuhost'* ]]; then continue; fi
   { grep -nE '^[[:space:]]*(options|blacklist|install)[[:space:]]+(nvidia|vfio|pci[-_]stub)' "$f" || true; } |
     while IFS= read -r line; do echo "modprobe${tab}${f}${tab}$(printf '%s' "$line" | oneline)"; done
