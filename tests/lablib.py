@@ -463,6 +463,7 @@ class Lab(object):
         without an exit status (a drop)."""
         import base64
         import paramiko
+        from components import remote
         s = self.info['ssh']
         keytype, b64 = s['host_key'].split()[:2]
         client = paramiko.SSHClient()
@@ -481,7 +482,7 @@ class Lab(object):
                 except (OSError, EOFError):
                     pass
             try:
-                chan.shutdown_write()
+                remote.send_eof(chan)   # not shutdown_write(): paramiko's race (components/remote.py send_eof)
             except (OSError, EOFError):
                 pass
             out, err = [], []
