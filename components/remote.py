@@ -208,6 +208,20 @@ def script(name: str) -> str:
         return f.read()
 
 
+def send_eof(chan) -> None:
+    """chan.shutdown_write() without paramiko's race (5.1.0 Channel.shutdown): it makes the EOF under the channel's
+    lock and sends it after letting go, so the transport thread can meanwhile answer the server's CLOSE of a command
+    that ended at once - our EOF then follows our CLOSE, and OpenSSH drops the whole connection ("ieof packet
+    referred to nonexistent channel"), every step on it lost (seen under load: a fixture's `up` failed that way).
+    Sent with the lock held, the CLOSE waits for it. (The one wait inside: paramiko holds a message back while a
+    rekey it started is under way, which the transport thread blocked on this lock could not finish - it starts one
+    after 2^29 packets or bytes on a connection, far beyond a run's.)"""
+    with chan.lock:
+        m = chan._send_eof()
+        if m is not None:
+            chan.transport._send_user_message(m)
+
+
 def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None, check: bool = True,
         timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None) -> Result:
     """Run components/scripts/<name> on the host with args as quoted positional parameters.
@@ -234,7 +248,7 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
         started = True
         if stdin is not None:
             chan.sendall(stdin)
-        chan.shutdown_write()
+        send_eof(chan)
         out, err, pending = [], [], b''
         deadline = time.monotonic() + limit
         # Done at the server's EOF (or close) with the exit status in, not at the exit status alone: OpenSSH

@@ -543,11 +543,17 @@ def build_env(target, props: dict, facts: dict, password=None) -> bool:
         return False
     py = props['install']['python']
     stage, build = build_jobs(props, password, replace=replace)
+    ended = True
     try:
         p = jobs.poll(target, build)
         if stage is not None and not (p.running and p.spec == build.spec):
             jobs.run(target, stage)
         jobs.run(target, build)
+    except jobs.JobDetached:
+        # Following it failed (the connection stayed down); the build goes on, from the wheelhouse: kept for it,
+        # and removed by the run that sees the build end.
+        ended = False
+        raise
     except jobs.JobFailed as e:
         if e.job is None or e.outcome is None or not isinstance(e.outcome, jobs.Poll):
             raise
@@ -555,7 +561,7 @@ def build_env(target, props: dict, facts: dict, password=None) -> bool:
         why = _job_log(e) if code is not None else str(e)
         raise RuntimeStepError(build_failure(code, why, env, py, props)) from None
     finally:
-        if stage is not None:
+        if stage is not None and ended:
             remote.run(target, 'ct_remove_path.sh', [props['vmid'], WHEELHOUSE_IN_CT], check=False)
     return 'replaced' if replace else True
 

@@ -31,11 +31,11 @@ Stdlib only: the fake tools run under the host's system python3.
 import fcntl
 import json
 import os
-import shutil
 import stat
-import tempfile
 import time
-import uuid
+
+# shutil, tempfile and uuid are imported where used: each fake tool (pct, driverctl, ...) is a process of its own
+# that imports this module, a few thousand times in a run of the test suite.
 
 VENDOR_NVIDIA = '0x10de'
 DEFAULT_DRIVER = 'nvidia'
@@ -122,6 +122,7 @@ class Host(object):
         self.add_artifact(cuda_installer_name(cuda, driver), cuda_installer(cuda))
         write(self.path('boot/cmdline'), spec['cmdline'] + '\n')
         write_in_place(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
+        import uuid
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         self.write_nvidia_params(spec.get('nvidia_params', {}))
         self.boot_messages()
@@ -230,6 +231,7 @@ class Host(object):
             os.unlink(self.pci(bdf, 'driver'))
         info = self.path('proc/driver/nvidia/gpus', bdf)
         if old == 'nvidia' and driver != 'nvidia' and os.path.isdir(info):
+            import shutil
             shutil.rmtree(info)
         if driver:
             relink(self.pci(bdf, 'driver'), '../../drivers/' + driver)
@@ -259,6 +261,7 @@ class Host(object):
         """The drivers a boot binds: driverctl's overrides (by address: whatever sits at the address gets it),
         else nvidia. A fresh boot probes in bus order, so minors are handed out again from 0."""
         overrides = self.overrides()
+        import shutil
         shutil.rmtree(self.path('proc/driver/nvidia/gpus'), ignore_errors=True)
         for bdf in self.gpu_bdfs():
             self.bind(bdf, None)
@@ -410,6 +413,7 @@ class Host(object):
 
     def update_initramfs(self):
         """Snapshot /etc/modprobe.d into the initramfs, which is what the next boot loads modules with."""
+        import shutil
         dst = self.path('boot/initrd-modprobe.d')
         shutil.rmtree(dst)
         shutil.copytree(self.path('etc/modprobe.d'), dst)
@@ -418,6 +422,7 @@ class Host(object):
         """What a power cycle makes of the installed state: command line, module options, bindings."""
         cmdline = self.installed_cmdline()
         write_in_place(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
+        import uuid
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         gtype = domain_type(cmdline)
         spec = self.spec
@@ -649,6 +654,7 @@ def read(path):
 
 def write(path, text):
     """Atomic write, so a test reading while a tool writes never sees half a file."""
+    import tempfile
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp.')
     with os.fdopen(fd, 'w') as f:

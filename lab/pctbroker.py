@@ -21,7 +21,8 @@ A container whose stop has begun is not running to pct (the lab daemon's check),
 nsenter that passed the check gets inside (the broker holds the container's gate until nsenter has forked the
 command): nsenter never meets a PID 1 that has gone, whose namespaces it could not open.
 
-Stdlib only: the client half runs under the host's python3.
+Stdlib only: the client half runs under the host's python3, in every pct call (a few thousand processes in a run of
+the test suite): the server half imports subprocess and threading where it uses them.
 """
 
 import contextlib
@@ -30,8 +31,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
-import threading
 import time
 
 SOCKET = 'pct.sock'
@@ -109,6 +108,7 @@ class Broker(object):
         self.sock = None
 
     def start(self):
+        import threading
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         try:
             os.unlink(self.path)
@@ -136,6 +136,7 @@ class Broker(object):
             self.sock = None
 
     def _accept(self):
+        import threading
         sock = self.sock
         while True:
             try:
@@ -145,6 +146,7 @@ class Broker(object):
             threading.Thread(target=self._serve, args=(conn,), name='pct-request', daemon=True).start()
 
     def _serve(self, conn):
+        import subprocess
         fds = []
         try:
             try:
@@ -183,6 +185,7 @@ class Broker(object):
     @staticmethod
     def _spawn(command, fds):
         """The nsenter started with the request's descriptors (closed here: the command has them), or an answer."""
+        import subprocess
         try:
             proc = subprocess.Popen(command, stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True,
                                     start_new_session=True)

@@ -3,6 +3,19 @@ set -euo pipefail
 # (parsed by components/remote.py:parse_facts). Changes nothing.
 tab=$'\t'
 oneline() { tr '\t\n\r' '   ' | sed 's/ *$//'; }
+# The first line of a file into the variable named $1 without a process (a run reads sysfs a few hundred times;
+# `$(cat ...)` made that a few hundred processes): rd VAR FILE [DEFAULT]. A file that cannot be opened gives DEFAULT,
+# or without one fails (as `VAR=$(cat FILE)` failed the script); an empty file gives ''. link VAR PATH: the last
+# component of a symlink's target, '' if it is gone (`basename "$(readlink PATH)"` in one process).
+rd() {
+  local -n _rd=$1
+  _rd=
+  if { IFS= read -r _rd || :; } 2>/dev/null < "$2"; then return 0; fi
+  if [ $# -ge 3 ]; then _rd=$3; return 0; fi
+  echo "host_facts.sh: cannot read $2" >&2
+  return 1
+}
+link() { local -n _ln=$1; _ln=$(readlink "$2") || _ln=; _ln=${_ln##*/}; }
 # The boot method: proxmox-boot-tool's answer is read whole first (a `| grep -q` under pipefail can
 # kill the writer with SIGPIPE on a long answer and misreport the boot method).
 pbt=
@@ -33,21 +46,27 @@ echo "running${tab}$(oneline < /proc/cmdline)"
 # The nvidia kernel module the host runs: what the containers' NVIDIA user space must equal.
 if [ -r /sys/module/nvidia/version ]; then echo "nvidia_module${tab}$(head -n 1 /sys/module/nvidia/version | oneline)"; fi
 for dev in /sys/bus/pci/devices/*; do
-  [ "$(cat "$dev/vendor")" = 0x10de ] || continue
-  case "$(cat "$dev/class" 2>/dev/null || echo 0x03)" in 0x03*) ;; *) continue ;; esac
+  rd vendor "$dev/vendor" -
+  [ "$vendor" = 0x10de ] || continue
+  rd class "$dev/class" 0x03
+  case "$class" in 0x03*) ;; *) continue ;; esac
   bdf=${dev##*/}
-  driver=-; [ -L "$dev/driver" ] && driver=$(basename "$(readlink "$dev/driver")")
-  override=$(cat "$dev/driver_override" 2>/dev/null || echo '(null)')
+  driver=-; if [ -L "$dev/driver" ]; then link driver "$dev/driver"; fi
+  rd override "$dev/driver_override" '(null)'
   group=-; gtype=-
   if [ -L "$dev/iommu_group" ]; then
-    group=$(basename "$(readlink "$dev/iommu_group")")
-    gtype=$(cat "/sys/kernel/iommu_groups/$group/type" 2>/dev/null || echo -)
+    link group "$dev/iommu_group"
+    rd gtype "/sys/kernel/iommu_groups/$group/type" -
   fi
-  vendor=$(cat "$dev/vendor"); device=$(cat "$dev/device")
-  echo "gpu${tab}${bdf}${tab}${vendor#0x}:${device#0x}${tab}$(cat "$dev/numa_node")${tab}${driver}${tab}${override}${tab}${group}${tab}${gtype}"
+  rd device "$dev/device"; rd numa "$dev/numa_node" ''
+  echo "gpu${tab}${bdf}${tab}${vendor#0x}:${device#0x}${tab}${numa}${tab}${driver}${tab}${override}${tab}${group}${tab}${gtype}"
   info=/proc/driver/nvidia/gpus/$bdf/information
   if [ -f "$info" ]; then
-    echo "minor${tab}${bdf}${tab}$(awk -F: '/^Device Minor/ {gsub(/[ \t]/, "", $2); print $2}' "$info")"
+    minor=
+    { while IFS=: read -r key value; do
+        if [[ $key == 'Device Minor'* ]]; then minor=${value//[[:blank:]]/}; fi
+      done < "$info"; } 2>/dev/null || :
+    echo "minor${tab}${bdf}${tab}${minor}"
   fi
 done
 if [ -f /proc/driver/nvidia/params ]; then
@@ -77,7 +96,8 @@ done
 for f in /etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/local/lib/modprobe.d/*.conf /lib/modprobe.d/*.conf \
          /usr/lib/modprobe.d/*.conf; do
   [ -f "$f" ] || continue
-  if head -n 1 "$f" | grep -q '^# Managed by gpuhost'; then continue; fi
+  rd first "$f" ''
+  if [[ $first == '# Managed by gpuhost'* ]]; then continue; fi
   { grep -nE '^[[:space:]]*(options|blacklist|install)[[:space:]]+(nvidia|vfio|pci[-_]stub)' "$f" || true; } |
     while IFS= read -r line; do echo "modprobe${tab}${f}${tab}$(printf '%s' "$line" | oneline)"; done
 done
@@ -88,14 +108,14 @@ for f in "$@"; do
   if [[ $f =~ $pci_re ]]; then
     dev=/sys/bus/pci/devices/$f
     if [ ! -e "$dev/vendor" ]; then echo "pci${tab}${f}${tab}-"; continue; fi
-    vendor=$(cat "$dev/vendor"); device=$(cat "$dev/device")
+    rd vendor "$dev/vendor"; rd device "$dev/device"
     sub=-
     if [ -f "$dev/subsystem_vendor" ] && [ -f "$dev/subsystem_device" ]; then
-      sv=$(cat "$dev/subsystem_vendor"); sd=$(cat "$dev/subsystem_device"); sub=${sv#0x}:${sd#0x}
+      rd sv "$dev/subsystem_vendor"; rd sd "$dev/subsystem_device"; sub=${sv#0x}:${sd#0x}
     fi
-    driver=-; [ -L "$dev/driver" ] && driver=$(basename "$(readlink "$dev/driver")")
-    group=-; [ -L "$dev/iommu_group" ] && group=$(basename "$(readlink "$dev/iommu_group")")
-    class=$(cat "$dev/class" 2>/dev/null || echo -); numa=$(cat "$dev/numa_node" 2>/dev/null || echo -1)
+    driver=-; if [ -L "$dev/driver" ]; then link driver "$dev/driver"; fi
+    group=-; if [ -L "$dev/iommu_group" ]; then link group "$dev/iommu_group"; fi
+    rd class "$dev/class" -; rd numa "$dev/numa_node" -1
     echo "pci${tab}${f}${tab}${vendor#0x}:${device#0x}${tab}${sub}${tab}${class}${tab}${numa}${tab}${driver}${tab}${group}"
     continue
   fi

@@ -102,3 +102,42 @@ def test_a_connection_closed_without_a_status_is_a_lost_connection_not_a_result(
     finally:
         client.close()
         server.close()
+
+
+def test_a_command_that_ends_at_once_gets_our_eof_before_our_close(monkeypatch):
+    """paramiko 5.1's Channel.shutdown() makes the EOF under the channel's lock and sends it after letting go; if the
+    server's CLOSE of a command that ended at once is answered in between, our EOF follows our CLOSE and OpenSSH drops
+    the whole connection ("ieof packet referred to nonexistent channel 1": a fixture's `up` lost every step on it).
+    Here the command ends exactly while remote.run's thread is about to send the EOF, and that thread is held up for
+    as long as the transport thread needs to answer the CLOSE: the EOF must still go first."""
+    import threading
+    import paramiko
+    sending = threading.Event()
+
+    def ends_while_we_send_eof(chan):
+        sending.wait(10)
+        chan.send_exit_status(0)
+        chan.close()
+    client, server = _serve(ends_while_we_send_eof)
+    sent = []
+    real = paramiko.Transport._send_user_message
+
+    def send(self, data):
+        kind = data.asbytes()[0]
+        if self is client and kind == 96 and not sending.is_set():   # remote.run's EOF
+            sending.set()
+            time.sleep(0.5)
+        if self is client and kind in (96, 97):
+            sent.append({96: 'EOF', 97: 'CLOSE'}[kind])
+        return real(self, data)
+    monkeypatch.setattr(paramiko.Transport, '_send_user_message', send)
+    try:
+        res = remote.run(_target(), 'read_file.sh', ['/etc/hostname'], client=_Client(client))
+        deadline = time.time() + 5
+        while len(sent) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.close()
+        server.close()
+    assert res.exit_code == 0
+    assert sent == ['EOF', 'CLOSE'], sent

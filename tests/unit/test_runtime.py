@@ -214,3 +214,26 @@ def test_a_cuda_reinstall_keeps_the_toolkit_before_it_and_puts_it_back_or_drops_
     assert prev('restore') == 'restored\t13.0.2' and _version(home) == '13.0.2'
     # Nothing kept: nothing to do.
     assert prev('restore') == 'none' and prev('drop') == 'none'
+
+
+def test_a_build_whose_following_detached_keeps_its_wheelhouse_and_one_that_ended_removes_it(monkeypatch):
+    """The wheelhouse copied into the container is what the running build installs from: a run that lost the
+    build (the connection stayed down, or Ctrl-C) leaves it for the build; the run that sees the build end removes
+    it."""
+    from components import jobs, remote, runtime
+    calls = []
+    monkeypatch.setattr(runtime, 'build_jobs', lambda props, password, replace=False: ('stage', 'build'))
+    monkeypatch.setattr(jobs, 'poll', lambda target, job: jobs.parse_poll('state\tinactive\nsub\tdead\n'))
+    monkeypatch.setattr(remote, 'run', lambda target, name, args=(), **kw: calls.append(name))
+    props = {'env': {'id': 'e1', 'path': '/opt/sglang/envs/e1'}, 'install': {'python': {}}, 'vmid': 200}
+
+    def detached(target, job, *a, **kw):
+        if job == 'build':
+            raise jobs.JobDetached('lost the connection while following job gpuhost-envbuild')
+    monkeypatch.setattr(jobs, 'run', detached)
+    with pytest.raises(jobs.JobDetached):
+        runtime.build_env(None, props, {})
+    assert calls == []
+    monkeypatch.setattr(jobs, 'run', lambda target, job, *a, **kw: None)
+    assert runtime.build_env(None, props, {}) is True
+    assert calls == ['ct_remove_path.sh']
