@@ -75,6 +75,36 @@ exit 1
 PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates', 'provider')
 
 
+# Release 0.1.0 (CHANGELOG.md; tag v0.1.0 where tags were kept): the program as that release deployed it.
+PREVIOUS_RELEASE = '986fe9e'
+PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates')
+
+
+class previous_release:
+    """The lab's project copy holds the previous release's program for the duration (its own files set aside and
+    put back after): same directory, stack file, backend and virtualenv, as on an operator's checkout."""
+
+    def __init__(self, lab):
+        self.project = lab.project
+        self.aside = os.path.join(os.path.dirname(lab.project), 'project-new')
+
+    def __enter__(self):
+        os.makedirs(self.aside)
+        for name in PROJECT_FILES:
+            os.rename(os.path.join(self.project, name), os.path.join(self.aside, name))
+        archive = subprocess.run(['git', '-C', REPO, 'archive', PREVIOUS_RELEASE] + list(PREVIOUS_FILES),
+                                 capture_output=True, check=True).stdout
+        subprocess.run(['tar', '-x', '-C', self.project], input=archive, check=True)
+        return self
+
+    def __exit__(self, *exc):
+        for name in PREVIOUS_FILES:
+            path = os.path.join(self.project, name)
+            (shutil.rmtree if os.path.isdir(path) else os.unlink)(path)
+        for name in PROJECT_FILES:
+            os.rename(os.path.join(self.aside, name), os.path.join(self.project, name))
+
+
 class SshResult(object):
     def __init__(self, stdout, stderr, exit_code):
         self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.lablib import REPO, FleetLab, claim_net, keep_logs, max_overlap
+from tests.lablib import REPO, FleetLab, claim_net, keep_logs, max_overlap, previous_release
 
 STACK = 'fleet'
 # Four simulated hosts: the first test's setup starts four labs, and the rolling changes wait for each
@@ -69,13 +69,23 @@ def up_new_guests(fleet, stack):
 
 
 def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
+    """Deployed by the previous release (dynamic providers only), then moved onto the gpuhost plugin (issue 28's
+    upgrade test for a fleet stack): one provider instance created per host, nothing else changed or restarted."""
     cfg = fleet.stack_config(['gpu01', 'gpu02', 'gpu03'])
     fleet.write_stack(STACK, cfg)
+    with previous_release(fleet):
+        plan = steps(fleet.preview_json(STACK))
+        hosts = {urn.split('::')[-1].split('-')[0] for urn in plan}
+        assert hosts == {'gpu01', 'gpu02', 'gpu03'}, sorted(plan)
+        assert not any('gpu03-vm' in urn for urn in plan)          # the host without a VM
+        up_new_guests(fleet, STACK)
+    before = {n: fleet.labs[n].host_digest() for n in ('gpu01', 'gpu02', 'gpu03')}
     plan = steps(fleet.preview_json(STACK))
-    hosts = {urn.split('::')[-1].split('-')[0] for urn in plan}
-    assert hosts == {'gpu01', 'gpu02', 'gpu03'}, sorted(plan)
-    assert not any('gpu03-vm' in urn for urn in plan)          # the host without a VM
-    up_new_guests(fleet, STACK)
+    assert sorted(plan.values()) == ['create'] * 3 and all('::pulumi:providers:gpuhost::' in u for u in plan), plan
+    fleet.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    assert {n: fleet.labs[n].host_digest() for n in before} == before, 'the upgrade changed a host'
+    state = fleet.pulumi('stack', 'export', stack=STACK).stdout
+    assert 'pulumi-python:dynamic' not in state
     out = fleet.outputs(STACK)
     assert sorted(out['hosts']) == ['gpu01', 'gpu02', 'gpu03']
     for name in ('gpu01', 'gpu02', 'gpu03'):

@@ -233,6 +233,70 @@ def test_reboot_clears_reboot_required(lab, stack):
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
+def forget_guests(lab, names):
+    """The stack as if it had never held these guests (its state lost, or a guest made by hand): the guest
+    resources taken out of the exported state, the other resources' references to them with them."""
+    state = json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout)
+    resources = state['deployment']['resources']
+    gone = {r['urn']: r for r in resources if r['urn'].rsplit('::', 1)[-1] in names}
+    assert len(gone) == len(names), sorted(gone)
+    kept = [r for r in resources if r['urn'] not in gone]
+    for r in kept:
+        r['dependencies'] = [u for u in r.get('dependencies') or [] if u not in gone]
+        r['propertyDependencies'] = {k: [u for u in v if u not in gone]
+                                     for k, v in (r.get('propertyDependencies') or {}).items()}
+    state['deployment']['resources'] = kept
+    path = os.path.join(lab.dir, 'forgotten.json')
+    with open(path, 'w') as f:
+        json.dump(state, f)
+    lab.pulumi('stack', 'import', '--file', path, stack=STACK)
+    return {r['urn'].rsplit('::', 1)[-1]: r for r in gone.values()}
+
+
+def import_file(lab, gone, ids):
+    """`pulumi import --file` for the guests as the program declares them: under their component, through the
+    host's gpuhost provider."""
+    table, specs = {}, []
+    for name, vmid in ids.items():
+        r = gone[name]
+        table['parent-' + name], table['provider-' + name] = r['parent'], r['provider'].rsplit('::', 1)[0]
+        specs.append({'type': 'gpuhost:index:ProxmoxGuest', 'name': name, 'id': vmid,
+                      'parent': 'parent-' + name, 'provider': 'provider-' + name})
+    path = os.path.join(lab.dir, 'imports.json')
+    with open(path, 'w') as f:
+        json.dump({'nameTable': table, 'resources': specs}, f)
+    return path
+
+
+def test_pulumi_import_takes_the_guests_back_and_a_wrong_id_is_refused_at_preview(lab, stack):
+    """Issue 28: `pulumi import` of the lab's container and VM, then no change; a guest imported under the wrong
+    id (the VM as the container) is refused by the preview that compares it with the config - nothing changes."""
+    starts, digest = lab.unit_starts(), lab.host_digest()
+    ct_before, vm_before = lab.node().lxc(200).config.get(), lab.node().qemu(300).config.get()
+    gone = forget_guests(lab, ['container-lxc', 'vm-qemu'])
+    assert gone['container-lxc']['type'] == 'gpuhost:index:ProxmoxGuest'
+
+    # The VM's id given for the container: the CLI import reads what is there (it has no program to compare
+    # with); the preview, which has, refuses it and changes nothing.
+    lab.pulumi('import', '--file', import_file(lab, gone, {'container-lxc': '300'}), '--yes',
+               '--generate-code=false', stack=STACK)
+    res = lab.pulumi('preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and 'not imported' in out and 'QEMU VM' in out, out[-3000:]
+    lab.pulumi('state', 'delete', '--force', '--yes', gone['container-lxc']['urn'], stack=STACK)
+
+    res = lab.pulumi('import', '--file', import_file(lab, gone, {'container-lxc': '200', 'vm-qemu': '300'}),
+                     '--yes', '--generate-code=false', stack=STACK)
+    assert '2 imported' in res.stdout, res.stdout[-3000:]
+    lab.pulumi('preview', '--expect-no-changes', stack=STACK)
+    lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
+    state = lab.pulumi('stack', 'export', stack=STACK).stdout
+    assert 'pulumi-python:dynamic' not in state and '__provider' not in state
+    assert lab.unit_starts() == starts and lab.host_digest() == digest
+    assert lab.node().lxc(200).config.get()['digest'] == ct_before['digest']
+    assert lab.node().qemu(300).config.get()['digest'] == vm_before['digest']
+
+
 def test_create_only_change_replaces_the_container_and_the_service_follows(lab, stack):
     cfg = lab.stack_config()
     cfg['gpuhost:sglang']['speculative'] = {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1,

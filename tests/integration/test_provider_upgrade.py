@@ -3,41 +3,10 @@ gpuhost provider plugin with nothing replaced and nothing restarted - the way Pu
 upgrades: state recorded with the previous version, then preview and up with the new one."""
 
 import json
-import os
-import shutil
-import subprocess
 
-from tests.lablib import PROJECT_FILES, REPO
+from tests.lablib import previous_release
 
 STACK = 'upgrade'
-# Release 0.1.0 (CHANGELOG.md; tag v0.1.0 where tags were kept): the program as that release deployed it.
-PREVIOUS_RELEASE = '986fe9e'
-PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates')
-
-
-class previous_release:
-    """The lab's project copy holds the previous release's program for the duration (its own files set aside and
-    put back after): same directory, stack file, backend and virtualenv, as on an operator's checkout."""
-
-    def __init__(self, lab):
-        self.project = lab.project
-        self.aside = os.path.join(os.path.dirname(lab.project), 'project-new')
-
-    def __enter__(self):
-        os.makedirs(self.aside)
-        for name in PROJECT_FILES:
-            os.rename(os.path.join(self.project, name), os.path.join(self.aside, name))
-        archive = subprocess.run(['git', '-C', REPO, 'archive', PREVIOUS_RELEASE] + list(PREVIOUS_FILES),
-                                 capture_output=True, check=True).stdout
-        subprocess.run(['tar', '-x', '-C', self.project], input=archive, check=True)
-        return self
-
-    def __exit__(self, *exc):
-        for name in PREVIOUS_FILES:
-            path = os.path.join(self.project, name)
-            (shutil.rmtree if os.path.isdir(path) else os.unlink)(path)
-        for name in PROJECT_FILES:
-            os.rename(os.path.join(self.aside, name), os.path.join(self.project, name))
 
 
 def test_a_stack_deployed_with_dynamic_providers_moves_onto_the_plugin_without_a_change_on_the_host(lab):
