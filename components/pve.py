@@ -366,16 +366,39 @@ def is_gpu_entry(value) -> bool:
         r'^([0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}(\.[0-7])?$', path, re.I))
 
 
+def observed_create(create: dict, actual: dict) -> dict:
+    """A container's create-only inputs as its config shows them: the declared value where the guest agrees or
+    cannot tell (Proxmox keeps no template name), the guest's own where it differs - unprivileged, the root
+    disk's storage and size, the template's distribution (refusals() words the same comparisons)."""
+    seen = dict(create or {})
+    if 'unprivileged' in seen and int(actual.get('unprivileged') or 0) != int(seen['unprivileged']):
+        seen['unprivileged'] = int(actual.get('unprivileged') or 0)
+    if seen.get('rootfs'):
+        first, sub = split_props(actual.get('rootfs') or '')
+        have_storage = (first or sub.get('volume') or '').split(':', 1)[0]
+        have_gb = size_gb(sub.get('size'))
+        want_storage, _, want_gb = seen['rootfs'].partition(':')
+        if (have_storage and have_storage != want_storage) or (
+                have_gb is not None and abs(have_gb - float(want_gb)) > 1e-9):
+            seen['rootfs'] = '%s:%g' % (have_storage or want_storage, float(want_gb) if have_gb is None else have_gb)
+    want_os, have_os = template_ostype(seen.get('ostemplate', '')), actual.get('ostype')
+    if want_os and have_os in OSTYPES and have_os != want_os:
+        seen['ostemplate'] = '(a %s template)' % have_os
+    return seen
+
+
 def as_declared(olds: dict, news: dict) -> dict:
     """An imported guest's observed state seen as the program's: only the keys the config declares are compared
-    and owned (the others are the guest's own and stay), and its create-only keys are those refusals() checked
-    at the import. Any other state unchanged."""
+    and owned (the others are the guest's own and stay), and its create-only keys as its config shows them
+    (a later change of one is a replacement, refused while the guest is protected). Any other state unchanged.
+    It holds for as long as the state is the import's: a no-op `up` does not write a resource's outputs."""
     if not olds.get(IMPORTED):
         return olds
     config = olds.get('config') or {}
     raw = olds.get('raw_lxc') or {}
+    create = observed_create(news.get('create'), config) if news.get('kind') == 'lxc' else news.get('create')
     return dict(olds, config={k: config.get(k) for k in news.get('config') or {}},
-                raw_lxc={k: raw.get(k) for k in news.get('raw_lxc') or {}}, create=news.get('create'))
+                raw_lxc={k: raw.get(k) for k in news.get('raw_lxc') or {}}, create=create)
 
 
 def show(value) -> str:
