@@ -128,7 +128,10 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
 
     @_one_line_errors
     def Check(self, request, context):
-        olds, news = self.host(plain(request.olds, True)), self.host(plain(request.news, True))
+        # No olds: a resource the stack does not hold yet (what adoption keys on) - given the connection, they would
+        # look like a resource's state.
+        olds = plain(request.olds, True)
+        olds, news = self.host(olds) if olds else {}, self.host(plain(request.news, True))
         result = registry.provider_for(type_of(request.urn), news).check(olds, news)
         return proto.CheckResponse(inputs=wire(without_host(result.inputs)), failures=[
             proto.CheckFailure(property=f.property, reason=f.reason) for f in result.failures or []])

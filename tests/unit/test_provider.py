@@ -115,3 +115,19 @@ def test_an_error_reaches_the_engine_as_one_line_without_python_frames(plugin):
         stub.Diff(proto.DiffRequest(urn=URN.replace('HostFile', 'NoSuchThing'), id='x', olds=props({}),
                                     news=props({})))
     assert 'the gpuhost provider serves no resource type' in e.value.details()
+
+
+def test_check_of_a_resource_the_stack_does_not_hold_sees_no_olds_with_the_connection_configured(plugin):
+    # (found by test_adopt on the lab: the host's connection given to empty olds made every new guest look held,
+    # so adoption never happened and `up` tried to create the running container)
+    stub, _ = plugin
+    stub.Configure(proto.ConfigureRequest(args=props({'connection': dict(CONN, port=1, timeout=2)})))
+    file = {'path': '/etc/modprobe.d/gpuhost-nvidia.conf', 'mode': '0644', 'post': 'initramfs', 'adopt': True,
+            'content': 'options nvidia NVreg_DmaRemapPeerMmio=1\n'}
+    with pytest.raises(grpc.RpcError) as e:
+        # Adopting a host file reads the host first (here one that does not answer): only a resource new to the
+        # stack does that.
+        stub.Check(proto.CheckRequest(urn=URN, olds=props({}), news=props(file)), timeout=60)
+    assert 'gpuhost: ' in e.value.details(), e.value.details()
+    held = stub.Check(proto.CheckRequest(urn=URN, olds=props(file), news=props(file)), timeout=60)
+    assert held.inputs
