@@ -321,31 +321,30 @@ def refusals(props: dict, actual: dict) -> list:
     if not lxc:
         return out
     create = props.get('create') or {}
-    if 'unprivileged' in create and int(actual.get('unprivileged') or 0) != int(create['unprivileged']):
+    seen = observed_create(create, actual)
+    if seen.get('unprivileged') != create.get('unprivileged'):
         out.append('it is %s, the config declares %s (gpuhost:container.unprivileged: %s)' % (
-            'unprivileged' if int(actual.get('unprivileged') or 0) else 'privileged',
+            'unprivileged' if seen['unprivileged'] else 'privileged',
             'unprivileged' if int(create['unprivileged']) else 'privileged',
-            'false' if int(actual.get('unprivileged') or 0) == 0 else 'true'))
-    if create.get('rootfs'):
-        first, sub = split_props(actual.get('rootfs') or '')
-        have_storage = (first or sub.get('volume') or '').split(':', 1)[0]
-        have_gb = size_gb(sub.get('size'))
+            'true' if seen['unprivileged'] else 'false'))
+    if seen.get('rootfs') != create.get('rootfs'):
+        have_storage, _, have_gb = seen['rootfs'].partition(':')
         want_storage, _, want_gb = create['rootfs'].partition(':')
-        if have_storage and have_storage != want_storage:
+        if have_storage != want_storage:
             out.append('its root disk is on storage %s, the config declares %s (gpuhost:container.storage: %s)' % (
                 have_storage, want_storage, have_storage))
-        if have_gb is not None and abs(have_gb - float(want_gb)) > 1e-9:
+        if abs(float(have_gb) - float(want_gb)) > 1e-9:
+            gb = float(have_gb)
             out.append('its root disk is %s GB, the config declares %s GB (gpuhost:container.rootfs_gb: %s)' % (
-                ('%g' % have_gb), want_gb, ('%d' % have_gb) if have_gb.is_integer() else 'its size in GB'))
+                have_gb, want_gb, ('%d' % gb) if gb.is_integer() else 'its size in GB'))
     # Adopting takes no key as the program's own: a declared mount point the container has with another value
     # would be replaced.
     collisions = mount_collisions(props.get('config') or {}, mounts_of(actual), ())
     if collisions:
         out.append(collision_text(props['vmid'], collisions))
-    want_os, have_os = template_ostype(create.get('ostemplate', '')), actual.get('ostype')
-    if want_os and have_os in OSTYPES and have_os != want_os:
+    if seen.get('ostemplate') != create.get('ostemplate'):
         out.append('it runs %s, gpuhost:container.ostemplate is a %s template (use the template it was made from)' % (
-            have_os, want_os))
+            actual.get('ostype'), template_ostype(create['ostemplate'])))
     return out
 
 
@@ -369,7 +368,7 @@ def is_gpu_entry(value) -> bool:
 def observed_create(create: dict, actual: dict) -> dict:
     """A container's create-only inputs as its config shows them: the declared value where the guest agrees or
     cannot tell (Proxmox keeps no template name), the guest's own where it differs - unprivileged, the root
-    disk's storage and size, the template's distribution (refusals() words the same comparisons)."""
+    disk's storage and size, the template's distribution. refusals() words what differs."""
     seen = dict(create or {})
     if 'unprivileged' in seen and int(actual.get('unprivileged') or 0) != int(seen['unprivileged']):
         seen['unprivileged'] = int(actual.get('unprivileged') or 0)
