@@ -101,21 +101,36 @@ def merge_pending(items: list) -> tuple:
 
 _clients = {}
 _clients_lock = threading.Lock()
-_ca_dir = []
+CA_KEEP_DAYS = 30
 
 
 def _ca_file(pem: str) -> str:
-    """The CA as a file for requests' verify= (kept for the process's life, removed at exit)."""
-    import atexit
+    """The CA as a file for requests' verify= (proxmoxer logs in with a bare `requests.post`, which takes a
+    path only). A CA certificate is public, so it is kept by content in the user's cache - one file per CA,
+    shared by every run, written whole (temp file + rename) - rather than in a temp directory per process: the
+    engine ends provider processes without running their exit handlers, and each run left one behind. A run
+    touches its file; files no run has used for CA_KEEP_DAYS (labs' throw-away CAs) are pruned."""
     import hashlib
-    import shutil
-    if not _ca_dir:
-        _ca_dir.append(tempfile.mkdtemp(prefix='gpuhost-ca-'))
-        atexit.register(shutil.rmtree, _ca_dir[0], True)
-    path = os.path.join(_ca_dir[0], hashlib.sha256(pem.encode()).hexdigest()[:16] + '.pem')
-    if not os.path.exists(path):
-        with open(path, 'w') as f:
-            f.write(pem)
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    folder = os.path.join(base, 'gpuhost', 'ca')
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha256(pem.encode()).hexdigest()[:32] + '.pem')
+    try:
+        os.utime(path)
+        return path
+    except FileNotFoundError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.new-')
+    with os.fdopen(fd, 'w') as f:
+        f.write(pem)
+    os.replace(tmp, path)
+    cutoff = time.time() - CA_KEEP_DAYS * 86400
+    for name in os.listdir(folder):
+        try:
+            if os.stat(os.path.join(folder, name)).st_mtime < cutoff:
+                os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
     return path
 
 

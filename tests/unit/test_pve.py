@@ -168,3 +168,22 @@ def test_a_replacement_is_not_held_up_by_the_old_containers_mount_points():
     news = dict(HELD, protect=False, config={'hostname': 'sglang', 'mp1': MODEL_MP},
                 create=dict(HELD['create'], unprivileged=0))
     assert PveGuestProvider().diff('200', olds, news).replaces == ['create']
+
+
+def test_the_api_ca_is_one_file_per_ca_in_the_cache_and_unused_ones_are_pruned(tmp_path, monkeypatch):
+    # Each run used to leave a /tmp/gpuhost-ca-* directory: the engine ends provider processes without
+    # their exit handlers. The CA (public) is now kept once, by content, in the user's cache.
+    import os
+    import time
+    from components import pve
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    first = pve._ca_file('-----BEGIN CERTIFICATE-----\nA\n')
+    assert pve._ca_file('-----BEGIN CERTIFICATE-----\nA\n') == first
+    assert open(first).read() == '-----BEGIN CERTIFICATE-----\nA\n'
+    folder = tmp_path / 'gpuhost' / 'ca'
+    assert oct(folder.stat().st_mode & 0o777) == '0o700'
+    old = time.time() - (pve.CA_KEEP_DAYS + 1) * 86400
+    os.utime(first, (old, old))
+    second = pve._ca_file('-----BEGIN CERTIFICATE-----\nB\n')
+    assert sorted(os.listdir(folder)) == [os.path.basename(second)]
+    assert os.path.exists(pve._ca_file('-----BEGIN CERTIFICATE-----\nA\n'))
