@@ -64,7 +64,9 @@ def main():
             fleet.add(i)
         for stack, names in stacks.items():
             fleet.write_stack(stack, fleet.stack_config(names))
-            first[stack] = timed(lambda: fleet.pulumi('up', '--yes', '--skip-preview', stack=stack))
+            # From bare containers: every host installs its NVIDIA user space, CUDA and SGLang environment,
+            # one host at a time (max_unavailable 1) - longer than a test's 600 s for eight.
+            first[stack] = timed(lambda: fleet.pulumi('up', '--yes', '--skip-preview', stack=stack, timeout=3600))
         for what, args, which in (('preview (no-op)', ('preview', '--expect-no-changes'), ('f1', 'f4', 'f8')),
                                   ('up (no-op)', ('up', '--yes', '--expect-no-changes'), ('f1', 'f4', 'f8')),
                                   ('up --refresh (no-op)', ('up', '--yes', '--refresh', '--expect-no-changes'),
