@@ -32,7 +32,7 @@ import uuid
 
 from pulumi.dynamic import CheckResult, CreateResult, UpdateResult
 
-from components import remote
+from components import remote, state
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
 
@@ -168,7 +168,7 @@ def _login(api: dict):
                            '(/etc/pve/pve-root-ca.pem on the host)' % (where, reason(e))) from None
         except (requests.exceptions.RequestException, OSError) as e:
             if attempt + 1 < READ_ATTEMPTS:
-                time.sleep(backoff(attempt))
+                retry_pause('Proxmox API at %s: login' % where, attempt, e)
                 continue
             raise PveError('cannot reach the Proxmox API at %s (%s) after %d attempts; nothing was changed. Check '
                            'that pveproxy runs and the address is right, then re-run' % (
@@ -184,6 +184,13 @@ READ_ATTEMPTS = 5
 
 def backoff(attempt: int) -> float:
     return 0.5 * (2 ** attempt)
+
+
+def retry_pause(what: str, attempt: int, e: BaseException) -> None:
+    """The pause before a read's next attempt; an interrupt (the plugin's Cancel) ends it and the retries."""
+    if state.CANCELLED.wait(backoff(attempt)):
+        raise state.Interrupted('%s: failed (%s) and the run was interrupted (Ctrl-C): no further attempt; nothing '
+                                'was changed' % (what, reason(e)))
 
 
 def reason(e: BaseException) -> str:
@@ -245,7 +252,7 @@ def api_call(what: str, fn, *args, read: bool = False, **kwargs):
                 (e.content or '').strip()
             transient = e.status_code in (502, 503, 504, 595, 596) and 'offline' not in detail.lower()
             if read and transient and attempt + 1 < READ_ATTEMPTS:
-                time.sleep(backoff(attempt))
+                retry_pause(what, attempt, e)
                 attempt += 1
                 continue
             text = '%s %s%s' % (e.status_code, e.status_message, ' (%s)' % detail if detail else '')
@@ -254,7 +261,7 @@ def api_call(what: str, fn, *args, read: bool = False, **kwargs):
             raise PveError('%s: Proxmox answered %s%s' % (what, text, '; ' + tip if tip else '')) from None
         except (requests.exceptions.RequestException, OSError) as e:
             if read and attempt + 1 < READ_ATTEMPTS:
-                time.sleep(backoff(attempt))
+                retry_pause(what, attempt, e)
                 attempt += 1
                 continue
             where = getattr(fn, '__self__', None)
@@ -287,7 +294,8 @@ def wait_task(prox, node: str, upid, what: str, timeout: float = 600.0) -> None:
         if time.monotonic() > deadline:
             raise PveError('%s: the Proxmox task %s is still running after %d s; it was not stopped - watch it in '
                            'the task log, then re-run' % (what, upid, timeout))
-        time.sleep(0.2)
+        state.pause(0.2, what, 'the Proxmox task %s' % upid, 'the task goes on on the host; the next run reads what '
+                    'it did')
     if status.get('exitstatus') != 'OK':
         text = str(status.get('exitstatus'))
         tip = advice(text)

@@ -24,6 +24,7 @@ import time
 from typing import Optional, Sequence
 
 from components import host_state
+from components import state
 from components.state import OperatorError
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
@@ -169,7 +170,10 @@ def connect(target: Target, attempts: int = 3):
         except (OSError, EOFError, socket.timeout, paramiko.SSHException) as e:
             client.close()
             last = e
-        time.sleep(0.5 * (attempt + 1))
+        if attempt + 1 < attempts and state.CANCELLED.wait(0.5 * (attempt + 1)):
+            raise state.Interrupted('connection to %s failed while logging in (%s) and the run was interrupted '
+                                    '(Ctrl-C): no further attempt; nothing was run on the host' % (
+                                        target.name, _transport_reason(last)))
     raise ConnectionLost('connection to %s failed while logging in, %d attempts (last: %s); nothing was run on the '
                          'host. Check that it is up and reachable, then re-run.' % (
                              target.name, attempts, _transport_reason(last)))

@@ -215,7 +215,9 @@ def verify_after_reboot(target, props, required: bool = False) -> None:
     # A container that does not exist yet (a first deployment: the guests are made after the reboot)
     # will not come back by itself; one that exists may take a while (onboot guests start after sshd).
     while f.get('ct') == 'stopped' and time.time() < deadline:
-        time.sleep(2)  # onboot guests start a little after the host answers SSH
+        # onboot guests start a little after the host answers SSH
+        state.pause(2, 'container %s' % props['vmid'], 'it to start after the host\'s reboot',
+                    'it starts by itself (onboot), and the next `pulumi up` checks that SGLang serves')
         f = facts()
     if f.get('ct') != 'running' or f.get('UnitFileState') != 'enabled':
         if required:

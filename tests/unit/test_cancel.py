@@ -80,3 +80,62 @@ def test_a_wait_for_sglang_ends_on_cancel_with_what_goes_on(monkeypatch):
     assert str(e.value).startswith('sglang-unit: SGLang in container 200: interrupted (Ctrl-C) while waiting for '
                                    'http://127.0.0.1:9/health; SGLang goes on starting, and the next `pulumi up` '
                                    'checks it')
+
+
+def test_after_cancel_a_host_that_does_not_answer_is_not_tried_again():
+    # A connection that fails is tried three times with pauses between (about 30 s against a host that drops
+    # packets); after the operator's Ctrl-C the first failure is the last.
+    import socket
+    free = socket.socket()
+    free.bind(('127.0.0.1', 0))
+    port = free.getsockname()[1]
+    free.close()   # nothing listens: refused at once
+    key = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl'
+    target = remote.Target(host='127.0.0.1', port=port, user='root', private_key=_key(), host_key=key, timeout=5.0,
+                           command_timeout=20.0)
+    state.CANCELLED.set()
+    start = time.monotonic()
+    with pytest.raises(state.Interrupted) as e:
+        remote.connect(target)
+    assert time.monotonic() - start < 0.4
+    assert 'interrupted (Ctrl-C): no further attempt; nothing was run on the host' in str(e.value)
+
+
+def _key():
+    import io
+    import paramiko
+    out = io.StringIO()
+    paramiko.RSAKey.generate(1024).write_private_key(out)
+    return out.getvalue()
+
+
+def test_after_cancel_a_proxmox_read_is_not_retried_and_a_task_is_not_waited_for():
+    import requests
+    from components import pve
+    calls = []
+
+    def get():
+        calls.append(1)
+        raise requests.exceptions.ConnectionError('Connection refused')
+    state.CANCELLED.set()
+    start = time.monotonic()
+    with pytest.raises(state.Interrupted) as e:
+        pve.api_call('container 200: read config', get, read=True)
+    assert calls == [1] and time.monotonic() - start < 0.4
+    assert str(e.value) == ('container 200: read config: failed (Connection refused) and the run was interrupted '
+                            '(Ctrl-C): no further attempt; nothing was changed')
+
+    class Status:
+        def get(self):
+            return {'status': 'running'}
+
+    class Prox:
+        def nodes(self, node):
+            return self
+
+        def tasks(self, upid):
+            return self
+        status = Status()
+    with pytest.raises(state.Interrupted) as e:
+        pve.wait_task(Prox(), 'pve1', 'UPID:pve1:1', 'container 200: start')
+    assert 'the task goes on on the host' in str(e.value)

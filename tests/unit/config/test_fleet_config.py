@@ -214,7 +214,7 @@ def test_a_container_that_served_before_a_reboot_must_serve_after_it(monkeypatch
     from components import sglang
     clock = [0.0]
     monkeypatch.setattr(sglang.time, 'time', lambda: clock[0])
-    monkeypatch.setattr(sglang.time, 'sleep', lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(sglang.state, 'pause', lambda s, *what: clock.__setitem__(0, clock[0] + s))
     monkeypatch.setattr(sglang, 'unit_facts', lambda target, props: {'ct': 'stopped'})
     props = {'vmid': 200, 'unit_name': 'sglang-qwen.service'}
     with pytest.raises(sglang.ServiceError, match='container 200 served SGLang before the reboot but is not running'):
