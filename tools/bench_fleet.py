@@ -128,10 +128,16 @@ def main():
               'process per instance and engine pass, which serves its calls without a cap of its own (the '
               'engine\'s --parallel decides). `up --refresh` without --skip-preview makes three passes over a host '
               '(the refresh inside the preview, the refresh itself, the update with its preflight); with '
-              '--skip-preview, 2. Before the plugin (dynamic providers, measured 2026-11-30 by this script): one '
-              'dynamic-provider host for all hosts, at most 4 calls at once (pulumi/dynamic/__main__.py: '
-              'ThreadPoolExecutor(max_workers=4)) - `up --refresh` of 8 hosts 21.68 s against 7.38 s for 1, '
-              '**2.94x**; no-op `preview` 1.54x, no-op `up` 1.69x.', END]
+              '--skip-preview, 2. Before the plugin: release 0.1.0 (dynamic providers: one dynamic-provider host for '
+              'all hosts, at most 4 calls at once), measured by its own copy of this script on the same machine on '
+              '2026-12-03, 3 runs each - no-op `preview` 1 host 3.54 s, 8 hosts 5.47 s (1.55x); no-op `up` 6.59 s, '
+              '17.19 s (2.61x); `up --refresh` 13.05 s, 32.87 s (**2.52x**; on 2026-11-30, with fewer commands a '
+              'host, 2.94x). So the plugin made one host faster (`up --refresh` 8.90 s against 13.05 s) and eight '
+              'no faster: **the goal of 1.5x is missed**. What each host costs now is its own plugin process per '
+              'engine pass - 0.7 s of CPU to start (Python, grpc, the pulumi SDK, paramiko, our modules; `python '
+              '-X importtime`), 8 to 24 of them per command on 2 cores. The way to the goal, measured in the '
+              'feasibility spike (docs/provider-plan.md): one provider instance per stack with the hosts\' '
+              'connections as a table in its configuration - one process per pass whatever the number of hosts.', END]
     section = '\n'.join(lines) + '\n'
     path = os.path.join(ROOT, 'docs', 'bench.md')
     with open(path) as f:
