@@ -186,9 +186,11 @@ def backoff(attempt: int) -> float:
     return 0.5 * (2 ** attempt)
 
 
-def retry_pause(what: str, attempt: int, e: BaseException) -> None:
+def retry_pause(what: str, attempt: int, e: BaseException, cancel: bool = True) -> None:
     """The pause before a read's next attempt; an interrupt (the plugin's Cancel) ends it and the retries."""
-    if state.CANCELLED.wait(backoff(attempt)):
+    if not cancel:
+        time.sleep(backoff(attempt))
+    elif state.CANCELLED.wait(backoff(attempt)):
         raise state.Interrupted('%s: failed (%s) and the run was interrupted (Ctrl-C): no further attempt; nothing '
                                 'was changed' % (what, reason(e)))
 
@@ -232,11 +234,12 @@ def advice(text: str) -> str:
                  if (marker.search(text) if hasattr(marker, 'search') else marker.lower() in low)), '')
 
 
-def api_call(what: str, fn, *args, read: bool = False, **kwargs):
+def api_call(what: str, fn, *args, read: bool = False, cancel: bool = True, **kwargs):
     """One API request, as one line on failure: the request (`what`: guest and operation), Proxmox's
     answer or the transport error, and what to do. Reads (read=True) are retried with backoff on
     transport errors and 5xx answers that mean "try again"; writes are never retried blindly - only
-    after a 401 (a revoked or expired ticket: the request was refused, not executed), once."""
+    after a 401 (a revoked or expired ticket: the request was refused, not executed), once. A read's retries end
+    at the operator's Ctrl-C (the plugin's Cancel), unless cancel=False: the reads that follow a change to its end."""
     import proxmoxer
     import requests
     relogged = False
@@ -252,7 +255,7 @@ def api_call(what: str, fn, *args, read: bool = False, **kwargs):
                 (e.content or '').strip()
             transient = e.status_code in (502, 503, 504, 595, 596) and 'offline' not in detail.lower()
             if read and transient and attempt + 1 < READ_ATTEMPTS:
-                retry_pause(what, attempt, e)
+                retry_pause(what, attempt, e, cancel)
                 attempt += 1
                 continue
             text = '%s %s%s' % (e.status_code, e.status_message, ' (%s)' % detail if detail else '')
@@ -261,7 +264,7 @@ def api_call(what: str, fn, *args, read: bool = False, **kwargs):
             raise PveError('%s: Proxmox answered %s%s' % (what, text, '; ' + tip if tip else '')) from None
         except (requests.exceptions.RequestException, OSError) as e:
             if read and attempt + 1 < READ_ATTEMPTS:
-                retry_pause(what, attempt, e)
+                retry_pause(what, attempt, e, cancel)
                 attempt += 1
                 continue
             where = getattr(fn, '__self__', None)
@@ -288,14 +291,16 @@ def wait_task(prox, node: str, upid, what: str, timeout: float = 600.0) -> None:
     task = prox.nodes(node).tasks(upid).status
     deadline = time.monotonic() + timeout
     while True:
-        status = api_call('%s (task status)' % what, task.get, read=True)
+        status = api_call('%s (task status)' % what, task.get, read=True, cancel=False)
         if status.get('status') == 'stopped':
             break
         if time.monotonic() > deadline:
             raise PveError('%s: the Proxmox task %s is still running after %d s; it was not stopped - watch it in '
                            'the task log, then re-run' % (what, upid, timeout))
-        state.pause(0.2, what, 'the Proxmox task %s' % upid, 'the task goes on on the host; the next run reads what '
-                    'it did')
+        # Not ended by a Cancel: the task is the step's change (a guest created, started, its config set), and the
+        # state records it only when the step completes - a guest made by a task the run stopped following would
+        # be one the stack does not hold ("CT 200 already exists" next time).
+        time.sleep(0.2)
     if status.get('exitstatus') != 'OK':
         text = str(status.get('exitstatus'))
         tip = advice(text)
