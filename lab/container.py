@@ -282,9 +282,9 @@ INOTIFY_INSTANCES = 1024
 def _room_for_inotify():
     """Every container's systemd, journald and logind take inotify instances (7 a container, counted in
     /proc/*/fd during make bench-fleet), all of one user - root - and the kernel's default cap is 128 a user:
-    the 19th container's systemd-nspawn then exits with 255 before it boots (bench-fleet's 13 hosts and their
-    containers: 26; the count passed 128 with the 19th). The lab raises the cap to 1024, what the LXD snap sets
-    for its containers (canonical/lxd-pkg-snap #361)."""
+    bench-fleet's 13 hosts and their containers are 26; the count passed 128 at the 19th, and the 23rd's
+    systemd-nspawn exited with 255 before it booted. The lab raises the cap to 1024, what the LXD snap sets for
+    its containers (canonical/lxd-pkg-snap #361)."""
     path = '/proc/sys/fs/inotify/max_user_instances'
     try:
         if int(_read(path) or 0) < INOTIFY_INSTANCES:
