@@ -67,6 +67,9 @@ def _preflight_all(fleet, inputs):
 
 try:
     fleet, inputs, warnings = config.load_stack(os.getcwd())
+    # The credentials the stack holds, read: no message of the program's may carry one (components/errors.py).
+    from components.errors import remember
+    remember(inputs)
     for warning in warnings:
         pulumi.log.warn(warning)
     if not pulumi.runtime.is_dry_run():
@@ -75,7 +78,8 @@ try:
         _preflight_all(fleet, inputs)
 except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.
-    raise pulumi.RunError(str(e)) from None
+    from components.errors import scrub
+    raise pulumi.RunError(scrub(str(e))) from None
 except Exception as e:  # noqa: BLE001 - never frames for the operator; the traceback goes to a file
     from components.state import describe_unexpected
     raise pulumi.RunError(describe_unexpected(e)) from None

@@ -56,21 +56,9 @@ Failed.__qualname__ = Failed.__name__ = 'gpuhost'
 
 
 def describe_unexpected(e: BaseException) -> str:
-    """One line for an exception no layer turned into an OperatorError (a bug, or a library error we
-    did not foresee): its type and text, without frames, plus where the full traceback went."""
-    import os
-    import tempfile
-    import traceback
-    path = os.path.join(tempfile.gettempdir(), 'gpuhost-last-error.txt')
-    try:
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'w') as f:
-            # An explicit limit: the providers run with sys.tracebacklimit = 0, which format_exception honours
-            # when it is given none (the file then held one line, no frames).
-            f.write(''.join(traceback.format_exception(type(e), e, e.__traceback__, limit=64)))
-        where = ' (Python traceback in %s)' % path
-    except OSError:
-        where = ''
-    return 'unexpected %s: %s%s' % (type(e).__name__, str(e)[:500] or '(no message)', where)
+    """One line for an exception no layer turned into an OperatorError (components/errors.py)."""
+    from components import errors
+    return errors.describe_unexpected(e)
 
 
 def engine_address():
@@ -131,6 +119,8 @@ def log(message: str, severity: str = 'WARNING') -> None:
     service shows the message like a program's pulumi.log.warn. Outside a provider (unit tests) the
     message goes to stderr."""
     import sys
+    from components.errors import scrub
+    message = scrub(message)
     addr = engine_address()
     if addr is None:
         sys.stderr.write('%s: %s\n' % (severity.lower(), message))

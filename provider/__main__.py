@@ -50,8 +50,10 @@ def type_of(urn: str) -> str:
 
 
 def plain(struct, keep_unknowns=False) -> dict:
+    from components.errors import remember
     props = rpc.deserialize_properties(struct, keep_unknowns) if struct is not None else {}
     props.pop(DYNAMIC_KEY, None)
+    remember(props)
     return props
 
 
@@ -62,26 +64,66 @@ def without_host(props: dict) -> dict:
 def configuration(struct) -> dict:
     """The provider's configuration as plain values (its secrets unwrapped: they reach only the serving classes,
     as the dynamic resources' secret inputs did)."""
+    from components.errors import remember
+    from components.state import numbers
     args = rpc.deserialize_properties(struct, True) if struct is not None else {}
-    return {k: rpc.unwrap_rpc_secret(v) for k, v in args.items()}
+    config = {k: numbers(unwrapped(v)) for k, v in args.items()}
+    remember(config)
+    return config
+
+
+def unwrapped(value):
+    """A value with every secret marker taken off, at any depth."""
+    value = rpc.unwrap_rpc_secret(value)
+    if isinstance(value, dict):
+        return {k: unwrapped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrapped(v) for v in value]
+    return value
 
 
 def wire(props: dict):
+    """Properties for the engine. The SDK's serializer names a value it cannot take by its repr() - a secret's
+    text, for a secret key: a failure is reported by key and type alone."""
     loop = asyncio.new_event_loop()
     try:
-        return loop.run_until_complete(rpc.serialize_properties(dict(props or {}), {}))
+        try:
+            return loop.run_until_complete(rpc.serialize_properties(dict(props or {}), {}))
+        except Exception:  # noqa: BLE001 - the SDK's message holds the value; find the key, say nothing of it
+            pass
+        for key, value in (props or {}).items():
+            try:
+                loop.run_until_complete(rpc.serialize_properties({key: value}, {}))
+            except Exception:  # noqa: BLE001
+                raise Unserializable('property %r holds a value of type %s, which the engine cannot take (a bug in '
+                                     'gpuhost: its value is not shown)' % (str(key), type(value).__name__)) from None
+        raise Unserializable('the properties cannot be sent to the engine (a bug in gpuhost)')
     finally:
         loop.close()
 
 
+class Unserializable(TypeError):
+    pass
+
+
+def one_line(e: BaseException) -> str:
+    """What the engine gets for an exception: "gpuhost: <message>", one line for anything unforeseen, never a Python
+    frame, no secret the process holds (components/errors.py)."""
+    from components.errors import scrub
+    from components.state import Failed, OperatorError, describe_unexpected
+    text = str(e) if isinstance(e, (Failed, OperatorError)) else describe_unexpected(e)
+    return 'gpuhost: ' + scrub(text)
+
+
 def _one_line_errors(fn):
-    """What a provider class raises is already one line for the operator (components/state.py: Failed, with
-    sys.tracebacklimit = 0): it reaches the CLI as the dynamic-provider host sent it."""
+    """Every entry point's errors reach the engine as one_line() makes them, from the process's first call on:
+    a serving class's error (components/state.py Failed) and the plugin's own alike."""
     def wrapper(self, request, context):
         try:
             return fn(self, request, context)
-        except Exception:  # noqa: BLE001 - every error goes to the engine, never kills the server
-            context.abort(grpc.StatusCode.UNKNOWN, traceback.format_exc())
+        except Exception as e:  # noqa: BLE001 - every error goes to the engine, never kills the server
+            text = one_line(e)
+        context.abort(grpc.StatusCode.UNKNOWN, text)
     wrapper.__name__ = fn.__name__
     return wrapper
 
@@ -93,13 +135,21 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     def GetPluginInfo(self, request, context):
         return plugin_pb2.PluginInfo(version=version())
 
+    @_one_line_errors
     def GetSchema(self, request, context):
         with open(os.path.join(HERE, 'schema.json')) as f:
             return proto.GetSchemaResponse(schema=f.read())
 
+    @_one_line_errors
     def CheckConfig(self, request, context):
-        return proto.CheckResponse(inputs=request.news)
+        # The configuration is checked here, before any resource's call: a missing or malformed connection or
+        # login is refused naming its key and the stack setting it comes from (provider/configuration.py).
+        from provider import configuration as checked
+        failures = checked.problems(configuration(request.news))
+        return proto.CheckResponse(inputs=request.news, failures=[
+            proto.CheckFailure(property=key, reason=reason) for key, reason in failures])
 
+    @_one_line_errors
     def DiffConfig(self, request, context):
         # A new connection or login (a rotated key, a new password) updates the provider instance and nothing it
         # serves; never a replacement (the engine also asks this when a stack's resources move from the
@@ -109,6 +159,7 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         return proto.DiffResponse(changes=proto.DiffResponse.DIFF_SOME if changed else proto.DiffResponse.DIFF_NONE,
                                   diffs=changed, replaces=[])
 
+    @_one_line_errors
     def Configure(self, request, context):
         self.config = {k: v for k, v in configuration(request.args).items() if k in HOST_KEYS}
         return proto.ConfigureResponse(acceptSecrets=False, supportsPreview=False, acceptResources=False,

@@ -4,6 +4,8 @@ onto it without replacing anything)."""
 
 import importlib
 
+from components.state import OperatorError
+
 PACKAGE = 'gpuhost'
 DYNAMIC_PREFIX = 'pulumi-python:dynamic/gpuhost:'
 
@@ -32,12 +34,17 @@ def dynamic_type(name: str) -> str:
 
 
 def name_of(type_token: str) -> str:
-    """The resource name of a type token this plugin serves; KeyError for any other."""
+    """The resource name of a type token this plugin serves; UnknownType for any other."""
     pkg, _, rest = type_token.partition(':')
     module, _, name = rest.partition(':')
     if pkg != PACKAGE or module != 'index' or name not in CLASSES:
-        raise KeyError('the gpuhost provider serves no resource type %r' % type_token)
+        raise UnknownType('the gpuhost provider serves no resource type %s (its types: %s)' % (
+            type_token, ', '.join(token(n) for n in sorted(CLASSES))))
     return name
+
+
+class UnknownType(OperatorError):
+    """A type token this plugin does not serve (a stack of a newer release, or a mistyped import)."""
 
 
 _instances = {}

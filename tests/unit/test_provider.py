@@ -53,15 +53,16 @@ def lab_program():
     return run_program(config.parse_fleet(lab_data()), FILES)
 
 
-@pytest.fixture(scope='module')
-def plugin():
+def started(cache):
     """The plugin started as the CLI starts it: its executable with the engine's address (here a listener that
-    only has to be there: the plugin exits when the engine's address stops answering)."""
+    only has to be there: the plugin exits when the engine's address stops answering); its error files under
+    `cache`."""
     engine = socket.socket()
     engine.bind(('127.0.0.1', 0))
     engine.listen(16)
     proc = subprocess.Popen([os.path.join(REPO, 'provider', 'pulumi-resource-gpuhost'),
-                             '127.0.0.1:%d' % engine.getsockname()[1]], stdout=subprocess.PIPE, text=True)
+                             '127.0.0.1:%d' % engine.getsockname()[1]], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, XDG_CACHE_HOME=str(cache)))
     try:
         port = int(proc.stdout.readline())
         with grpc.insecure_channel('127.0.0.1:%d' % port) as channel:
@@ -70,6 +71,17 @@ def plugin():
         proc.kill()
         proc.wait()
         engine.close()
+
+
+@pytest.fixture(scope='module')
+def plugin(tmp_path_factory):
+    yield from started(tmp_path_factory.mktemp('cache'))
+
+
+@pytest.fixture
+def fresh_plugin(tmp_path):
+    """A plugin process of its own: its first call is the one under test."""
+    yield from started(tmp_path)
 
 
 def props(d):
@@ -131,3 +143,62 @@ def test_check_of_a_resource_the_stack_does_not_hold_sees_no_olds_with_the_conne
     assert 'gpuhost: ' in e.value.details(), e.value.details()
     held = stub.Check(proto.CheckRequest(urn=URN, olds=props(file), news=props(file)), timeout=60)
     assert held.inputs
+
+
+def one_line(text: str):
+    assert text.startswith('gpuhost: ') and '\n' not in text.strip(), text
+    assert 'Traceback' not in text and 'File "' not in text, text
+
+
+def test_the_first_call_of_a_fresh_plugin_with_an_unknown_type_is_one_line(fresh_plugin):
+    stub, _ = fresh_plugin
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Check(proto.CheckRequest(urn=URN.replace('HostFile', 'NoSuchThing'), olds=props({}), news=props({})))
+    one_line(e.value.details())
+    assert 'the gpuhost provider serves no resource type gpuhost:index:NoSuchThing (its types: ' in e.value.details()
+
+
+def test_the_first_call_of_a_fresh_plugin_with_a_property_that_does_not_deserialize_is_one_line(fresh_plugin, tmp_path):
+    from google.protobuf import struct_pb2
+    stub, _ = fresh_plugin
+    news = struct_pb2.Struct()
+    news.update({'path': '/etc/x', 'content': {rpc._special_sig_key: 'no-such-signature'}})
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Check(proto.CheckRequest(urn=URN, olds=props({}), news=news))
+    text = e.value.details()
+    one_line(text)
+    assert text.startswith('gpuhost: unexpected AssertionError: Unrecognized signature'), text
+    # The traceback is in a file of its own under the user's cache, named in the line.
+    kept = text.rsplit('Python traceback in ', 1)[1].rstrip(')')
+    assert kept.startswith(str(tmp_path / 'gpuhost' / 'errors' / 'error-')) and 'File "' in open(kept).read()
+
+
+def test_a_secret_keyed_value_the_engine_cannot_take_is_named_by_key_and_type_only(tmp_path, monkeypatch):
+    from components.errors import remember
+    from provider import __main__ as plugin_main
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    api_key = 'sk-9d1f3c7e-b2a6-q8x4'
+    remember({'api_key': api_key})
+    with pytest.raises(plugin_main.Unserializable) as e:
+        plugin_main.wire({'port': 30000, 'api_key': api_key.encode()})
+    text = plugin_main.one_line(e.value)
+    assert text.startswith("gpuhost: unexpected Unserializable: property 'api_key' holds a value of type bytes")
+    assert not [api_key[i:i + 6] for i in range(len(api_key) - 5) if api_key[i:i + 6] in text], text
+
+
+GOOD_API = {'host': '127.0.0.1', 'port': 8006, 'user': 'root@pam', 'password': 'Pa55-not-shown', 'timeout': 30}
+
+
+def test_checkconfig_refuses_a_configuration_without_its_connection_naming_the_key(fresh_plugin):
+    stub, _ = fresh_plugin
+    urn = 'urn:pulumi:lab::gpuhost::pulumi:providers:gpuhost::gpuhost'
+    got = stub.CheckConfig(proto.CheckRequest(urn=urn, olds=props({}), news=props({'api': GOOD_API})))
+    failures = {f.property: f.reason for f in got.failures}
+    assert 'connection is required and missing (from gpuhost:host.ssh)' in failures['connection'], failures
+    # The login: its CA missing, its password not text - the password never shown.
+    assert failures['api.ca_cert'].startswith('api.ca_cert is required and missing (from gpuhost:host.api.ca_cert')
+    bad = dict(GOOD_API, password='Pa55\x01-not-shown', port=70000)
+    got = stub.CheckConfig(proto.CheckRequest(urn=urn, olds=props({}), news=props({'api': bad})))
+    failures = {f.property: f.reason for f in got.failures}
+    assert 'a secret value (not shown)' in failures['api.password'] and 'not-shown' not in str(failures)
+    assert failures['api.port'].startswith('api.port (from gpuhost:host.api.port): 70000 is not valid'), failures

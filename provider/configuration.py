@@ -1,0 +1,121 @@
+"""The provider instance's configuration, checked by the plugin's CheckConfig before any resource's call: the host's
+SSH connection and its Proxmox API login, with the grammars the config package applies to the same values when it
+reads the stack (config/host.py, config/values.py). A refusal names the configuration key, the stack setting it
+comes from and the fix; a secret's value is never shown."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError
+
+from components.errors import scrub
+from config.values import ConfigError, HostName, Model, PosixUser, PveUser, check_ca, check_private_key, \
+    parse_host_key, show
+
+# Where each key comes from in the stack (config/load.py connection_inputs): what the operator fixes.
+STACK_KEYS = {
+    'connection': 'gpuhost:host.ssh', 'api': 'gpuhost:host.api',
+    'connection.host': 'gpuhost:host.address', 'connection.port': 'gpuhost:host.ssh.port',
+    'connection.user': 'gpuhost:host.ssh.user',
+    'connection.private_key': 'gpuhost:host.ssh.private_key (or private_key_file)',
+    'connection.host_key': 'gpuhost:host.ssh.host_key (or host_key_file)',
+    'connection.timeout': 'gpuhost:host.ssh.connect_timeout',
+    'connection.command_timeout': 'gpuhost:host.ssh.command_timeout',
+    'api.host': 'gpuhost:host.api.address (or gpuhost:host.address)', 'api.port': 'gpuhost:host.api.port',
+    'api.user': 'gpuhost:host.api.user', 'api.password': 'gpuhost:host.api.password (or password_file)',
+    'api.ca_cert': 'gpuhost:host.api.ca_cert (or ca_file)', 'api.timeout': 'gpuhost:host.api.timeout',
+}
+SECRET_KEYS = ('private_key', 'password')
+
+
+def _key(value: str) -> str:
+    try:
+        check_private_key(value, 'the private key')
+    except ConfigError as e:
+        raise ValueError(str(e).replace('the private key: ', '', 1).split('; set it with')[0]) from None
+    return value
+
+
+def _password(value: str) -> str:
+    if not value or any(ord(c) < 0x20 for c in value):
+        raise ValueError('empty or holds control characters (not shown)')
+    return value
+
+
+def _ca(value: str) -> str:
+    try:
+        check_ca(value, 'the CA')
+    except ConfigError as e:
+        raise ValueError(str(e).replace('the CA: ', '', 1)) from None
+    return value
+
+
+class _Strict(Model):
+    model_config = ConfigDict(frozen=True, extra='forbid', strict=True)
+
+
+class Connection(_Strict):
+    host: HostName
+    port: int = Field(ge=1, le=65535)
+    user: PosixUser
+    private_key: Annotated[str, AfterValidator(_key)]
+    host_key: Annotated[str, AfterValidator(parse_host_key)]
+    timeout: Optional[float] = Field(None, gt=0, le=600)
+    command_timeout: Optional[float] = Field(None, ge=5, le=86400)
+
+
+class Login(_Strict):
+    host: HostName
+    port: int = Field(ge=1, le=65535)
+    user: PveUser
+    password: Annotated[str, AfterValidator(_password)]
+    ca_cert: Annotated[str, AfterValidator(_ca)]
+    timeout: Optional[float] = Field(None, gt=0, le=600)
+
+
+class HostAccess(_Strict):
+    # What else the engine may put into a provider's inputs (its version, keys of its own) is not ours to judge.
+    model_config = ConfigDict(frozen=True, extra='ignore', strict=True)
+    connection: Connection
+    api: Login
+
+
+def problems(config: dict) -> list:
+    """[(key, reason)] for a configuration (plain values, integral numbers as ints); [] when it is whole. A value
+    the engine does not know yet (a preview's unknown) is not judged."""
+    from pulumi.runtime import rpc
+    if any(v is rpc.UNKNOWN for v in config.values()):
+        return []
+    for part in ('connection', 'api'):
+        if isinstance(config.get(part), dict) and any(v is rpc.UNKNOWN for v in config[part].values()):
+            return []
+    try:
+        HostAccess.model_validate(config)
+        return []
+    except ValidationError as e:
+        return [_reason(err) for err in e.errors(include_url=False)]
+
+
+def _reason(err) -> tuple:
+    loc = '.'.join(str(p) for p in err['loc'])
+    where = STACK_KEYS.get(loc)
+    came = ' (from %s)' % where if where else ''
+    kind, msg = err['type'], err['msg']
+    if msg.startswith('Value error, '):
+        msg = msg[len('Value error, '):]
+    if kind == 'missing':
+        text = '%s is required and missing%s: the program sets it from the stack; set %s and run `pulumi up`' % (
+            loc, came, where or 'it')
+    elif kind == 'extra_forbidden':
+        text = ('%s is not a key the gpuhost provider takes (the program and the provider are of different '
+                'releases?)' % loc)
+    elif any(p in SECRET_KEYS for p in err['loc']):
+        text = '%s%s: a secret value (not shown) that is not valid: %s' % (loc, came, msg)
+    elif kind == 'value_error':
+        text = '%s%s: %s' % (loc, came, msg)
+    else:
+        value = err.get('input')
+        text = '%s%s: %s is not valid: %s' % (loc, came, show(value) if isinstance(value, (str, int, float))
+                                              else 'a value of type %s' % type(value).__name__, msg)
+    return loc, scrub(text)
