@@ -211,7 +211,7 @@ class ModelProvider(ObservedProvider):
         remote.run(target, 'model_forget.sh', [props.get('textfile') or TEXTFILE, cache_path(props['dir'])])
 
 
-def _broken(rep) -> bool:
+def broken(rep) -> bool:
     return bool(rep['problems'] or rep['missing'] or rep['short'] or rep['long'] or rep['mismatch'] or
                 rep['unreadable'])
 

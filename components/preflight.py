@@ -13,6 +13,8 @@ any resource step runs - so before anything is deleted, replaced or written:
     its OS template, and the bridges;
   * the SGLang unit's name is not one the container already has of its own;
   * the model storage the container's mount point binds (gpuhost:model.storage) exists on the host;
+  * without gpuhost:model.source, the weights are already whole on the host (nothing could download them, and the
+    model's step would refuse them after others had changed the host);
   * the host runs the nvidia kernel module gpuhost:runtime.nvidia declares (a host driver upgraded under a
     running container stops the run here, before any restart: the container's user space must match it).
 
@@ -58,8 +60,8 @@ def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> lis
 class Context:
     """What the checks read, each read once: the host's facts (one SSH command) and the Proxmox API."""
 
-    def __init__(self, d, connection: dict, api: dict):
-        self.d, self.connection, self.api = d, connection, api
+    def __init__(self, d, connection: dict, api: dict, model_files: Optional[dict] = None):
+        self.d, self.connection, self.api, self.model_files = d, connection, api, model_files
         self._facts = None
         self._pve = {}
 
@@ -294,6 +296,22 @@ def _model_storage(ctx):
                     d.model.storage, d.model.storage))
 
 
+def _model_weights(ctx):
+    """Without a source to download them from, the weights must be on the host already: a quick look (sizes and
+    the sums cached by earlier verifications; no shard is read) finds what is missing, cut short or known bad."""
+    from components import model
+    d = ctx.d
+    if d.model.base_url():
+        return None
+    check = model.unit_check(d, ctx.model_files)
+    rep = model.run_verify(remote.Target.from_inputs(ctx.connection), check, full=False)
+    if model.broken(rep):
+        return ('gpuhost:model: %s, and gpuhost:model.source is not set, so nothing can download them. The SGLang unit '
+                'was not touched: the running service keeps serving, and nothing else on the host was changed. Put '
+                'the files named in %s on the host (revision %s), declare gpuhost:model.source, or fix gpuhost:model '
+                '/ the checksum file, and re-run' % (model.line(rep), check['dir'], d.model.revision))
+
+
 def _has_model(d):
     return d.model is not None
 
@@ -321,6 +339,8 @@ CHECKS = (
     Check('SEV-SNP enabled in the firmware (kvm_amd sev_snp)', 'host', _sev_snp, up=False, applies=_has_vm),
     Check('the model storage gpuhost:model.storage on the host (the container\'s mount point binds it)', 'host',
           _model_storage, applies=_has_model),
+    Check('the model\'s weights on the host, when gpuhost:model.source cannot download them', 'host',
+          _model_weights, applies=_has_model),
     Check('the Proxmox API, logged in (gpuhost:host.api)', 'pve', _api, up=False),
     Check('Proxmox VE %d.%d or later (knows devN and amd-sev)' % MIN_PVE, 'pve', _pve_version),
     Check('the node gpuhost:host.node, online', 'pve', _node),
@@ -331,9 +351,9 @@ CHECKS = (
 )
 
 
-def run(d, connection: dict, api: dict) -> None:
+def run(d, connection: dict, api: dict, model_files: Optional[dict] = None) -> None:
     """`up`'s preflight: the first failing check stops the run, before any resource step."""
-    ctx = Context(d, connection, api)
+    ctx = Context(d, connection, api, model_files)
     for check in CHECKS:
         if check.up and check.applies(d):
             problem = check.fn(ctx)
@@ -348,10 +368,10 @@ class Result:
     skipped: Optional[str] = None             # why it was not checked (its side unreachable)
 
 
-def report(d, connection: dict, api: dict) -> list:
+def report(d, connection: dict, api: dict, model_files: Optional[dict] = None) -> list:
     """Every check, read-only, none stopping the others: a Result each. When SSH or the API cannot be
     reached (the first check of each side), the checks on that side are skipped."""
-    ctx = Context(d, connection, api)
+    ctx = Context(d, connection, api, model_files)
     out, down = [], {}
     for check in CHECKS:
         if not check.applies(d):

@@ -129,13 +129,20 @@ def test_a_shard_cut_short_stops_the_restart_and_the_service_keeps_serving(lab, 
     changed = json.loads(json.dumps(cfg))
     del changed['gpuhost:model']['source']
     changed['gpuhost:sglang']['environment']['LAB_MODEL_TEST'] = '1'
-    lab.write_stack(STACK, changed)
+    # With a change of the host's own too (the nvidia option file, which the host's steps write first): the
+    # preflight refuses the weights before any step, so the host is left as it was.
+    hostile = json.loads(json.dumps(changed))
+    hostile['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
+    lab.write_stack(STACK, hostile)
     os.truncate(path, size - 1000)
-    starts = lab.unit_starts()
-    # Without a refresh: the unit's own check, before it writes or restarts anything.
+    starts, digest = lab.unit_starts(), lab.host_digest()
+    # Without a refresh: the preflight's quick look (sizes), before any step writes or restarts anything.
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
     out = res.stdout + res.stderr
-    assert res.returncode != 0
+    assert res.returncode != 0 and lab.host_digest() == digest
+    assert 'gpuhost:model.source is not set, so nothing can download them' in out and \
+        'nothing else on the host was changed' in out, out[-3000:]
+    lab.write_stack(STACK, changed)
     assert '1 short: %s (%d of %d bytes)' % (SHARD, size - 1000, size) in out, \
         [line for line in out.splitlines() if 'error' in line or 'short' in line]
     assert 'The SGLang unit was not touched: the running service keeps serving' in out
