@@ -13,6 +13,8 @@ any resource step runs - so before anything is deleted, replaced or written:
     its OS template, and the bridges;
   * the SGLang unit's name is not one the container already has of its own;
   * the model storage the container's mount point binds (gpuhost:model.storage) exists on the host;
+  * the model's mount point (gpuhost:model.mp) is not one the container already has of its own - a mount of
+    another dataset, not the model's of an earlier run;
   * without gpuhost:model.source, the weights are already whole on the host (nothing could download them, and the
     model's step would refuse them after others had changed the host);
   * the host runs the nvidia kernel module gpuhost:runtime.nvidia declares (a host driver upgraded under a
@@ -312,6 +314,34 @@ def _model_weights(ctx):
                 '/ the checksum file, and re-run' % (model.line(rep), check['dir'], d.model.revision))
 
 
+def _model_mount(ctx):
+    """The container's mpN at gpuhost:model.mp is the model's or free. The step that writes it refuses a mount point
+    the program did not set, by the state - after the host's steps ran. Here, before them, with no state: a mount
+    point that binds neither the model's storage nor the model's mount path is another dataset's, never the model's
+    of an earlier run (which the program set with one of them)."""
+    from grammar.pve import same_value, split_props
+    d = ctx.d
+    key, ours = 'mp%d' % d.model.mp, d.container_mounts()['mp%d' % d.model.mp]
+    with pve.client(ctx.api) as prox:
+        g = prox.nodes(d.host.node).lxc(d.container.vmid)
+        try:
+            items = pve.api_call('reading container %s\'s config' % d.container.vmid, g.pending.get, read=True)
+        except pve.PveError as e:
+            if pve.gone(e):
+                return None         # no container yet: the one `up` creates has no mount point of its own
+            raise
+    theirs = pve.mounts_of(pve.merge_pending(items)[0]).get(key)
+    if theirs is None or same_value(key, ours, theirs):
+        return None
+    volume, options = split_props(theirs)
+    if volume == d.model.storage or options.get('mp') == d.model.mount:
+        return None
+    return ('container %s on %s: %s. Nothing was changed on the host. (If %s is the model\'s mount point of an '
+            'earlier run, with both gpuhost:model.storage and gpuhost:model.mount changed since, change them one `up` '
+            'at a time.)' % (d.container.vmid, d.host.node, pve.collision_text(d.container.vmid, [(key, theirs, ours)]),
+                             key))
+
+
 def _has_model(d):
     return d.model is not None
 
@@ -347,6 +377,8 @@ CHECKS = (
     Check('the container\'s storage gpuhost:container.storage', 'pve', _storage),
     Check('the container template gpuhost:container.ostemplate downloaded', 'pve', _template),
     Check('the bridges gpuhost:container.bridge / gpuhost:vm.bridge', 'pve', _bridges),
+    Check('the model\'s mount point gpuhost:model.mp is not one of the container\'s own', 'pve', _model_mount,
+          applies=_has_model),
     Check('the SGLang unit name is not one of the container\'s own', 'host', _unit_name),
 )
 

@@ -80,10 +80,18 @@ def test_a_model_mount_point_the_container_has_of_its_own_is_never_replaced(lab,
     preview with a refresh and `up` stop, naming both mount points, and mp1 stays as it is."""
     theirs, model = '/srv/data,mp=/data,ro=1', deployed[M].get('storage', '') + ',mp=/models,ro=1'
     lab.node().lxc(200).config.put(mp1=theirs)
+    # (The host's /etc/pve/lxc/200.conf follows the API a moment later: the digest below is taken after it.)
+    conf = lab.host.path('etc/pve/lxc/200.conf')
+    lab.wait_for(lambda: 'mp1: ' in open(conf).read(), what='mp1 in %s' % conf)
     try:
-        lab.write_stack(STACK, with_changes(deployed, ((M, 'mp'), 1)))
-        before, starts = guests(lab), lab.unit_starts()
-        for command in (('preview', '--refresh'), ('up', '--yes', '--skip-preview', '--refresh')):
+        # With a change of the host's own in the same run (the nvidia option file, written by the host's steps,
+        # which come before the container's): `up` without a refresh - the state knows no mp1 - is refused by the
+        # preflight, before any step, and the host is left as it was.
+        cfg = with_changes(deployed, ((M, 'mp'), 1))
+        cfg['gpuhost:nvidia'] = {'dma_remap_peer_mmio': 0}
+        lab.write_stack(STACK, cfg)
+        before, starts, digest, files = guests(lab), lab.unit_starts(), lab.host_digest(), lab.host_files()
+        for command in (('preview', '--refresh'), ('up', '--yes', '--skip-preview')):
             res = lab.pulumi(*command, stack=STACK, check=False)
             out = res.stdout + res.stderr
             assert res.returncode != 0 and 'Traceback' not in out, out[-3000:]
@@ -92,6 +100,10 @@ def test_a_model_mount_point_the_container_has_of_its_own_is_never_replaced(lab,
             have = ct_config(lab)
             assert (have['mp1'], have['mp0']) == (theirs, model)
             assert guests(lab) == before and lab.unit_starts() == starts
+            now = lab.host_files()
+            assert lab.host_digest() == digest, (command, sorted(k for k in set(now) | set(files)
+                                                                 if now.get(k) != files.get(k)), out[-3000:])
+        assert 'Nothing was changed on the host' in out, out[-3000:]
     finally:
         lab.node().lxc(200).config.put(delete='mp1')
         lab.write_stack(STACK, deployed)
