@@ -5,7 +5,7 @@ import os
 import pulumi
 
 import config
-from components import monitoring, outputs, preflight
+from components import agent, monitoring, outputs, preflight
 from components.container import GpuContainer
 from components.host import ProxmoxHost
 from components.model import model_weights
@@ -76,6 +76,11 @@ try:
         # `up` only (preview contacts no host): every host and its Proxmox are what the config describes,
         # before any step can delete, replace or write anything on any host.
         _preflight_all(fleet, inputs)
+    # A credential the stack keeps in a file stays there: the provider's configuration names the file (the plugin
+    # reads it) and the smoke test reaches the host through an SSH agent (components/agent.py).
+    access = {h.index: config.provider_access(h.deployment, os.getcwd(), *inputs[h.index][:2]) + (
+        agent.smoke_connection(pulumi.get_stack(), h.deployment, inputs[h.index][0], os.getcwd(),
+                               start_agent=not pulumi.runtime.is_dry_run()),) for h in fleet.hosts}
 except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.
     from components.errors import scrub
@@ -88,8 +93,8 @@ built = []
 for h in fleet.hosts:
     d = h.deployment
     name = h.resource_name
-    connection = pulumi.Output.secret(inputs[h.index][0])
-    api = pulumi.Output.secret(inputs[h.index][1])
+    provider_conn, provider_api, smoke_conn = access[h.index]
+    connection = pulumi.Output.secret(smoke_conn)
     # Rolling changes: whatever may stop this host's SGLang (a reboot, a container change, a unit
     # restart) waits until the host before it in its rollout lane serves again (/health, /server_info).
     ahead = fleet.lane_before(h.index)
@@ -98,7 +103,7 @@ for h in fleet.hosts:
     fleet_host = h.name if fleet.is_fleet else None
     # The gpuhost provider plugin (provider/) serves every custom resource of this host, with its connection and
     # Proxmox login as its configuration: components pass it on to their children.
-    own = host_provider(name('gpuhost'), connection, api)
+    own = host_provider(name('gpuhost'), pulumi.Output.secret(provider_conn), pulumi.Output.secret(provider_api))
     served = pulumi.ResourceOptions(providers=[own])
     host = ProxmoxHost(name('host'), d, gate=gate, rollout=rollout, fleet_host=fleet_host, opts=served)
     after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))

@@ -631,8 +631,11 @@ def smoke_test(name, d, connection, unit, key, unit_text_declared, container_ide
     connection = pulumi.Output.from_input(connection)
     conn = command.ConnectionArgs(
         host=connection.apply(lambda c: c['host']), port=connection.apply(lambda c: float(c['port'])),
-        user=connection.apply(lambda c: c['user']), private_key=connection.apply(lambda c: c['private_key']),
-        host_key=connection.apply(lambda c: c['host_key']), per_dial_timeout=10, dial_error_limit=6)
+        user=connection.apply(lambda c: c['user']), host_key=connection.apply(lambda c: c['host_key']),
+        # One of the two (components/agent.py smoke_connection): the key's text, or the agent that holds it.
+        private_key=connection.apply(lambda c: c.get('private_key')),
+        agent_socket_path=connection.apply(lambda c: c.get('agent_socket_path')),
+        per_dial_timeout=10, dial_error_limit=6)
     run = 'bash -c %s smoke_test.sh %s %s' % (shlex.quote(remote.script('smoke_test.sh')),
                                              shlex.quote(service_props(d)['endpoint']),
                                              shlex.quote(d.sglang.served_model_name))

@@ -36,7 +36,7 @@ from config.deployment import Deployment, parse
 from config.errors import format_errors
 from config.fleet import Fleet, FleetHost, Rollout, deep_merge, parse_fleet
 from config.load import (check_namespaces, check_secrets, connection_inputs, fleet_from_data, fleet_from_pulumi,
-                         load_stack, model_inputs,
+                         load_stack, model_inputs, provider_access,
                          runtime_inputs, stack_file_secure_paths)
 from config.schema import stack_schema
 from config.sglang import Speculative, Sglang
@@ -44,4 +44,4 @@ from config.values import ConfigError, parse_host_key
 
 __all__ = ['ConfigError', 'Deployment', 'Fleet', 'FleetHost', 'Rollout', 'Speculative', 'Sglang', 'check_namespaces',
            'check_secrets', 'connection_inputs', 'fleet_from_data', 'deep_merge', 'fleet_from_pulumi', 'format_errors', 'load_stack',
-           'model_inputs', 'parse', 'parse_fleet', 'parse_host_key', 'runtime_inputs', 'stack_file_secure_paths', 'stack_schema']
+           'model_inputs', 'parse', 'provider_access', 'parse_fleet', 'parse_host_key', 'runtime_inputs', 'stack_file_secure_paths', 'stack_schema']

@@ -78,6 +78,38 @@ def connection_inputs(d: Deployment, root: str) -> tuple:
     return connection, api_in
 
 
+def full_path(path: str, root: str) -> str:
+    full = os.path.expanduser(path)
+    return os.path.abspath(full if os.path.isabs(full) else os.path.join(root, full))
+
+
+def file_stamp(path: str) -> str:
+    """What tells a rewritten file from the one seen last time without a byte of its content: size and mtime ('' for
+    a file that is not there: the plugin, which reads it, says so)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ''
+    return '%d:%d' % (st.st_size, st.st_mtime_ns)
+
+
+def provider_access(d: Deployment, root: str, connection: dict, api: dict) -> tuple:
+    """The host's connection and login as the gpuhost provider's configuration holds them (and so the state): a
+    credential the stack names by file (gpuhost:host.ssh.private_key_file, gpuhost:host.api.password_file) stays in
+    its file - the configuration carries its absolute path and stamp, and the plugin reads it when it is
+    configured (provider/__main__.py). One given as a Pulumi secret is carried as it is, encrypted in the state."""
+    connection, api = dict(connection), dict(api)
+    if d.host.ssh.private_key_file:
+        path = full_path(d.host.ssh.private_key_file, root)
+        del connection['private_key']
+        connection.update(private_key_file=path, private_key_stamp=file_stamp(path))
+    if d.host.api.password_file:
+        path = full_path(d.host.api.password_file, root)
+        del api['password']
+        api.update(password_file=path, password_stamp=file_stamp(path))
+    return connection, api
+
+
 def read_repo_file(rel: str, root: str, key: str) -> str:
     """A file the config names inside the repository (the project directory): it must stay inside it, also
     through symbolic links - a lock or patch from elsewhere would be code nobody reviewed with the stack."""

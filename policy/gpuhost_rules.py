@@ -742,7 +742,8 @@ def root_pam_password(res: Res, reg: Registry, cfg: dict) -> list:
     tokens = sorted(k for k, v in api.items() if 'token' in k.lower() and v not in (None, '', UNKNOWN))
     if tokens:
         problems.append('it carries an API token (%s)' % ', '.join(tokens))
-    password = api.get('password')
+    # (A password the stack keeps in a file is in the configuration by its path: config/load.py provider_access.)
+    password = api.get('password') or api.get('password_file')
     if password is UNKNOWN:
         raise Unknown(['api', 'password'])
     if not isinstance(password, str) or not password:

@@ -161,7 +161,9 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
 
     @_one_line_errors
     def Configure(self, request, context):
-        self.config = {k: v for k, v in configuration(request.args).items() if k in HOST_KEYS}
+        # A credential named by file is read here, at every run (provider/configuration.py resolved).
+        from provider.configuration import resolved
+        self.config = {k: v for k, v in resolved(configuration(request.args)).items() if k in HOST_KEYS}
         return proto.ConfigureResponse(acceptSecrets=False, supportsPreview=False, acceptResources=False,
                                        acceptOutputs=False)
 

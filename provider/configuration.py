@@ -1,7 +1,10 @@
 """The provider instance's configuration, checked by the plugin's CheckConfig before any resource's call: the host's
 SSH connection and its Proxmox API login, with the grammars the config package applies to the same values when it
 reads the stack (config/host.py, config/values.py). A refusal names the configuration key, the stack setting it
-comes from and the fix; a secret's value is never shown."""
+comes from and the fix; a secret's value is never shown.
+
+A credential the stack keeps in a file is in the configuration by its path (config/load.py provider_access): the
+plugin reads it here, at every Configure - `refresh` and `destroy` without the program too."""
 
 from __future__ import annotations
 
@@ -25,7 +28,12 @@ STACK_KEYS = {
     'api.host': 'gpuhost:host.api.address (or gpuhost:host.address)', 'api.port': 'gpuhost:host.api.port',
     'api.user': 'gpuhost:host.api.user', 'api.password': 'gpuhost:host.api.password (or password_file)',
     'api.ca_cert': 'gpuhost:host.api.ca_cert (or ca_file)', 'api.timeout': 'gpuhost:host.api.timeout',
+    'connection.private_key_file': 'gpuhost:host.ssh.private_key_file',
+    'api.password_file': 'gpuhost:host.api.password_file',
 }
+# The credentials a configuration may name by file: (part, key, file key, stamp key).
+BY_FILE = (('connection', 'private_key', 'private_key_file', 'private_key_stamp'),
+           ('api', 'password', 'password_file', 'password_stamp'))
 SECRET_KEYS = ('private_key', 'password')
 
 
@@ -63,6 +71,8 @@ class Connection(_Strict):
     host_key: Annotated[str, AfterValidator(parse_host_key)]
     timeout: Optional[float] = Field(None, gt=0, le=600)
     command_timeout: Optional[float] = Field(None, ge=5, le=86400)
+    private_key_file: Optional[str] = None
+    private_key_stamp: Optional[str] = None
 
 
 class Login(_Strict):
@@ -72,6 +82,8 @@ class Login(_Strict):
     password: Annotated[str, AfterValidator(_password)]
     ca_cert: Annotated[str, AfterValidator(_ca)]
     timeout: Optional[float] = Field(None, gt=0, le=600)
+    password_file: Optional[str] = None
+    password_stamp: Optional[str] = None
 
 
 class HostAccess(_Strict):
@@ -81,15 +93,47 @@ class HostAccess(_Strict):
     api: Login
 
 
+class Unreadable(ConfigError):
+    def __init__(self, key: str, text: str):
+        super().__init__(text)
+        self.key = key
+
+
+def resolved(config: dict) -> dict:
+    """The configuration with each credential named by file read from it (the files' text, as the serving classes
+    take it). Unreadable: a file that cannot be read, naming it and the stack setting."""
+    from config.load import read_file
+    config = dict(config)
+    for part, key, file_key, _ in BY_FILE:
+        section = config.get(part)
+        if not isinstance(section, dict) or not isinstance(section.get(file_key), str) or key in section:
+            continue
+        where = STACK_KEYS['%s.%s' % (part, file_key)]
+        try:
+            text = read_file(section[file_key], '/', '%s (%s)' % (where, section[file_key]))
+        except ConfigError as e:
+            raise Unreadable('%s.%s' % (part, file_key), '%s; the gpuhost provider reads it at every run (refresh and '
+                                                         'destroy too): put it back or set %s anew and run `pulumi up`'
+                             % (e, where)) from None
+        config[part] = dict(section, **{key: text.strip() if key == 'password' else text})
+    from components.errors import remember
+    remember(config)
+    return config
+
+
 def problems(config: dict) -> list:
     """[(key, reason)] for a configuration (plain values, integral numbers as ints); [] when it is whole. A value
-    the engine does not know yet (a preview's unknown) is not judged."""
+    the engine does not know yet (a preview's unknown) is not judged. A credential named by file is read."""
     from pulumi.runtime import rpc
     if any(v is rpc.UNKNOWN for v in config.values()):
         return []
     for part in ('connection', 'api'):
         if isinstance(config.get(part), dict) and any(v is rpc.UNKNOWN for v in config[part].values()):
             return []
+    try:
+        config = resolved(config)
+    except Unreadable as e:
+        return [(e.key, scrub(str(e)))]
     try:
         HostAccess.model_validate(config)
         return []

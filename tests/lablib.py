@@ -80,25 +80,33 @@ PREVIOUS_RELEASE = '986fe9e'
 PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates')
 
 
+# The first release with the provider plugin (0.2.0, CHANGELOG.md): the host's SSH key and Proxmox password in its
+# provider's configuration, also where the stack keeps them in files.
+PLUGIN_RELEASE = '649cadb'
+PLUGIN_FILES = PROJECT_FILES
+
+
 class previous_release:
     """The lab's project copy holds the previous release's program for the duration (its own files set aside and
-    put back after): same directory, stack file, backend and virtualenv, as on an operator's checkout."""
+    put back after): same directory, stack file, backend and virtualenv, as on an operator's checkout. `commit`,
+    `files`: another release's (PLUGIN_RELEASE, PLUGIN_FILES)."""
 
-    def __init__(self, lab):
+    def __init__(self, lab, commit=PREVIOUS_RELEASE, files=PREVIOUS_FILES):
         self.project = lab.project
         self.aside = os.path.join(os.path.dirname(lab.project), 'project-new')
+        self.commit, self.files = commit, files
 
     def __enter__(self):
         os.makedirs(self.aside)
         for name in PROJECT_FILES:
             os.rename(os.path.join(self.project, name), os.path.join(self.aside, name))
-        archive = subprocess.run(['git', '-C', REPO, 'archive', PREVIOUS_RELEASE] + list(PREVIOUS_FILES),
+        archive = subprocess.run(['git', '-C', REPO, 'archive', self.commit] + list(self.files),
                                  capture_output=True, check=True).stdout
         subprocess.run(['tar', '-x', '-C', self.project], input=archive, check=True)
         return self
 
     def __exit__(self, *exc):
-        for name in PREVIOUS_FILES:
+        for name in self.files:
             path = os.path.join(self.project, name)
             (shutil.rmtree if os.path.isdir(path) else os.unlink)(path)
         for name in PROJECT_FILES:
@@ -812,6 +820,19 @@ class Lab(object):
     def host_digest(self):
         """A hash of everything the simulated host holds (files, links, device bindings)."""
         return tree_digest(os.path.join(self.dir, 'host'), skip=('log', 'var', 'dev'), dirs=False)
+
+    def host_files(self):
+        """{path: sha256} of what host_digest() covers: which files a changed digest changed."""
+        root, out = os.path.join(self.dir, 'host'), {}
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, root)
+                if not rel.startswith(('log', 'var', 'dev')) and os.path.isfile(path) and not os.path.islink(path):
+                    with open(path, 'rb') as f:
+                        out[rel] = hashlib.sha256(f.read()).hexdigest()
+        return out
 
     def api(self):
         import proxmoxer

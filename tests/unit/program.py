@@ -37,9 +37,10 @@ def run_program(fleet, runtime_files) -> dict:
     """__main__.py as the engine runs it, for `fleet` (config.parse_fleet of a stack's gpuhost keys), to the end of
     every registration: {'resources': [MockResourceArgs, ...], 'exports': {name: value}}. Only what needs the lab
     is replaced: the files the config names (config.load_stack: the connection, `runtime_files` as
-    runtime_inputs(), no model checksums) and the preflight's host checks (components/preflight.py run)."""
+    runtime_inputs(), no model checksums), the preflight's host checks (components/preflight.py run) and the SSH
+    agent a key kept in a file reaches the smoke test through (components/agent.py start)."""
     import config
-    from components import preflight
+    from components import agent, preflight
     inputs = [(CONN, API, runtime_files, {'checksums': None, 'token': None}) for _ in fleet.hosts]
     exports = {}
 
@@ -48,9 +49,10 @@ def run_program(fleet, runtime_files) -> dict:
         runpy.run_path(os.path.join(REPO, '__main__.py'), run_name='gpuhost_program')
 
     saved = (config.load_stack, preflight.run, pulumi.export, signal.getsignal(signal.SIGINT),
-             pulumi.runtime.settings.grpc_error_to_exception)
+             pulumi.runtime.settings.grpc_error_to_exception, agent.start)
     config.load_stack = lambda _root: (fleet, inputs, [])
-    preflight.run = lambda *_args: None
+    preflight.run = lambda *_args, **_kwargs: None
+    agent.start = lambda *_args: None
     pulumi.export = exports.__setitem__
     CREATED.clear()
     try:
@@ -60,4 +62,5 @@ def run_program(fleet, runtime_files) -> dict:
         config.load_stack, preflight.run, pulumi.export = saved[:3]
         signal.signal(signal.SIGINT, saved[3])
         pulumi.runtime.settings.grpc_error_to_exception = saved[4]
+        agent.start = saved[5]
     return {'resources': list(CREATED), 'exports': exports}

@@ -40,6 +40,16 @@ def test_every_custom_resource_of_the_program_is_served_by_the_plugin_and_secret
     assert schema['resources']['gpuhost:index:SglangUnit']['inputProperties']['api_key']['secret'] is True
     providers = [r for r in lab_program['resources'] if r.typ == 'pulumi:providers:gpuhost']
     assert len(providers) == 1 and set(providers[0].inputs) >= {'api', 'connection'}
+    # The lab stack keeps its SSH key and API password in files: the configuration names them (absolute paths),
+    # the plugin reads them; their text is in no input. The smoke test reaches the host through an SSH agent.
+    conn, api = (rpc.unwrap_rpc_secret(providers[0].inputs[k]) for k in ('connection', 'api'))
+    conn, api = (v.get('value', v) if isinstance(v, dict) else v for v in (conn, api))
+    assert 'private_key' not in conn and conn['private_key_file'].endswith('/.lab/ssh/id_ed25519'), conn
+    assert 'password' not in api and api['password_file'].endswith('/.lab/secrets/pve-password'), api
+    smoke = [r.inputs['connection']['value'] for r in lab_program['resources'] if r.typ == 'command:remote:Command']
+    assert len(smoke) == 1 and 'privateKey' not in smoke[0], smoke
+    from components.agent import agent_dir
+    assert smoke[0]['agentSocketPath'].startswith(agent_dir() + '/'), smoke
     assert not [r.name for r in lab_program['resources'] if r.typ.startswith('gpuhost:index:') and r.custom
                 and {'api', 'connection'} & set(r.inputs)]
 
@@ -202,3 +212,22 @@ def test_checkconfig_refuses_a_configuration_without_its_connection_naming_the_k
     failures = {f.property: f.reason for f in got.failures}
     assert 'a secret value (not shown)' in failures['api.password'] and 'not-shown' not in str(failures)
     assert failures['api.port'].startswith('api.port (from gpuhost:host.api.port): 70000 is not valid'), failures
+
+
+def test_checkconfig_reads_a_credential_named_by_file_and_names_the_file_it_cannot_read(fresh_plugin, tmp_path):
+    stub, _ = fresh_plugin
+    urn = 'urn:pulumi:lab::gpuhost::pulumi:providers:gpuhost::gpuhost'
+    missing = str(tmp_path / 'gone' / 'pve-password')
+    api = {k: v for k, v in GOOD_API.items() if k != 'password'}
+    got = stub.CheckConfig(proto.CheckRequest(urn=urn, olds=props({}), news=props({'api': dict(
+        api, password_file=missing, password_stamp='')})))
+    failures = {f.property: f.reason for f in got.failures}
+    assert failures['api.password_file'].startswith('gpuhost:host.api.password_file (%s): cannot read %s' % (
+        missing, missing)), failures
+    assert 'reads it at every run (refresh and destroy too)' in failures['api.password_file']
+    # A file that is there is read: its text is checked as the password would be (here: a control character).
+    (tmp_path / 'pw').write_text('Pa55\x01-not-shown\n')
+    got = stub.CheckConfig(proto.CheckRequest(urn=urn, olds=props({}), news=props({'api': dict(
+        api, password_file=str(tmp_path / 'pw'), password_stamp='')})))
+    failures = {f.property: f.reason for f in got.failures}
+    assert 'a secret value (not shown)' in failures['api.password'] and 'not-shown' not in str(failures)
