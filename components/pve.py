@@ -100,7 +100,8 @@ def merge_pending(items: list) -> tuple:
 # ------------------------------------------------------------------ the client
 
 _clients = {}
-_clients_lock = threading.Lock()
+_clients_lock = threading.Lock()        # the tables only, never held across a login
+_login_locks = {}
 CA_KEEP_DAYS = 30
 
 
@@ -142,10 +143,16 @@ def client(api: dict):
     import hashlib
     key = (api['host'], str(api['port']), api['user'], hashlib.sha256(api['password'].encode()).hexdigest(),
            hashlib.sha256(api['ca_cert'].encode()).hexdigest())
+    # A lock per endpoint around its login: one host's slow or retried login never holds up another's.
     with _clients_lock:
-        prox = _clients.get(key)
+        lock = _login_locks.setdefault(key, threading.Lock())
+    with lock:
+        with _clients_lock:
+            prox = _clients.get(key)
         if prox is None:
-            prox = _clients[key] = _login(api)
+            prox = _login(api)
+            with _clients_lock:
+                _clients[key] = prox
     yield prox
 
 

@@ -180,22 +180,31 @@ def connect(target: Target, attempts: int = 3):
 
 
 _pool = {}
-_pool_lock = threading.Lock()
+_pool_lock = threading.Lock()          # the two tables only, never held across a network wait
+_host_locks = {}
+
+
+def _host_lock(key) -> threading.Lock:
+    with _pool_lock:
+        return _host_locks.setdefault(key, threading.Lock())
 
 
 def pooled(target: Target):
     """One SSH connection per host, shared by every step of this process (a provider process serves
-    all of a run's resources; channels on one transport run concurrently). A dead one is replaced."""
+    all of a run's resources; channels on one transport run concurrently). A dead one is replaced.
+    Steps of one host wait for its one connect; other hosts connect at the same time (a lock per host)."""
     key = (target.host, target.port, target.user, target.host_key)
-    with _pool_lock:
-        client = _pool.get(key)
+    with _host_lock(key):
+        with _pool_lock:
+            client = _pool.get(key)
         transport = client.get_transport() if client is not None else None
         if transport is not None and transport.is_active():
             return client
         if client is not None:
             client.close()
         client = connect(target)
-        _pool[key] = client
+        with _pool_lock:
+            _pool[key] = client
         return client
 
 

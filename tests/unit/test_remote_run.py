@@ -141,3 +141,44 @@ def test_a_command_that_ends_at_once_gets_our_eof_before_our_close(monkeypatch):
         server.close()
     assert res.exit_code == 0
     assert sent == ['EOF', 'CLOSE'], sent
+
+
+def test_hosts_connect_at_the_same_time_and_one_host_connects_once(monkeypatch):
+    """pooled(): a lock per host, none across hosts - a fleet's hosts are not connected one after another (issue 45:
+    8 hosts 1.04 s behind one process-wide lock with 0.1 s of server latency), and the steps of one host share its
+    one connection."""
+    inside, most, connects = [0], [0], []
+    lock = threading.Lock()
+    release = threading.Event()
+
+    class Client:
+        def get_transport(self):
+            return self
+
+        def is_active(self):
+            return True
+
+    def connect(target):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            connects.append(target.host)
+        release.wait(5)
+        with lock:
+            inside[0] -= 1
+        return Client()
+    monkeypatch.setattr(remote, 'connect', connect)
+    monkeypatch.setattr(remote, '_pool', {})
+    targets = [remote.Target(host='10.0.0.%d' % (i % 4), port=22, user='root', private_key='k', host_key='h')
+               for i in range(8)]
+    got = []
+    threads = [threading.Thread(target=lambda t=t: got.append(remote.pooled(t))) for t in targets]
+    [t.start() for t in threads]
+    deadline = time.monotonic() + 5
+    while most[0] < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    [t.join() for t in threads]
+    assert most[0] == 4, 'the four hosts connected one after another'
+    assert sorted(connects) == ['10.0.0.%d' % i for i in range(4)], 'a host connected more than once'
+    assert len(got) == 8 and len({id(c) for c in got}) == 4
