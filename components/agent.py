@@ -2,8 +2,13 @@
 pulumi-command takes the key's text as an input - which puts it into the state - or an agent's socket
 (`agentSocketPath`), which puts only a path there. So the program runs one OpenSSH agent per key for the length
 of an `up`, the key loaded into it from the text the program read (`ssh-add -`), its socket in a private directory
-of the user's (~/.cache/gpuhost/agent, 0700) under a name that stays the same from run to run (a new path would be
-a change of the smoke test at every `up`). The agent dies with the program (PR_SET_PDEATHSIG, and at exit)."""
+of the user's (~/.cache/gpuhost/agent, 0700), reached through a link whose name stays the same from run to run (a
+new path would be a change of the smoke test at every `up`).
+
+The agent ends with the program, however the program ends (Ctrl-C ends it with os._exit, a killed CLI with a
+signal): it runs as `ssh-agent -a SOCKET cat`, and ssh-agent, given a command, exits within 10 s of that command
+(its own check of its parent); the command is `cat` reading a pipe of the program's, which ends when the program
+does. (ssh-agent is setgid on Debian, so a parent-death signal would not survive its exec.)"""
 
 from __future__ import annotations
 
@@ -11,12 +16,13 @@ import atexit
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 
 from components.state import OperatorError
 
 _started = {}
+START_S = 30          # for the agent's socket to appear (a loaded machine)
+SUN_PATH = 108        # Linux's sockaddr_un.sun_path, the terminating NUL included
 
 
 def agent_dir() -> str:
@@ -30,14 +36,12 @@ def socket_path(stack: str, key_file: str) -> str:
     return os.path.join(agent_dir(), '%s.sock' % digest)
 
 
-def _die_with_parent():
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
-
-
 def start(path: str, key: str, what: str) -> None:
-    """An agent listening at `path` with `key` (the private key's text) loaded; once per path and process.
-    `what`: the config key naming the key file, for a refusal."""
+    """An agent with `key` (the private key's text) loaded, reached at `path`; once per path and process. `what`:
+    the config key naming the key file, for a refusal.
+
+    `path` is a link to this run's own socket (<path minus .sock>-<pid>-<random>.sock), switched atomically: the
+    agent of an earlier run, which may still be in its last 10 s, removes only its own socket when it goes."""
     if path in _started:
         return
     for tool in ('ssh-agent', 'ssh-add'):
@@ -50,40 +54,86 @@ def start(path: str, key: str, what: str) -> None:
     if st.st_uid != os.geteuid() or not os.path.isdir(folder) or os.path.islink(folder):
         raise OperatorError('%s: %s is not a directory of this user\'s; remove it and re-run' % (what, folder))
     os.chmod(folder, 0o700)
-    try:
-        os.unlink(path)          # an agent of an earlier run killed with its program (its socket file stays)
-    except FileNotFoundError:
-        pass
-    proc = subprocess.Popen(['ssh-agent', '-D', '-a', path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
-    _started[path] = proc
+    _prune(path)
+    import secrets
+    own = '%s-%d-%s.sock' % (path[:-len('.sock')], os.getpid(), secrets.token_hex(4))
+    if len(own.encode()) >= SUN_PATH:
+        raise OperatorError('%s: the SSH agent\'s socket %s is longer than a Unix socket path may be (%d bytes); set '
+                            'XDG_CACHE_HOME to a shorter directory' % (what, own, SUN_PATH))
+    proc = subprocess.Popen(['ssh-agent', '-a', own, 'cat'], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _started[path] = (proc, own)
     atexit.register(stop, path)
-    env = dict(os.environ, SSH_AUTH_SOCK=path)
-    for _ in range(100):
-        if os.path.exists(path) or proc.poll() is not None:
-            break
-        import time
-        time.sleep(0.02)
-    res = subprocess.run(['ssh-add', '-q', '-'], input=key.encode(), env=env, capture_output=True, timeout=30)
+    import time
+    deadline = time.monotonic() + START_S
+    # The socket file appears when ssh-agent binds it, a moment before it listens: ready is when it answers.
+    while not answers(own) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not answers(own):
+        stop(path)
+        why = ('exited at once (exit %d)' % proc.returncode if proc.returncode is not None else
+               'did not open %s in %d s' % (own, START_S))
+        raise OperatorError('%s: the SSH agent for the smoke test %s' % (what, why))
+    res = subprocess.run(['ssh-add', '-q', '-'], input=key.encode(), env=dict(os.environ, SSH_AUTH_SOCK=own),
+                         capture_output=True, timeout=30)
     if res.returncode != 0:
         stop(path)
         from components.errors import scrub
         raise OperatorError('%s: the SSH agent for the smoke test did not take the key (ssh-add: %s)' % (
             what, scrub(res.stderr.decode(errors='replace').strip()[-300:]) or 'exit %d' % res.returncode))
+    link = '%s.%d.new' % (path, os.getpid())
+    try:
+        os.unlink(link)
+    except FileNotFoundError:
+        pass
+    os.symlink(own, link)
+    os.replace(link, path)
+
+
+def answers(path: str) -> bool:
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def _prune(path: str) -> None:
+    """Sockets of earlier runs' agents whose program is gone (an agent killed outright leaves its socket)."""
+    folder, stem = os.path.dirname(path), os.path.basename(path)[:-len('.sock')]
+    for name in os.listdir(folder):
+        parts = name[len(stem) + 1:-len('.sock')].split('-') if name.startswith(stem + '-') else []
+        if len(parts) == 2 and parts[0].isdigit() and name.endswith('.sock'):
+            try:
+                os.kill(int(parts[0]), 0)
+            except ProcessLookupError:
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except OSError:
+                    pass
+            except OSError:
+                pass
 
 
 def stop(path: str) -> None:
-    proc = _started.pop(path, None)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """This run's agent told to go (its command ends; the agent follows within 10 s), its socket removed, and the
+    link too while it still points at it."""
+    proc, own = _started.pop(path, (None, None))
+    if proc is None:
+        return
+    proc.stdin.close()
     try:
-        os.unlink(path)
-    except OSError:
-        pass
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for name in (own, path):
+        try:
+            if name == own or os.readlink(path) == own:
+                os.unlink(name)
+        except OSError:
+            pass
 
 
 def smoke_connection(stack: str, d, connection: dict, root: str, start_agent: bool) -> dict:

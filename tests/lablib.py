@@ -80,8 +80,8 @@ PREVIOUS_RELEASE = '986fe9e'
 PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates')
 
 
-# The first release with the provider plugin (0.2.0, CHANGELOG.md): the host's SSH key and Proxmox password in its
-# provider's configuration, also where the stack keeps them in files.
+# The provider plugin as main had it before issue 44 (provider 0.2.0, unreleased: CHANGELOG.md): the host's SSH key
+# and Proxmox password in its provider's configuration, also where the stack keeps them in files.
 PLUGIN_RELEASE = '649cadb'
 PLUGIN_FILES = PROJECT_FILES
 
@@ -111,6 +111,7 @@ class previous_release:
             (shutil.rmtree if os.path.isdir(path) else os.unlink)(path)
         for name in PROJECT_FILES:
             os.rename(os.path.join(self.aside, name), os.path.join(self.project, name))
+        os.rmdir(self.aside)
 
 
 class SshResult(object):

@@ -163,6 +163,17 @@ def test_a_deployment_that_bypasses_config_validation_is_stopped_by_every_rule(p
     assert 'gpuhost@pve' not in out and 'policy-test-password' not in out
 
 
+def test_a_token_login_in_the_providers_configuration_is_refused_by_the_plugin_before_the_pack(program):
+    """The gpuhost provider's CheckConfig judges its configuration as the config package judges the stack: an API
+    token and no password is refused at preview, naming the keys and the stack settings, the token never shown."""
+    code, out = preview(program, {'api': {'token_id': 'root@pam!ci', 'token_secret': 'tok-SECRET-value-123',
+                                          'password': None}})
+    assert code != 0
+    assert 'api.password is required and missing (from gpuhost:host.api.password (or password_file))' in out, out[-3000:]
+    assert 'api.token_id is not a key the gpuhost provider takes' in out, out[-3000:]
+    assert 'tok-SECRET' not in out
+
+
 def test_inputs_written_past_the_components_are_stopped_in_any_spelling(program):
     case = {'props': {
         'host-kernel-cmdline': {'ensure_args': ['iommu.passthrough=0', 'quiet iommu=pt,nofoo']},
@@ -175,8 +186,9 @@ def test_inputs_written_past_the_components_are_stopped_in_any_spelling(program)
                                              [' --speculative-num-draft-tokens 2', ''],
                                              ['Type=simple', 'Type=simple\nUnsetEnvironment=NCCL_P2P_DISABLE']]}}},
         # The login the guests are made with is the host's provider instance's (the plugin gives it to every call;
-        # an `api` input of a resource's own is not used): an API token there, and no password.
-        'api': {'host': 'x', 'token_id': 'root@pam!ci', 'token_secret': 'tok-SECRET-value-123', 'password': None}}
+        # an `api` input of a resource's own is not used): another user's. (An API token with no password there
+        # the plugin itself refuses: the test below.)
+        'api': {'host': 'x', 'user': 'ci@pve'}}
     code, out = preview(program, case)
     assert code != 0
     got = findings(out)
@@ -191,7 +203,7 @@ def test_inputs_written_past_the_components_are_stopped_in_any_spelling(program)
         ('speculation-triple', 'sglang-unit'): 'the unit sets --speculative-num-steps 1, --speculative-eagle-topk 1 '
                                                'but not --speculative-num-draft-tokens',
         ('tp-equals-container-gpus', 'sglang-unit'): '--tp 4, but container 200 (container-lxc) has 3 GPUs',
-        ('root-pam-password', 'vm-qemu'): 'it carries an API token (token_id, token_secret) and it has no password',
+        ('root-pam-password', 'vm-qemu'): 'the API user is not root@pam',
         ('gpu-one-side', 'vm-pci-mappings'): 'mapping gpuhost-300-gpu1 points its entry for node pve-lab at '
                                              '0000:11:00.0, a container GPU',
         ('vm-gpus-by-mapping', 'vm-qemu'): 'hostpci4 passes 0000:c1:00.0 by raw PCI address in a stack that gives '

@@ -49,7 +49,7 @@ def test_a_stack_deployed_with_dynamic_providers_moves_onto_the_plugin_without_a
 
 
 def test_a_credential_kept_in_a_file_leaves_the_state_of_a_stack_the_plugin_release_deployed(lab):
-    """Issue 44: the plugin release (0.2.0) put the host's SSH key and root@pam's password into its provider's
+    """Issue 44: the plugin as main had it before (provider 0.2.0, unreleased) put the host's SSH key and root@pam's password into its provider's
     configuration, and the key into the smoke test's connection, also where the stack keeps them in files (the lab
     does): encrypted, but `stack export --show-secrets` printed both. After an `up` with this release neither is
     in the export, nor in the backend's files - also after a refresh - and the host and SGLang stay as they were.

@@ -7,7 +7,9 @@ The case comes from $GPUHOST_POLICY_CASE (JSON):
   props:  {"<resource name>": {"key": value}}                       merged into a gpuhost resource's inputs
           just before it registers (dicts merge, None deletes a key, {"__sub__": [[old, new], ...]} edits
           a string) - a program that writes what it likes, components or not.
-Preview only: nothing here contacts a host (the credentials are dummies).
+Preview only: nothing here contacts a host. The credentials are made up at each run, but well formed: the gpuhost
+provider's CheckConfig judges them as it judges a real stack's (a made-up login the provider refuses never reaches
+the pack).
 """
 
 import copy
@@ -29,6 +31,26 @@ from components.state import GpuhostResource, host_provider  # noqa: E402
 from components.vm import SevSnpVm  # noqa: E402
 
 CASE = json.loads(os.environ.get('GPUHOST_POLICY_CASE') or '{}')
+
+
+def _monitor_gone(exn, _to_exception=pulumi.runtime.settings.grpc_error_to_exception):
+    # As the program's own (__main__.py): a run the engine ended (here: a provider configuration its CheckConfig
+    # refused) ends quietly, not with the SDK's traceback under the real error.
+    import grpc
+    if exn.code() == grpc.StatusCode.CANCELLED:
+        return pulumi.RunError('Resource monitor has terminated, shutting down')
+    return _to_exception(exn)
+
+
+pulumi.runtime.settings.grpc_error_to_exception = _monitor_gone
+
+
+def _cancelled(_signum, _frame):
+    os._exit(130)      # as the program's own: the engine ends a program it stopped with SIGINT
+
+
+import signal  # noqa: E402
+signal.signal(signal.SIGINT, _cancelled)
 
 
 def merge(base, over):
@@ -75,10 +97,34 @@ d = config.parse(data)
 for path, value in (CASE.get('model') or {}).items():
     d = doctored(d, path, value)
 
-connection = pulumi.Output.secret({'host': d.host.address, 'port': 2222, 'user': 'root', 'private_key': 'dummy',
-                                   'host_key': 'ssh-ed25519 dummy', 'timeout': 5, 'command_timeout': 60})
+
+
+def made_up_credentials():
+    """(an ed25519 client key, a host key line, a CA's PEM), new at every run."""
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+    from cryptography.x509.oid import NameOID
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    host = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, 'policy test CA')])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now)
+          .not_valid_after(now + datetime.timedelta(days=1)).sign(ca_key, hashes.SHA256()))
+    return private, host, ca.public_bytes(serialization.Encoding.PEM).decode()
+
+
+private_key, host_key, ca_pem = made_up_credentials()
+connection = pulumi.Output.secret({'host': d.host.address, 'port': 2222, 'user': 'root', 'private_key': private_key,
+                                   'host_key': host_key, 'timeout': 5, 'command_timeout': 60})
 api = pulumi.Output.secret(merge({'host': d.host.address, 'port': 8006, 'user': 'root@pam',
-                                  'password': 'policy-test-password', 'ca_cert': 'dummy', 'timeout': 30},
+                                  'password': 'policy-test-password', 'ca_cert': ca_pem, 'timeout': 30},
                                  CASE.get('api') or {}))
 
 # The host's provider instance holds the connection and login, as the program's (components/state.py host_provider):
