@@ -70,6 +70,8 @@ try:
     # The credentials the stack holds, read: no message of the program's may carry one (components/errors.py).
     from components.errors import remember
     remember(inputs)
+    # ... and those only the models hold (sglang.api_key, host.api.token_secret).
+    remember([h.deployment.model_dump() for h in fleet.hosts])
     for warning in warnings:
         pulumi.log.warn(warning)
     if not pulumi.runtime.is_dry_run():
@@ -79,7 +81,7 @@ try:
     # A credential the stack keeps in a file stays there: the provider's configuration names the file (the plugin
     # reads it) and the smoke test reaches the host through an SSH agent (components/agent.py).
     access = {h.index: config.provider_access(h.deployment, os.getcwd(), *inputs[h.index][:2]) + (
-        agent.smoke_connection(pulumi.get_stack(), h.deployment, inputs[h.index][0], os.getcwd(),
+        agent.smoke_connection('%s/%s' % (pulumi.get_project(), pulumi.get_stack()), h.deployment, inputs[h.index][0], os.getcwd(),
                                start_agent=not pulumi.runtime.is_dry_run()),) for h in fleet.hosts}
 except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.

@@ -132,6 +132,7 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     def __init__(self):
         self.config = {}
 
+    @_one_line_errors
     def GetPluginInfo(self, request, context):
         return plugin_pb2.PluginInfo(version=version())
 
@@ -171,6 +172,7 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         """The resource's properties as its serving class reads them: with the host's connection and login."""
         return dict(props, **self.config)
 
+    @_one_line_errors
     def Cancel(self, request, context):
         # The operator's first Ctrl-C (the engine signals every provider and waits for the steps in flight): a
         # wait - a job followed, SGLang loading, a host rebooting - ends at once with one line saying what goes on

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from components.errors import scrub
+from components.state import OperatorError
 from config.values import ConfigError, HostName, Model, PosixUser, PveUser, check_ca, check_private_key, \
     parse_host_key, show
 
@@ -93,7 +94,9 @@ class HostAccess(_Strict):
     api: Login
 
 
-class Unreadable(ConfigError):
+class Unreadable(OperatorError):
+    """A credential's file that cannot be read: the operator's error, one line (Configure raises it too)."""
+
     def __init__(self, key: str, text: str):
         super().__init__(text)
         self.key = key
@@ -112,9 +115,10 @@ def resolved(config: dict) -> dict:
         try:
             text = read_file(section[file_key], '/', '%s (%s)' % (where, section[file_key]))
         except ConfigError as e:
-            raise Unreadable('%s.%s' % (part, file_key), '%s; the gpuhost provider reads it at every run (refresh and '
-                                                         'destroy too): put it back or set %s anew and run `pulumi up`'
-                             % (e, where)) from None
+            raise Unreadable('%s.%s' % (part, file_key), (
+                '%s; the gpuhost provider reads it at every run. `refresh` and `destroy` use the path the state holds: '
+                'put the file back there, or - moved for good - set %s to its new path and run `pulumi up` once '
+                'without --refresh' % (e, where))) from None
         config[part] = dict(section, **{key: text.strip() if key == 'password' else text})
     from components.errors import remember
     remember(config)

@@ -224,10 +224,26 @@ def test_checkconfig_reads_a_credential_named_by_file_and_names_the_file_it_cann
     failures = {f.property: f.reason for f in got.failures}
     assert failures['api.password_file'].startswith('gpuhost:host.api.password_file (%s): cannot read %s' % (
         missing, missing)), failures
-    assert 'reads it at every run (refresh and destroy too)' in failures['api.password_file']
+    assert '`refresh` and `destroy` use the path the state holds: put the file back there' in failures[
+        'api.password_file']
     # A file that is there is read: its text is checked as the password would be (here: a control character).
     (tmp_path / 'pw').write_text('Pa55\x01-not-shown\n')
     got = stub.CheckConfig(proto.CheckRequest(urn=urn, olds=props({}), news=props({'api': dict(
         api, password_file=str(tmp_path / 'pw'), password_stamp='')})))
     failures = {f.property: f.reason for f in got.failures}
     assert 'a secret value (not shown)' in failures['api.password'] and 'not-shown' not in str(failures)
+
+
+def test_configure_with_a_credential_file_gone_says_so_in_one_line_without_a_traceback_file(fresh_plugin, tmp_path):
+    """`refresh` and `destroy` configure the provider from the state's paths (no CheckConfig first): a file moved
+    away is the operator's to put back - one line naming it and the way out, not an unexpected error."""
+    stub, _ = fresh_plugin
+    missing = str(tmp_path / 'moved-away')
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Configure(proto.ConfigureRequest(args=props({'connection': dict(CONN), 'api': dict(
+            {k: v for k, v in GOOD_API.items() if k != 'password'}, password_file=missing, password_stamp='')})))
+    text = e.value.details()
+    one_line(text)
+    assert text.startswith('gpuhost: gpuhost:host.api.password_file (%s): cannot read %s' % (missing, missing)), text
+    assert 'unexpected' not in text and 'put the file back there' in text
+    assert not (tmp_path / 'gpuhost' / 'errors').exists()
