@@ -41,9 +41,9 @@ def _forms(value: str):
             yield line.strip()
 
 
-def remember(value, key=None) -> None:
-    """Note the credentials in a value (a configuration, a resource's properties): every string under a
-    CREDENTIAL_KEYS key, at any depth, and `value` itself when `key` names a credential."""
+def remember(value) -> None:
+    """Note the credentials in a value (a configuration, a resource's properties, a config model's dump): every
+    string under a CREDENTIAL_KEYS key, at any depth."""
     global _pattern
     found = set()
 
@@ -58,7 +58,7 @@ def remember(value, key=None) -> None:
             found.update(f for f in _forms(v) if len(f) >= MIN_SECRET)
         elif hasattr(v, 'get_secret_value'):          # pydantic's SecretStr
             walk(v.get_secret_value(), k)
-    walk(value, key)
+    walk(value, None)
     with _lock:
         if found - _secrets:
             _secrets.update(found)

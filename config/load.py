@@ -14,7 +14,7 @@ from config.errors import _loc, did_you_mean
 from config.fleet import FLEET_KEYS, Fleet, parse_fleet, prefixed
 from config.model import parse_checksums
 from config.runtime import check_password
-from config.values import ConfigError, check_ca, check_private_key, parse_host_key
+from config.values import ConfigError, check_api_password, check_ca, check_private_key, parse_host_key
 from grammar import pylock, unidiff
 
 
@@ -26,10 +26,15 @@ SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('h
 FOREIGN_NAMESPACES = ('pulumi', 'command')
 
 
+def full_path(path: str, root: str) -> str:
+    """A path the config names, as the program reads it: ~ expanded, relative to the project directory."""
+    full = os.path.expanduser(path)
+    return os.path.abspath(full if os.path.isabs(full) else os.path.join(root, full))
+
+
 def read_file(path: str, root: str, what: str) -> str:
     import stat
-    full = os.path.expanduser(path)
-    full = full if os.path.isabs(full) else os.path.join(root, full)
+    full = full_path(path, root)
     try:
         with open(full) as f:
             st = os.fstat(f.fileno())
@@ -64,8 +69,7 @@ def connection_inputs(d: Deployment, root: str) -> tuple:
         password = api.password.get_secret_value()
     else:
         password = read_file(api.password_file, root, 'gpuhost:host.api.password_file').strip()
-    if not password or any(ord(c) < 0x20 for c in password):
-        raise ConfigError('gpuhost:host.api.password: empty or holds control characters (not shown)')
+    check_api_password(password, 'gpuhost:host.api.password')
     if api.ca_cert:
         ca = api.ca_cert
     else:
@@ -76,11 +80,6 @@ def connection_inputs(d: Deployment, root: str) -> tuple:
     api_in = {'host': api.address or d.host.address, 'port': api.port, 'user': api.user, 'password': password,
               'ca_cert': ca, 'timeout': api.timeout}
     return connection, api_in
-
-
-def full_path(path: str, root: str) -> str:
-    full = os.path.expanduser(path)
-    return os.path.abspath(full if os.path.isabs(full) else os.path.join(root, full))
 
 
 def file_stamp(path: str) -> str:

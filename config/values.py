@@ -315,6 +315,12 @@ def check_private_key(text_: str, key: str) -> None:
                       % (key, key))
 
 
+def check_api_password(password: str, key: str) -> None:
+    """root@pam's password as the API login takes it, never echoed."""
+    if not password or any(ord(c) < 0x20 for c in password):
+        raise ConfigError('%s: empty or holds control characters (not shown)' % key)
+
+
 def check_ca(pem: str, key: str) -> None:
     from cryptography import x509
     try:

@@ -14,8 +14,8 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from components.errors import scrub
 from components.state import OperatorError
-from config.values import ConfigError, HostName, Model, PosixUser, PveUser, check_ca, check_private_key, \
-    parse_host_key, show
+from config.values import ConfigError, HostName, Model, PosixUser, PveUser, check_api_password, check_ca, \
+    check_private_key, parse_host_key, show
 
 # Where each key comes from in the stack (config/load.py connection_inputs): what the operator fixes.
 STACK_KEYS = {
@@ -38,51 +38,42 @@ BY_FILE = (('connection', 'private_key', 'private_key_file', 'private_key_stamp'
 SECRET_KEYS = ('private_key', 'password')
 
 
-def _key(value: str) -> str:
-    try:
-        check_private_key(value, 'the private key')
-    except ConfigError as e:
-        raise ValueError(str(e).replace('the private key: ', '', 1).split('; set it with')[0]) from None
-    return value
-
-
-def _password(value: str) -> str:
-    if not value or any(ord(c) < 0x20 for c in value):
-        raise ValueError('empty or holds control characters (not shown)')
-    return value
-
-
-def _ca(value: str) -> str:
-    try:
-        check_ca(value, 'the CA')
-    except ConfigError as e:
-        raise ValueError(str(e).replace('the CA: ', '', 1)) from None
-    return value
+def _checked(check, key: str):
+    """A config.values check (ConfigError "<key>: <problem and fix>") as a validator of the same value here: the
+    problem and the fix, the stack key in front of them left to _reason()."""
+    def validate(value: str) -> str:
+        try:
+            check(value, key)
+        except ConfigError as e:
+            text = str(e)
+            raise ValueError(text[len(key) + 2:] if text.startswith(key + ': ') else text) from None
+        return value
+    return AfterValidator(validate)
 
 
 class _Strict(Model):
     model_config = ConfigDict(frozen=True, extra='forbid', strict=True)
 
 
-class Connection(_Strict):
+class _Endpoint(_Strict):
     host: HostName
     port: int = Field(ge=1, le=65535)
-    user: PosixUser
-    private_key: Annotated[str, AfterValidator(_key)]
-    host_key: Annotated[str, AfterValidator(parse_host_key)]
     timeout: Optional[float] = Field(None, gt=0, le=600)
+
+
+class Connection(_Endpoint):
+    user: PosixUser
+    private_key: Annotated[str, _checked(check_private_key, 'gpuhost:host.ssh.private_key')]
+    host_key: Annotated[str, AfterValidator(parse_host_key)]
     command_timeout: Optional[float] = Field(None, ge=5, le=86400)
     private_key_file: Optional[str] = None
     private_key_stamp: Optional[str] = None
 
 
-class Login(_Strict):
-    host: HostName
-    port: int = Field(ge=1, le=65535)
+class Login(_Endpoint):
     user: PveUser
-    password: Annotated[str, AfterValidator(_password)]
-    ca_cert: Annotated[str, AfterValidator(_ca)]
-    timeout: Optional[float] = Field(None, gt=0, le=600)
+    password: Annotated[str, _checked(check_api_password, 'gpuhost:host.api.password')]
+    ca_cert: Annotated[str, _checked(check_ca, 'gpuhost:host.api.ca_cert')]
     password_file: Optional[str] = None
     password_stamp: Optional[str] = None
 
