@@ -322,14 +322,13 @@ def _model_mount(ctx):
     from grammar.pve import same_value, split_props
     d = ctx.d
     key, ours = 'mp%d' % d.model.mp, d.container_mounts()['mp%d' % d.model.mp]
-    with pve.client(ctx.api) as prox:
-        g = prox.nodes(d.host.node).lxc(d.container.vmid)
-        try:
-            items = pve.api_call('reading container %s\'s config' % d.container.vmid, g.pending.get, read=True)
-        except pve.PveError as e:
-            if pve.gone(e):
-                return None         # no container yet: the one `up` creates has no mount point of its own
-            raise
+    try:
+        items = ctx.pve('container', 'reading container %s\'s config' % d.container.vmid,
+                        lambda p: p.nodes(d.host.node).lxc(d.container.vmid).pending.get)
+    except pve.PveError as e:
+        if pve.gone(e):
+            return None         # no container yet: the one `up` creates has no mount point of its own
+        raise
     theirs = pve.mounts_of(pve.merge_pending(items)[0]).get(key)
     if theirs is None or same_value(key, ours, theirs):
         return None
