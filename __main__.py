@@ -10,36 +10,12 @@ from components.container import GpuContainer
 from components.host import ProxmoxHost
 from components.model import model_weights
 from components.sglang import SglangService
-from components.state import OperatorError, host_provider
+from components.state import OperatorError, end_quietly, host_provider
 from components.vm import SevSnpVm
 
 
-def _cancelled(_signum, _frame):
-    # Ctrl-C: the engine cancels the run and the language host asks the program to stop with SIGINT.
-    # The program holds no state of its own (the engine does), so it ends here, quietly: no
-    # KeyboardInterrupt traceback in the operator's output (the CLI says "update canceled").
-    os._exit(130)
-
-
-try:
-    import signal
-    signal.signal(signal.SIGINT, _cancelled)
-except ValueError:  # not the main thread: the language host's default handling stays
-    pass
-
-
-def _monitor_gone(exn, _to_exception=pulumi.runtime.settings.grpc_error_to_exception):
-    # A resource failed and the engine shut its resource monitor while other registrations were still in
-    # flight: the SDK turns UNAVAILABLE into a quiet RunError ("Resource monitor has terminated"), but a call
-    # the engine cancelled (CANCELLED, "context canceled") into a plain Exception the language host prints
-    # with its whole traceback under the real error. Both mean the same: the run is over, for the reason above.
-    import grpc
-    if exn.code() == grpc.StatusCode.CANCELLED:
-        return pulumi.RunError('Resource monitor has terminated, shutting down')
-    return _to_exception(exn)
-
-
-pulumi.runtime.settings.grpc_error_to_exception = _monitor_gone
+# Ctrl-C and a run the engine ended: the program stops quietly, never with a traceback (components/state.py).
+end_quietly()
 
 
 def _preflight_all(fleet, inputs):
@@ -80,9 +56,10 @@ try:
         _preflight_all(fleet, inputs)
     # A credential the stack keeps in a file stays there: the provider's configuration names the file (the plugin
     # reads it) and the smoke test reaches the host through an SSH agent (components/agent.py).
-    access = {h.index: config.provider_access(h.deployment, os.getcwd(), *inputs[h.index][:2]) + (
-        agent.smoke_connection('%s/%s' % (pulumi.get_project(), pulumi.get_stack()), h.deployment, inputs[h.index][0], os.getcwd(),
-                               start_agent=not pulumi.runtime.is_dry_run()),) for h in fleet.hosts}
+    stack = '%s/%s' % (pulumi.get_project(), pulumi.get_stack())
+    provided = {h.index: config.provider_access(h.deployment, os.getcwd(), *inputs[h.index][:2]) for h in fleet.hosts}
+    smoke = {h.index: agent.smoke_connection(stack, h.deployment, inputs[h.index][0], os.getcwd(),
+                                             start_agent=not pulumi.runtime.is_dry_run()) for h in fleet.hosts}
 except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.
     from components.errors import scrub
@@ -95,8 +72,7 @@ built = []
 for h in fleet.hosts:
     d = h.deployment
     name = h.resource_name
-    provider_conn, provider_api, smoke_conn = access[h.index]
-    connection = pulumi.Output.secret(smoke_conn)
+    connection = pulumi.Output.secret(smoke[h.index])
     # Rolling changes: whatever may stop this host's SGLang (a reboot, a container change, a unit
     # restart) waits until the host before it in its rollout lane serves again (/health, /server_info).
     ahead = fleet.lane_before(h.index)
@@ -105,7 +81,7 @@ for h in fleet.hosts:
     fleet_host = h.name if fleet.is_fleet else None
     # The gpuhost provider plugin (provider/) serves every custom resource of this host, with its connection and
     # Proxmox login as its configuration: components pass it on to their children.
-    own = host_provider(name('gpuhost'), pulumi.Output.secret(provider_conn), pulumi.Output.secret(provider_api))
+    own = host_provider(name('gpuhost'), *(pulumi.Output.secret(v) for v in provided[h.index]))
     served = pulumi.ResourceOptions(providers=[own])
     host = ProxmoxHost(name('host'), d, gate=gate, rollout=rollout, fleet_host=fleet_host, opts=served)
     after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))

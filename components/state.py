@@ -61,6 +61,36 @@ def describe_unexpected(e: BaseException) -> str:
     return errors.describe_unexpected(e)
 
 
+def end_quietly() -> None:
+    """A program's way of ending (the program's and the policy pack's test program's), never with a traceback:
+
+    * Ctrl-C: the engine cancels the run and the language host asks the program to stop with SIGINT. The program
+      holds no state of its own (the engine does), so it ends at once - no KeyboardInterrupt traceback in the
+      operator's output (the CLI says "update canceled").
+    * A resource failed and the engine shut its resource monitor while other registrations were still in flight:
+      the SDK turns UNAVAILABLE into a quiet RunError ("Resource monitor has terminated"), but a call the engine
+      cancelled (CANCELLED, "context canceled") into a plain Exception the language host prints with its whole
+      traceback under the real error. Both mean the same: the run is over, for the reason above."""
+    import os
+    import signal
+    settings = pulumi.runtime.settings
+    try:
+        signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(130))
+    except ValueError:  # not the main thread: the language host's default handling stays
+        pass
+    to_exception = settings.grpc_error_to_exception
+    if getattr(to_exception, 'gpuhost_quiet', False):
+        return
+
+    def monitor_gone(exn):
+        import grpc
+        if exn.code() == grpc.StatusCode.CANCELLED:
+            return pulumi.RunError('Resource monitor has terminated, shutting down')
+        return to_exception(exn)
+    monitor_gone.gpuhost_quiet = True
+    settings.grpc_error_to_exception = monitor_gone
+
+
 def engine_address():
     """The engine's address, which it passes to every provider plugin as the first argument."""
     import re

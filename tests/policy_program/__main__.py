@@ -27,30 +27,15 @@ import config  # noqa: E402
 from components.container import GpuContainer  # noqa: E402
 from components.host import ProxmoxHost  # noqa: E402
 from components.sglang import SglangService  # noqa: E402
-from components.state import GpuhostResource, host_provider  # noqa: E402
+from components.state import GpuhostResource, end_quietly, host_provider  # noqa: E402
 from components.vm import SevSnpVm  # noqa: E402
 
 CASE = json.loads(os.environ.get('GPUHOST_POLICY_CASE') or '{}')
 
 
-def _monitor_gone(exn, _to_exception=pulumi.runtime.settings.grpc_error_to_exception):
-    # As the program's own (__main__.py): a run the engine ended (here: a provider configuration its CheckConfig
-    # refused) ends quietly, not with the SDK's traceback under the real error.
-    import grpc
-    if exn.code() == grpc.StatusCode.CANCELLED:
-        return pulumi.RunError('Resource monitor has terminated, shutting down')
-    return _to_exception(exn)
-
-
-pulumi.runtime.settings.grpc_error_to_exception = _monitor_gone
-
-
-def _cancelled(_signum, _frame):
-    os._exit(130)      # as the program's own: the engine ends a program it stopped with SIGINT
-
-
-import signal  # noqa: E402
-signal.signal(signal.SIGINT, _cancelled)
+# As the program's own: a run the engine ended (here also: a provider configuration its CheckConfig refused) ends
+# quietly.
+end_quietly()
 
 
 def merge(base, over):
