@@ -820,20 +820,12 @@ class Lab(object):
 
     def host_digest(self):
         """A hash of everything the simulated host holds (files, links, device bindings)."""
-        return tree_digest(os.path.join(self.dir, 'host'), skip=('log', 'var', 'dev'), dirs=False)
+        return tree_digest(os.path.join(self.dir, 'host'), skip=HOST_SKIP, dirs=False)
 
     def host_files(self):
-        """{path: sha256} of what host_digest() covers: which files a changed digest changed."""
-        root, out = os.path.join(self.dir, 'host'), {}
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, root)
-                if not rel.startswith(('log', 'var', 'dev')) and os.path.isfile(path) and not os.path.islink(path):
-                    with open(path, 'rb') as f:
-                        out[rel] = hashlib.sha256(f.read()).hexdigest()
-        return out
+        """{path: sha256} of what host_digest() covers: which entries a changed digest changed."""
+        return {rel: hashlib.sha256(data).hexdigest() for rel, data in
+                tree_entries(os.path.join(self.dir, 'host'), skip=HOST_SKIP, dirs=False)}
 
     def api(self):
         import proxmoxer
@@ -979,11 +971,14 @@ def max_overlap(intervals) -> int:
     return most
 
 
-def tree_digest(root, skip=(), dirs=True):
-    """A hash of every file, link and (dirs) directory under root, with contents (symlinked directories
-    are not followed: sysfs-style links form cycles, as in real sysfs); paths starting with an entry of
-    skip are left out. What "untouched" means in a test."""
-    h = hashlib.sha256()
+# What host_digest() leaves out: logs, the host's changing state (/var), device nodes.
+HOST_SKIP = ('log', 'var', 'dev')
+
+
+def tree_entries(root, skip=(), dirs=True):
+    """(relative path, its bytes) for every file, link and (dirs) directory under root, sorted: a file's content, a
+    link's target (symlinked directories are not followed: sysfs-style links form cycles, as in real sysfs);
+    paths starting with an entry of skip are left out."""
     paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
@@ -993,10 +988,19 @@ def tree_digest(root, skip=(), dirs=True):
         rel = os.path.relpath(path, root)
         if skip and rel.startswith(tuple(skip)):
             continue
-        h.update(rel.encode() + b'\0')
         if os.path.islink(path):
-            h.update(b'->' + os.readlink(path).encode())
+            yield rel, b'->' + os.readlink(path).encode()
         elif os.path.isfile(path):
             with open(path, 'rb') as f:
-                h.update(f.read())
+                yield rel, f.read()
+        else:
+            yield rel, b''
+
+
+def tree_digest(root, skip=(), dirs=True):
+    """A hash of tree_entries(): what "untouched" means in a test."""
+    h = hashlib.sha256()
+    for rel, data in tree_entries(root, skip, dirs):
+        h.update(rel.encode() + b'\0')
+        h.update(data)
     return h.hexdigest()

@@ -1,6 +1,7 @@
 """Proxmox value normalisation: what counts as a difference, and the smallest change."""
 
 from components import pve
+from tests.unit.inflight import InFlight
 from components.pve import changes, merge_pending, observed_config, parse_raw, same_value, with_raw
 
 
@@ -193,20 +194,7 @@ def test_the_api_ca_is_one_file_per_ca_in_the_cache_and_unused_ones_are_pruned(t
 def test_endpoints_log_in_at_the_same_time_and_one_endpoint_logs_in_once(monkeypatch):
     """pve.client(): a lock per endpoint around its login, none across endpoints (a fleet's hosts log in together;
     the resources of one host share its one ticket)."""
-    import threading
-    import time
-    inside, most, logins = [0], [0], []
-    lock, release = threading.Lock(), threading.Event()
-
-    def login(api):
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-            logins.append(api['host'])
-        release.wait(5)
-        with lock:
-            inside[0] -= 1
-        return object()
+    login = InFlight(lambda _api: object())
     monkeypatch.setattr(pve, '_login', login)
     monkeypatch.setattr(pve, '_clients', {})
     got = []
@@ -214,12 +202,7 @@ def test_endpoints_log_in_at_the_same_time_and_one_endpoint_logs_in_once(monkeyp
     def use(host):
         with pve.client({'host': host, 'port': 8006, 'user': 'root@pam', 'password': 'p', 'ca_cert': 'c'}) as prox:
             got.append(prox)
-    threads = [threading.Thread(target=use, args=('10.0.0.%d' % (i % 3),)) for i in range(6)]
-    [t.start() for t in threads]
-    deadline = time.monotonic() + 5
-    while most[0] < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    release.set()
-    [t.join() for t in threads]
-    assert most[0] == 3, 'the endpoints logged in one after another'
+    login.run([lambda i=i: use('10.0.0.%d' % (i % 3)) for i in range(6)], at_once=3)
+    assert login.most == 3, 'the endpoints logged in one after another'
+    logins = [api['host'] for api, in login.calls]
     assert sorted(logins) == ['10.0.0.0', '10.0.0.1', '10.0.0.2'] and len({id(p) for p in got}) == 3

@@ -10,6 +10,7 @@ import time
 import paramiko
 
 from components import remote
+from tests.unit.inflight import InFlight
 
 
 class _Server(paramiko.ServerInterface):
@@ -147,38 +148,19 @@ def test_hosts_connect_at_the_same_time_and_one_host_connects_once(monkeypatch):
     """pooled(): a lock per host, none across hosts - a fleet's hosts are not connected one after another (issue 45:
     8 hosts 1.04 s behind one process-wide lock with 0.1 s of server latency), and the steps of one host share its
     one connection."""
-    inside, most, connects = [0], [0], []
-    lock = threading.Lock()
-    release = threading.Event()
-
     class Client:
         def get_transport(self):
             return self
 
         def is_active(self):
             return True
-
-    def connect(target):
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-            connects.append(target.host)
-        release.wait(5)
-        with lock:
-            inside[0] -= 1
-        return Client()
+    connect = InFlight(lambda _target: Client())
     monkeypatch.setattr(remote, 'connect', connect)
     monkeypatch.setattr(remote, '_pool', {})
     targets = [remote.Target(host='10.0.0.%d' % (i % 4), port=22, user='root', private_key='k', host_key='h')
                for i in range(8)]
     got = []
-    threads = [threading.Thread(target=lambda t=t: got.append(remote.pooled(t))) for t in targets]
-    [t.start() for t in threads]
-    deadline = time.monotonic() + 5
-    while most[0] < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    release.set()
-    [t.join() for t in threads]
-    assert most[0] == 4, 'the four hosts connected one after another'
-    assert sorted(connects) == ['10.0.0.%d' % i for i in range(4)], 'a host connected more than once'
+    connect.run([lambda t=t: got.append(remote.pooled(t)) for t in targets], at_once=4)
+    assert connect.most == 4, 'the four hosts connected one after another'
+    assert sorted(t.host for t, in connect.calls) == ['10.0.0.%d' % i for i in range(4)], 'a host connected twice'
     assert len(got) == 8 and len({id(c) for c in got}) == 4
