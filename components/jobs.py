@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from typing import Callable, Optional
 
@@ -39,6 +40,10 @@ RECONNECT_S = 60.0
 # wheel); a hung one (a dead mount, a mirror that sends nothing) uses almost none - a progress writer waking
 # every 2 s costs ~15 ms in ten minutes.
 CPU_WORK_NS = 500 * 1000 * 1000
+# A job systemd could not set up (219/CGROUP: seen now and then on a loaded cgroup-v1 host) never ran: started
+# again, this many times in all, a short pause between.
+SET_UP_TRIES = 3
+SET_UP_PAUSE_S = 2.0
 ACTIVE = ('active', 'activating', 'deactivating', 'reloading', 'refreshing')
 
 
@@ -108,6 +113,19 @@ class Poll:
     log: list
     stopped_now: bool = False       # `stop` found it running and stopped it
     output: Optional[int] = None    # bytes of its log and stdout so far
+    journal: list = dataclasses.field(default_factory=list)  # systemd's words, for a job that left no result
+
+    def not_set_up(self) -> Optional[str]:
+        """systemd's exit code (`219/CGROUP`) where it ended the job before its process ran: no result from the
+        job's wrapper nor from ExecStopPost, and the journal names one of systemd's own set-up failures (exit
+        statuses 200-255, systemd.exec(5)). Nothing of the job ran; starting it again is safe."""
+        if self.running or self.result is not None:
+            return None
+        for line in self.journal:
+            m = re.search(r'status=(2[0-5][0-9]/[A-Z_]+)', line)
+            if m:
+                return m.group(1)
+        return None
 
     @property
     def running(self) -> bool:
@@ -116,13 +134,15 @@ class Poll:
 
 def parse_poll(text: str) -> Poll:
     """job.sh poll's lines (pure; unit-tested)."""
-    kv, log = {}, []
+    kv, log, journal = {}, [], []
     for line in text.splitlines():
         key, sep, value = line.partition('\t')
         if not sep:
             continue
         if key in ('log', 'journal'):
             log.append(value)
+            if key == 'journal':
+                journal.append(value)
         else:
             kv[key] = value
 
@@ -147,7 +167,8 @@ def parse_poll(text: str) -> Poll:
                       'ended': int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else None}
     return Poll(state=kv.get('state', 'unknown'), sub=kv.get('sub', ''), cpu=num('cpu'), spec=opt('spec'),
                 started=num('started'), now=num('now'), progress=progress, result=result, stop=opt('stop'),
-                out=kv.get('out'), log=log, stopped_now=kv.get('stopped') == 'yes', output=num('output'))
+                out=kv.get('out'), log=log, stopped_now=kv.get('stopped') == 'yes', output=num('output'),
+                journal=journal)
 
 
 def _job_sh() -> str:
@@ -284,12 +305,20 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
 
 def run(target, job: Job, say: Callable[[str], None] = info, **kw) -> Poll:
     """Start (or re-attach to) the job and follow it to its end. Returns the final poll (p.out: the last line
-    of its stdout); a job that did not succeed raises JobFailed with its outcome and log tail."""
-    how = start(target, job, say)
-    if how == 'attached':
-        say('%s: re-attached to job %s, still running %s (started by an earlier `up`)' % (
-            job.label, job.name, job.where))
-    p = follow(target, job, say, **kw)
+    of its stdout); a job that did not succeed raises JobFailed with its outcome and log tail. A job systemd
+    ended before its process ran (Poll.not_set_up) is started again, up to SET_UP_TRIES in all."""
+    for attempt in range(1, SET_UP_TRIES + 1):
+        how = start(target, job, say)
+        if how == 'attached':
+            say('%s: re-attached to job %s, still running %s (started by an earlier `up`)' % (
+                job.label, job.name, job.where))
+        p = follow(target, job, say, **kw)
+        code = p.not_set_up()
+        if code is None or attempt == SET_UP_TRIES:
+            break
+        say('%s: systemd could not set up job %s %s (%s), nothing of it ran; starting it again (%d of %d)' % (
+            job.label, job.name, job.where, code, attempt + 1, SET_UP_TRIES))
+        state.CANCELLED.wait(SET_UP_PAUSE_S)
     r = p.result or {}
     if r.get('service_result') == 'success' and r.get('exit_code') == 'exited' and r.get('exit_status') == '0' \
             and not p.stop:
