@@ -14,6 +14,8 @@ Nothing secret is ever part of a command, so error messages (which quote stderr)
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import dataclasses
 import io
 import os
@@ -109,6 +111,7 @@ STEPS = {
     'model_remove.sh': ('removing the previous model revision\'s directory {1}', 300),
     'remove_file.sh': ('removing {0}', 60),
     'collector_facts.sh': ('reading the collector\'s files and {0}', 60),
+    'read_batch.sh': ('reading the host ({0})', 60),
     'collector_enable.sh': ('enabling {1} and running {0} once', 120),
     'collector_remove.sh': ('stopping {1} and removing the collector\'s files', 120),
     # A long step's job (components/jobs.py): each command only starts, polls or stops it.
@@ -235,6 +238,27 @@ def send_eof(chan) -> None:
             chan.transport._send_user_message(m)
 
 
+# The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
+# (components/hostreads.py); any other script forgets what was read of its host.
+READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
+                       'check_dir.sh', 'ct_unit_owner.sh'))
+_READING = contextvars.ContextVar('gpuhost_reading', default=False)
+
+
+@contextlib.contextmanager
+def reading():
+    """A Read (refresh, import): the host's read-only scripts are shared and batched (components/hostreads.py)."""
+    token = _READING.set(True)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def _host_key(target: Target):
+    return (target.host, target.port, target.user, target.host_key)
+
+
 def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None, check: bool = True,
         timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None) -> Result:
     """Run components/scripts/<name> on the host with args as quoted positional parameters.
@@ -243,6 +267,44 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     finish in time is stopped and named. Output of a command whose connection dropped is never
     returned as if it were complete. on_stderr_line: called with each line of stderr as it arrives (a
     long step's progress)."""
+    from components import hostreads
+    if name not in READ_ONLY:
+        hostreads.forget(_host_key(target))
+    elif _READING.get() and stdin is None and timeout is None and client is None and on_stderr_line is None:
+        result = hostreads.read(_host_key(target), name, args, lambda keys: _read_batch(target, keys))
+        return _checked(target, step_name(name, args), result, check)
+    out, err, code = _exec(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line)
+    return _checked(target, step_name(name, args), Result(out.decode('utf-8', 'replace'),
+                                                          err.decode('utf-8', 'replace'), code), check)
+
+
+def _read_batch(target: Target, keys) -> dict:
+    """hostreads' batch: one read alone as itself; several as read_batch.sh."""
+    from components import hostreads
+    if len(keys) == 1:
+        (name, args), = keys
+        out, err, code = _exec(target, name, args)
+        return {keys[0]: Result(out.decode('utf-8', 'replace'), err.decode('utf-8', 'replace'), code)}
+    out, err, code = _exec(target, 'read_batch.sh', hostreads.batch_args(keys, script))
+    try:
+        if code != 0:
+            raise ValueError('exit code %d: %s' % (code, err.decode('utf-8', 'replace').strip()[-300:]))
+        return hostreads.parse_batch(out, keys, Result)
+    except ValueError as e:
+        raise RemoteError('%s: %s failed: %s' % (target.name, step_name('read_batch.sh', [keys[0][0]]), e)) from None
+
+
+def _checked(target: Target, step: str, result: Result, check: bool) -> Result:
+    if check and result.exit_code != 0:
+        tail = result.stderr.strip().splitlines()[-5:]
+        raise RemoteError('%s: %s failed (exit code %d): %s' % (
+            target.name, step, result.exit_code, ' | '.join(tail) or '(no stderr)'))
+    return result
+
+
+def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None,
+          timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None):
+    """run()'s command itself: (stdout bytes, stderr bytes, exit code)."""
     import paramiko
     body = script(name)
     command = 'bash -c %s %s %s' % (shlex.quote(body), shlex.quote(name), shlex.join([str(a) for a in args]))
@@ -308,12 +370,7 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
         raise ConnectionLost('connection to %s lost during %s (%s); %s. Safe to re-run: every step reads the '
                              'host first and does only what is still missing.' % (
                                  target.name, step, _transport_reason(e), where)) from None
-    result = Result(b''.join(out).decode('utf-8', 'replace'), b''.join(err).decode('utf-8', 'replace'), code)
-    if check and code != 0:
-        tail = result.stderr.strip().splitlines()[-5:]
-        raise RemoteError('%s: %s failed (exit code %d): %s' % (
-            target.name, step, code, ' | '.join(tail) or '(no stderr)'))
-    return result
+    return b''.join(out), b''.join(err), code
 
 
 def sha256_hex(data) -> str:

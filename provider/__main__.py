@@ -214,8 +214,12 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         # On refresh the engine passes the last outputs and inputs: the outputs over the inputs (a resource taken in
         # by `import_` keeps the outputs its import read, which lack what only the program declares); on an
         # import, only the id.
+        # The host's read-only scripts of the Reads that arrive together go out as one command, each read once
+        # (components/hostreads.py).
+        from components import remote
         props = self.host(dict(plain(request.inputs), **plain(request.properties)))
-        result = registry.provider_for(type_of(request.urn), props).read(request.id, props)
+        with remote.reading():
+            result = registry.provider_for(type_of(request.urn), props).read(request.id, props)
         fields = {'id': result.id, 'properties': wire(without_host(result.outs))}
         if result.inputs is not None:
             fields['inputs'] = wire(without_host(result.inputs))

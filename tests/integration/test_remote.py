@@ -71,3 +71,40 @@ def test_tls_is_verified_against_the_given_ca(lab, tmp_path):
     with pytest.raises(pve.PveError, match='TLS certificate not trusted.*gpuhost:host.api.ca_cert'):
         with pve.client(api):
             pass
+
+
+def test_reads_of_a_refresh_share_one_command_and_a_write_forgets_them(lab, target):
+    """Inside a Read, the host's read-only scripts that arrive together go out as one SSH command
+    (components/hostreads.py); each one's result is what it gives alone - its output, a file that is missing
+    (exit 4) - and a write on the host is never followed by a read from before it."""
+    import threading
+    from components import hostreads
+    missing = DIR + '/not-there.conf'
+    asks = [('host_facts.sh', []), ('host_facts.sh', ['/etc/kernel/cmdline']), ('read_file.sh', [ODD]),
+            ('read_file.sh', [missing]), ('host_facts.sh', [])]
+    alone = [remote.run(target, name, args, check=False) for name, args in asks]
+    assert alone[3].exit_code == 4 and 'does not exist' in alone[3].stderr
+    hostreads.forget(remote._host_key(target))
+    start, got = lab.ssh_commands(), [None] * len(asks)
+    gate = threading.Barrier(len(asks))
+
+    def ask(i):
+        gate.wait()
+        with remote.reading():
+            got[i] = remote.run(target, asks[i][0], asks[i][1], check=False)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(r.stdout, r.stderr, r.exit_code) for r in got] == [(r.stdout, r.stderr, r.exit_code) for r in alone]
+    sent = [e['cmd'] for e in lab.ssh_log() if e['n'] > start]
+    assert len(sent) == 1 and sent[0].startswith('read_batch.sh host_facts.sh,read_file.sh 4 '), sent
+    # Asked again in the same pass: no command. Then a write: the next read goes to the host and sees it.
+    with remote.reading():
+        assert remote.run(target, 'read_file.sh', [ODD]).stdout == alone[2].stdout
+    assert lab.ssh_commands() == start + 1
+    remote.put_file(target, ODD, 'after the write\n', '0640', remote.sha256_hex(alone[2].stdout))
+    with remote.reading():
+        assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'after the write\n'
+    remote.put_file(target, ODD, alone[2].stdout, '0640', 'any')
