@@ -39,7 +39,7 @@ docs:          ## rewrite what is generated from the code: README's outputs tabl
 bench:         ## no-op preview/up wall time and remote command count on the lab (its section of docs/bench.md)
 	@tools/run.sh bench
 
-bench-fleet:   ## fleet benchmark on the lab: no-op preview/up of 1, 4, 8 hosts, refresh, a rolling MTP change (docs/bench.md)
+bench-fleet:   ## fleet benchmark on the lab: no-op preview/up/refresh of 1 and 8 hosts with the operator CPU, a rolling MTP change (docs/bench.md; <= 15 min)
 	@tools/run.sh bench-fleet
 
 bench-serve:   ## load-test STACK's endpoint with AIPerf (VARIANTS=off,nextn1,... applies each, then restores; ARGS=more flags)

@@ -10,8 +10,9 @@ to this module instead of opening a channel of its own:
     alone, side by side, and sends back each one's exit status, stdout and stderr);
   * the same script with the same arguments is asked once: a read that succeeded is reused for FRESH_S by the
     reads of this process (a refresh pass);
-  * any other command on the host (a write, a restart, a job) forgets what was read of it first: nothing that
-    changes the host is ever decided from a read made before it.
+  * any command on the host outside a Read (a write, a restart, a job, a create's or update's own fresh reads)
+    forgets what was read of it first: nothing that changes the host is ever decided from a read made before it.
+    A Read changes nothing the reads see (the model's quick look writes only its own cache of sums).
 
 A read that fails on the host (its own exit status) is that read's result, as it would be alone; a batch that
 cannot run (the connection lost, the time limit) fails every read in it, each naming what was being read.

@@ -34,8 +34,10 @@ Each failure is one ConfigError-like message naming the config key, what was fou
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import re
+import threading
 from typing import Callable, Optional
 
 from components import host as host_mod
@@ -71,14 +73,15 @@ class Context:
     def by_mapping(self):
         return bool(self.d.vm and self.d.vm.mapping_ids())
 
+    def facts_args(self) -> list:
+        """host_facts.sh's arguments: the device nodes the container's devN entries name, and the devices at the
+        VM's GPU addresses, whatever they are, for its resource mappings - the same SSH command."""
+        return device_nodes(self.d) + (list(self.d.vm.gpus) if self.by_mapping else [])
+
     def facts(self) -> remote.HostFacts:
         if self._facts is None:
-            d = self.d
-            # The devices at the VM's GPU addresses, whatever they are, for its resource mappings, and the
-            # device nodes the container's devN entries name: the same SSH command.
-            self._facts = host_mod.read_facts(remote.Target.from_inputs(self.connection),
-                                              files=device_nodes(d),
-                                              pci=list(d.vm.gpus) if self.by_mapping else [])
+            self._facts = remote.parse_facts(remote.run(remote.Target.from_inputs(self.connection), 'host_facts.sh',
+                                                        self.facts_args()).stdout)
         return self._facts
 
     def pve(self, key, what, path_fn, **kwargs):
@@ -272,8 +275,7 @@ def _unit_name(ctx):
     An adopted container's own /etc/systemd/system/<unit> is the SGLang unit being taken over: allowed."""
     d = ctx.d
     props = service_props(d)
-    out = remote.run(remote.Target.from_inputs(ctx.connection), 'ct_unit_owner.sh',
-                     [d.container.vmid, d.sglang.unit, props['unit_path']]).stdout.strip()
+    out = _unit_owner(ctx).stdout.strip()
     if out == 'foreign %s' % props['unit_path'] and d.container.adopt:
         return   # the container is adopted with the unit it runs: that file is the unit to take over (README)
     if out.startswith('foreign '):
@@ -286,11 +288,24 @@ def _unit_name(ctx):
                 % (d.sglang.unit, d.container.vmid, out[len('foreign '):], adopt))
 
 
+def _unit_owner_args(ctx) -> list:
+    d = ctx.d
+    return [d.container.vmid, d.sglang.unit, service_props(d)['unit_path']]
+
+
+def _unit_owner(ctx) -> remote.Result:
+    return remote.run(remote.Target.from_inputs(ctx.connection), 'ct_unit_owner.sh', _unit_owner_args(ctx))
+
+
+def _storage_dir(ctx) -> remote.Result:
+    return remote.run(remote.Target.from_inputs(ctx.connection), 'check_dir.sh', [ctx.d.model.storage], check=False)
+
+
 def _model_storage(ctx):
     """gpuhost:model.storage exists on the host: the container's mount point needs it (Proxmox finds out only
     when the container starts, and the container would not start)."""
     d = ctx.d
-    res = remote.run(remote.Target.from_inputs(ctx.connection), 'check_dir.sh', [d.model.storage], check=False)
+    res = _storage_dir(ctx)
     if res.exit_code != 0:
         return ('gpuhost:model.storage: %s %s on the host; create it (zfs create -o mountpoint=%s <pool>/models, or '
                 'mkdir -p %s) and put the model there, or fix the path' % (
@@ -382,14 +397,38 @@ CHECKS = (
 )
 
 
+def _read_ahead(ctx) -> None:
+    """The host's read-only reads of the checks, side by side: they go out as one SSH command and the checks find
+    them read (components/hostreads.py, inside remote.reading()). A read that fails here is left to its check,
+    which reads again and says what went wrong in its own words."""
+    target = remote.Target.from_inputs(ctx.connection)
+    reads = [('host_facts.sh', ctx.facts_args()), ('ct_unit_owner.sh', _unit_owner_args(ctx))] + (
+        [('check_dir.sh', [ctx.d.model.storage])] if ctx.d.model else [])
+
+    def one(name, args):
+        try:
+            remote.run(target, name, args, check=False)
+        except Exception:  # noqa: BLE001 - its check meets it again
+            pass
+    # Each thread in a copy of this context: remote.reading() holds in it too.
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(one, n, a), daemon=True)
+               for n, a in reads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def run(d, connection: dict, api: dict, model_files: Optional[dict] = None) -> None:
     """`up`'s preflight: the first failing check stops the run, before any resource step."""
     ctx = Context(d, connection, api, model_files)
-    for check in CHECKS:
-        if check.up and check.applies(d):
-            problem = check.fn(ctx)
-            if problem:
-                raise PreflightError(problem)
+    with remote.reading():
+        _read_ahead(ctx)
+        for check in CHECKS:
+            if check.up and check.applies(d):
+                problem = check.fn(ctx)
+                if problem:
+                    raise PreflightError(problem)
 
 
 @dataclasses.dataclass

@@ -61,6 +61,11 @@ class Target:
         return '%s@%s:%d' % (self.user, self.host, self.port)
 
 
+def _host_key(target: Target):
+    """What identifies a host's connection: its pool entry, its lock, its channel slots, its shared reads."""
+    return (target.host, target.port, target.user, target.host_key)
+
+
 @dataclasses.dataclass
 class Result:
     stdout: str
@@ -183,8 +188,19 @@ def connect(target: Target, attempts: int = 3):
 
 
 _pool = {}
-_pool_lock = threading.Lock()          # the two tables only, never held across a network wait
+_pool_lock = threading.Lock()          # the tables only, never held across a network wait
 _host_locks = {}
+# Channels open at once on one host's connection. OpenSSH refuses a session beyond its MaxSessions (default 10:
+# "open failed"), and a fleet's engine may run many more of a host's steps at once (PULUMI_PARALLEL): the rest
+# wait here for a channel, never for the server to refuse one. Two below the default leave room for an operator's
+# own session multiplexed on a ControlMaster-style connection.
+MAX_CHANNELS = 8
+_channel_slots = {}
+
+
+def _channels(target: 'Target') -> threading.BoundedSemaphore:
+    with _pool_lock:
+        return _channel_slots.setdefault(_host_key(target), threading.BoundedSemaphore(MAX_CHANNELS))
 
 
 def _host_lock(key) -> threading.Lock:
@@ -196,7 +212,7 @@ def pooled(target: Target):
     """One SSH connection per host, shared by every step of this process (a provider process serves
     all of a run's resources; channels on one transport run concurrently). A dead one is replaced.
     Steps of one host wait for its one connect; other hosts connect at the same time (a lock per host)."""
-    key = (target.host, target.port, target.user, target.host_key)
+    key = _host_key(target)
     with _host_lock(key):
         with _pool_lock:
             client = _pool.get(key)
@@ -212,7 +228,7 @@ def pooled(target: Target):
 
 
 def discard(target: Target) -> None:
-    key = (target.host, target.port, target.user, target.host_key)
+    key = _host_key(target)
     with _pool_lock:
         client = _pool.pop(key, None)
     if client is not None:
@@ -239,7 +255,7 @@ def send_eof(chan) -> None:
 
 
 # The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
-# (components/hostreads.py); any other script forgets what was read of its host.
+# (components/hostreads.py); any command outside a Read forgets what was read of its host.
 READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
                        'check_dir.sh', 'ct_unit_owner.sh'))
 _READING = contextvars.ContextVar('gpuhost_reading', default=False)
@@ -255,10 +271,6 @@ def reading():
         _READING.reset(token)
 
 
-def _host_key(target: Target):
-    return (target.host, target.port, target.user, target.host_key)
-
-
 def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None, check: bool = True,
         timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None) -> Result:
     """Run components/scripts/<name> on the host with args as quoted positional parameters.
@@ -268,9 +280,11 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
     returned as if it were complete. on_stderr_line: called with each line of stderr as it arrives (a
     long step's progress)."""
     from components import hostreads
-    if name not in READ_ONLY:
+    if not _READING.get():
+        # Outside a Read a command may change the host: what was read of it is old. (A Read, and the preflight,
+        # change nothing the reads see: the model's quick look there writes only its own cache of sums.)
         hostreads.forget(_host_key(target))
-    elif _READING.get() and stdin is None and timeout is None and client is None and on_stderr_line is None:
+    elif name in READ_ONLY and stdin is None and timeout is None and client is None and on_stderr_line is None:
         result = hostreads.read(_host_key(target), name, args, lambda keys: _read_batch(target, keys))
         return _checked(target, step_name(name, args), result, check)
     out, err, code = _exec(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line)
@@ -304,7 +318,16 @@ def _checked(target: Target, step: str, result: Result, check: bool) -> Result:
 
 def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None,
           timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None):
-    """run()'s command itself: (stdout bytes, stderr bytes, exit code)."""
+    """run()'s command itself: (stdout bytes, stderr bytes, exit code), on one of the host's MAX_CHANNELS."""
+    slots = _channels(target)
+    slots.acquire()
+    try:
+        return _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line)
+    finally:
+        slots.release()
+
+
+def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line):
     import paramiko
     body = script(name)
     command = 'bash -c %s %s %s' % (shlex.quote(body), shlex.quote(name), shlex.join([str(a) for a in args]))
@@ -312,6 +335,7 @@ def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[b
     limit = timeout if timeout is not None else step_timeout(name, target)
     own = client is None
     started = False
+    chan = None
     try:
         client = client or pooled(target)
         transport = client.get_transport()
@@ -370,6 +394,13 @@ def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[b
         raise ConnectionLost('connection to %s lost during %s (%s); %s. Safe to re-run: every step reads the '
                              'host first and does only what is still missing.' % (
                                  target.name, step, _transport_reason(e), where)) from None
+    finally:
+        # The server's session slot (MaxSessions) back at once, not when its CLOSE comes.
+        if chan is not None:
+            try:
+                chan.close()
+            except Exception:  # noqa: BLE001 - a channel of a dead transport: nothing to give back
+                pass
     return b''.join(out), b''.join(err), code
 
 

@@ -229,7 +229,9 @@ PubkeyAuthentication yes
 UsePAM no
 StrictModes no
 MaxStartups 64:30:128
-MaxSessions 64
+# OpenSSH's default, as on a real host: a client that opens more sessions at once on one connection is refused
+# (the program keeps to components/remote.py MAX_CHANNELS).
+MaxSessions 10
 Subsystem sftp internal-sftp
 LogLevel VERBOSE
 # Every command through the lab's wrapper: counted, logged, dropped on demand (lab/sshcmd.sh).

@@ -47,6 +47,14 @@ stack_env() {
   fi
 }
 
+# The engine runs at most PULUMI_PARALLEL resource operations at once; the CLI's default is 4 per CPU (8 on a
+# 2-core machine), so a fleet's hosts would take turns at it - a refresh of 8 hosts reads them 8 resources at a
+# time. What one host gets at once is the program's cap (components/remote.py MAX_CHANNELS, one SSH connection a
+# host), so this only has to let every host work at once. An operator's own PULUMI_PARALLEL (or --parallel) wins.
+engine_parallel() {
+  export PULUMI_PARALLEL=${PULUMI_PARALLEL:-64}
+}
+
 is_lab_stack() {
   [ "$1" = lab ] || [ "$1" = lab-fleet ]
 }
@@ -131,6 +139,7 @@ shift || true
 case "$cmd" in
   up)
     deps
+    engine_parallel
     stack=${1:-lab}
     shift || true
     if [ "$stack" = lab ]; then
@@ -151,6 +160,7 @@ case "$cmd" in
     ;;
   up-fleet)
     deps
+    engine_parallel
     n=${1:?hosts}
     start_fleet "$n"
     deploy_lab lab-fleet
@@ -173,6 +183,7 @@ case "$cmd" in
   lab-down) deps; python -m lab.labctl down; python -m lab.fleet down >/dev/null ;;
   preview)
     deps
+    engine_parallel
     stack=${1:?stack}
     shift
     select_stack "$stack"
@@ -194,14 +205,17 @@ case "$cmd" in
     ;;
   bench)
     deps
+    engine_parallel
     python -m tools.bench "$@"
     ;;
   bench-fleet)
     deps
+    engine_parallel
     python -m tools.bench_fleet "$@"
     ;;
   bench-serve)
     deps
+    engine_parallel
     tools/bench-venv.sh
     stack=${1:?stack}
     shift

@@ -108,3 +108,31 @@ def test_reads_of_a_refresh_share_one_command_and_a_write_forgets_them(lab, targ
     with remote.reading():
         assert remote.run(target, 'read_file.sh', [ODD]).stdout == 'after the write\n'
     remote.put_file(target, ODD, alone[2].stdout, '0640', 'any')
+
+
+def test_a_host_gets_at_most_max_channels_commands_at_once(target, monkeypatch):
+    """A fleet's engine may run many of a host's steps at once; the lab's sshd refuses a session beyond
+    OpenSSH's default MaxSessions 10, as a real host does. The program keeps to remote.MAX_CHANNELS on its
+    one connection: every command gets through, the ones beyond the cap a moment later."""
+    import threading
+    import time
+    real = remote.script
+    monkeypatch.setattr(remote, 'script', lambda name: 'sleep 0.4; echo done' if name == 'slow.sh' else real(name))
+    n = 3 * remote.MAX_CHANNELS
+    results, gate = [], threading.Barrier(n)
+
+    def one():
+        gate.wait()
+        try:
+            results.append(remote.run(target, 'slow.sh').stdout)
+        except remote.RemoteError as e:
+            results.append(str(e))
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ['done\n'] * n
+    # Three rounds of MAX_CHANNELS at the most: at least three times one command's 0.4 s.
+    assert time.monotonic() - began >= 3 * 0.4
