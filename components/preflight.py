@@ -399,17 +399,20 @@ CHECKS = (
 
 def _read_ahead(ctx) -> None:
     """The host's read-only reads of the checks, side by side: they go out as one SSH command and the checks find
-    them read (components/hostreads.py, inside remote.reading()). A read that fails here is left to its check,
-    which reads again and says what went wrong in its own words."""
+    them read (components/hostreads.py, inside remote.reading()). A read the host answers with a failure is left
+    to its check, which says what it means; a connection that fails (lost, refused, a wrong host key) stops the
+    preflight here, as it would at the check's own read."""
     target = remote.Target.from_inputs(ctx.connection)
     reads = [('host_facts.sh', ctx.facts_args()), ('ct_unit_owner.sh', _unit_owner_args(ctx))] + (
         [('check_dir.sh', [ctx.d.model.storage])] if ctx.d.model else [])
 
+    failed = []
+
     def one(name, args):
         try:
             remote.run(target, name, args, check=False)
-        except Exception:  # noqa: BLE001 - its check meets it again
-            pass
+        except Exception as e:  # noqa: BLE001 - raised below, in this thread
+            failed.append(e)
     # Each thread in a copy of this context: remote.reading() holds in it too.
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(one, n, a), daemon=True)
                for n, a in reads]
@@ -417,6 +420,8 @@ def _read_ahead(ctx) -> None:
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        raise failed[0]
 
 
 def run(d, connection: dict, api: dict, model_files: Optional[dict] = None) -> None:

@@ -68,6 +68,23 @@ def per_host(before, after, names):
     return max(conns), statistics.median(cmds)
 
 
+def cost_note(rows) -> str:
+    """What each host beyond the first costs, from the table: wall and operator CPU seconds."""
+    by = {(w, n): (med, cpu_s) for w, n, med, _lo, _hi, cpu_s, *_ in rows}
+    parts = []
+    for what in ('preview (no-op)', 'up (no-op)', 'up --refresh (no-op)'):
+        (w1, c1), (w8, c8) = by[(what, 1)], by[(what, 8)]
+        parts.append('`%s` %.2f s of wall and %.2f CPU-s' % (what, (w8 - w1) / 7, (c8 - c1) / 7))
+    return ('What each host beyond the first costs, from the table (8 hosts less 1, over 7): %s. The operator side '
+            'is most of it: on 2 cores the 8-host runs keep the CPU busy with the CLI, the program and a plugin '
+            'process per host and engine pass (about 0.7 s of CPU each to start: Python, grpc, the pulumi SDK, '
+            'paramiko, our modules; `python -X importtime`) - issue "one plugin process per pass". And the wall '
+            'grows by about as much as the CPU, though 2 cores could run two hosts\' work at once: it runs about one '
+            'core at a time, as the rollout gate has it - every pass walks the hosts of a lane one after another '
+            '(each host\'s components depend on the SGLang unit of the host before it), a no-op pass too. (Inferred '
+            'from the two columns, not separated further here.)' % '; '.join(parts))
+
+
 def main():
     began = time.perf_counter()
     base = tempfile.mkdtemp(prefix='gpuhost-bench-fleet-')
@@ -147,22 +164,13 @@ def main():
                   rolling, restarted, down_max, '' if down_max == 1 else 's', outage, roll_conns, roll_cmds), '',
               'SSH connections: the program opens one per host for the preflight of an `up` (never at preview); '
               'the host\'s gpuhost provider instance one per host, shared by every resource of that host '
-              '(components/remote.py pooled()), when a resource reads or changes it; pulumi-command one per smoke '
-              'test (only when a unit or container changed). Each host has its own provider instance '
-              '(`pulumi:providers:gpuhost`, the connection and the Proxmox login in its configuration): one plugin '
-              'process per instance and engine pass, which serves its calls without a cap of its own (the '
-              'engine\'s --parallel decides). `up --refresh` without --skip-preview makes three passes over a host '
-              '(the refresh inside the preview, the refresh itself, the update with its preflight); with '
-              '--skip-preview, 2. Before the plugin: release 0.1.0 (dynamic providers: one dynamic-provider host for '
-              'all hosts, at most 4 calls at once), measured by its own copy of this script on the same machine on '
-              '2026-12-03, 3 runs each - no-op `preview` 1 host 3.54 s, 8 hosts 5.47 s (1.55x); no-op `up` 6.59 s, '
-              '17.19 s (2.61x); `up --refresh` 13.05 s, 32.87 s (**2.52x**; on 2026-11-30, with fewer commands a '
-              'host, 2.94x). So the plugin made one host faster (`up --refresh` 8.90 s against 13.05 s) and eight '
-              'no faster: **the goal of 1.5x is missed**. What each host costs now is its own plugin process per '
-              'engine pass - 0.7 s of CPU to start (Python, grpc, the pulumi SDK, paramiko, our modules; `python '
-              '-X importtime`), 8 to 24 of them per command on 2 cores. The way to the goal, measured in the '
-              'feasibility spike (docs/provider-plan.md): one provider instance per stack with the hosts\' '
-              'connections as a table in its configuration - one process per pass whatever the number of hosts.', END]
+              '(components/remote.py pooled(), at most 8 commands at once), when a resource reads or changes it; '
+              'pulumi-command one per smoke test (only when a unit or container changed). A refresh\'s reads of a '
+              'host that arrive together go out as one command (components/hostreads.py), the preflight\'s too. '
+              'Each host has its own provider instance (`pulumi:providers:gpuhost`): one plugin process per instance '
+              'and engine pass. The engine ran with PULUMI_PARALLEL=%s (what `make up` sets).' % (
+                  os.environ.get('PULUMI_PARALLEL', 'the CLI\'s default')), '',
+              cost_note(rows), END]
     section = '\n'.join(lines) + '\n'
     path = os.path.join(ROOT, 'docs', 'bench.md')
     with open(path) as f:
