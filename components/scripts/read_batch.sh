@@ -1,4 +1,4 @@
-set -uo pipefail
+set -euo pipefail
 # read_batch.sh NAMES K [NAME NARGS ARG...]xK [NAME BODY]...: several of the program's read-only scripts in one SSH
 # command (components/hostreads.py: the reads of one refresh that arrive together). NAMES: what is read, for logs and
 # messages. Each request runs as `bash -c BODY NAME ARG...` - exactly as it would alone - side by side, stdin empty;
@@ -31,8 +31,8 @@ for ((i = 0; i < k; i++)); do
   pids+=($!)
 done
 for ((i = 0; i < k; i++)); do
-  wait "${pids[i]}"
-  rc=$?
+  rc=0
+  wait "${pids[i]}" || rc=$?
   printf 'gpuhost-batch\t%d\t%d\t%d\t%d\n' "$i" "$rc" "$(stat -c %s "$d/$i.out")" "$(stat -c %s "$d/$i.err")"
   cat "$d/$i.out" "$d/$i.err"
 done
