@@ -327,6 +327,29 @@ def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[b
         slots.release()
 
 
+def _open_session(target: Target, transport):
+    """A new session on the host's connection. A server that refuses one (paramiko ChannelException: its MaxSessions
+    reached - sessions that just ended still count until it has closed them, which a loaded host takes a moment
+    to do) keeps the connection and every command on it: the open is tried again for up to a session's worth of
+    waiting, then named - never taken for a lost connection, which would end the other commands on it."""
+    import paramiko
+    deadline, delay = time.monotonic() + max(target.timeout, 10.0), 0.05
+    while True:
+        try:
+            return transport.open_session(timeout=target.timeout)
+        except paramiko.ChannelException as e:
+            if time.monotonic() > deadline:
+                raise RemoteError('%s refused to open another SSH session for %d s (%s): its sshd allows fewer '
+                                  'sessions on one connection than the %d commands this program runs at once '
+                                  '(MaxSessions; OpenSSH\'s default is 10) - raise it and re-run; nothing was '
+                                  'started by this command' % (target.name, max(target.timeout, 10.0),
+                                                               e.text or 'open failed', MAX_CHANNELS)) from None
+            if state.CANCELLED.wait(delay):
+                raise state.Interrupted('the run was interrupted (Ctrl-C) while %s had no session free; nothing was '
+                                        'started by this command' % target.name) from None
+            delay = min(delay * 2, 0.5)
+
+
 def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line):
     import paramiko
     body = script(name)
@@ -341,7 +364,7 @@ def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_st
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             raise EOFError('SSH session not active')
-        chan = transport.open_session(timeout=target.timeout)
+        chan = _open_session(target, transport)
         chan.settimeout(max(limit, target.timeout))
         chan.exec_command(command)
         started = True

@@ -164,3 +164,39 @@ def test_hosts_connect_at_the_same_time_and_one_host_connects_once(monkeypatch):
     assert connect.most == 4, 'the four hosts connected one after another'
     assert sorted(t.host for t, in connect.calls) == ['10.0.0.%d' % i for i in range(4)], 'a host connected twice'
     assert len(got) == 8 and len({id(c) for c in got}) == 4
+
+
+class _Busy:
+    """A transport whose server refuses `refusals` sessions (MaxSessions reached), then opens one."""
+
+    def __init__(self, refusals):
+        self.refusals, self.opened = refusals, 0
+
+    def open_session(self, timeout=None):
+        if self.refusals:
+            self.refusals -= 1
+            raise paramiko.ChannelException(2, 'Connect failed')
+        self.opened += 1
+        return 'a channel'
+
+
+def _host():
+    return remote.Target(host='127.0.0.1', port=22, user='root', private_key='-', host_key='ssh-ed25519 AAAA',
+                         timeout=0.5)
+
+
+def test_a_session_the_server_refuses_is_asked_for_again_on_the_same_connection():
+    busy = _Busy(3)
+    assert remote._open_session(_host(), busy) == 'a channel' and busy.opened == 1
+
+
+def test_a_server_that_keeps_refusing_sessions_is_named_not_taken_for_a_lost_connection(monkeypatch):
+    monkeypatch.setattr(remote.time, 'monotonic', iter([0.0] + [100.0] * 10).__next__)
+    try:
+        remote._open_session(_host(), _Busy(10 ** 6))
+        raise AssertionError('no error')
+    except remote.ConnectionLost:
+        raise AssertionError('taken for a lost connection')
+    except remote.RemoteError as e:
+        assert 'refused to open another SSH session' in str(e) and 'MaxSessions' in str(e)
+        assert 'Connect failed' in str(e)
