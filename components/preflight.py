@@ -80,8 +80,7 @@ class Context:
 
     def facts(self) -> remote.HostFacts:
         if self._facts is None:
-            self._facts = remote.parse_facts(remote.run(remote.Target.from_inputs(self.connection), 'host_facts.sh',
-                                                        self.facts_args()).stdout)
+            self._facts = host_mod.read_facts(remote.Target.from_inputs(self.connection), self.facts_args())
         return self._facts
 
     def pve(self, key, what, path_fn, **kwargs):
