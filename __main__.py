@@ -73,25 +73,24 @@ for h in fleet.hosts:
     d = h.deployment
     name = h.resource_name
     connection = pulumi.Output.secret(smoke[h.index])
-    # Rolling changes: whatever may stop this host's SGLang (a reboot, a container change, a unit
-    # restart) waits until the host before it in its rollout lane serves again (/health, /server_info).
-    ahead = fleet.lane_before(h.index)
-    gate = [built[ahead.index][3].service] if ahead is not None else []
+    # Rolling changes: whatever may stop this host's SGLang (a reboot, a container change, a unit restart) waits
+    # until the host before it in its rollout lane serves again (/health, /server_info). The plugin holds that
+    # order where a step goes down (provider/rollout.py); every other step of every host runs at once.
     rollout = fleet.rollout_info(h.index)
     fleet_host = h.name if fleet.is_fleet else None
     # The gpuhost provider plugin (provider/) serves every custom resource of this host, with its connection and
     # Proxmox login as its configuration: components pass it on to their children.
     own = host_provider(name('gpuhost'), *(pulumi.Output.secret(v) for v in provided[h.index]))
     served = pulumi.ResourceOptions(providers=[own])
-    host = ProxmoxHost(name('host'), d, gate=gate, rollout=rollout, fleet_host=fleet_host, opts=served)
+    host = ProxmoxHost(name('host'), d, rollout=rollout, fleet_host=fleet_host, opts=served)
     after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))
     container = GpuContainer(name('container'), d, opts=after_host,
-                             gate=gate, fleet_host=fleet_host, rollout=rollout)
+                             fleet_host=fleet_host, rollout=rollout)
     vm = (SevSnpVm(name('vm'), d, opts=after_host, fleet_host=fleet_host) if d.vm else None)
     # The weights on the host, verified (gpuhost:model): the unit depends on them.
     weights = (model_weights(name('model'), d, inputs[h.index][3],
                              opts=pulumi.ResourceOptions(depends_on=[host], provider=own)) if d.model else None)
-    service = SglangService(name('sglang'), d, connection, container, gate=gate, rollout=rollout,
+    service = SglangService(name('sglang'), d, connection, container, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2], model=weights,
                             model_files=inputs[h.index][3], opts=served)
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the

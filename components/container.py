@@ -73,7 +73,7 @@ def raw_lxc_lines(d) -> dict:
 class GpuContainer(pulumi.ComponentResource):
     """Outputs: vmid, address, status, devices (devN entries), uid (changes when the container is replaced)."""
 
-    def __init__(self, name, deployment, opts=None, gate=(), fleet_host=None, rollout=None):
+    def __init__(self, name, deployment, opts=None, fleet_host=None, rollout=None):
         super().__init__('gpuhost:index:GpuContainer', name, None, opts)
         d = deployment
         c = d.container
@@ -99,10 +99,10 @@ class GpuContainer(pulumi.ComponentResource):
         if fleet_host:
             props['fleet_host'] = fleet_host
         if rollout:
-            props['rollout'] = rollout   # not compared by diff: for the message when this step fails
-        # gate: in a fleet, the host before this one in its rollout lane (a container change may restart it).
-        self.guest = pve.Guest('%s-lxc' % name, props,
-                               pulumi.ResourceOptions(parent=self, protect=c.protect, depends_on=list(gate)))
+            # Not compared by diff: a change waits for the host before this one in its rollout lane (it may
+            # restart SGLang: provider/rollout.py), and the message when this step fails says where it stopped.
+            props['rollout'] = rollout
+        self.guest = pve.Guest('%s-lxc' % name, props, pulumi.ResourceOptions(parent=self, protect=c.protect))
         self.vmid = self.guest.vmid
         self.status = self.guest.status
         self.uid = self.guest.uid

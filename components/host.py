@@ -433,6 +433,10 @@ class HostStatusProvider(ObservedProvider):
     OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
                'nvidia_params')
 
+    def goes_down(self, props) -> bool:
+        """Whether an update may stop the host's SGLang (provider/rollout.py): only a reboot does."""
+        return props.get('reboot') == 'when-required'
+
     def observe(self, target, props):
         facts = read_facts(target)
         expect = props['expect']
@@ -515,7 +519,7 @@ class ProxmoxHost(pulumi.ComponentResource):
     """See the module docstring. Outputs: reboot_required, reboot_reasons, gpus, iommu_domain_types,
     running_cmdline, boot."""
 
-    def __init__(self, name: str, deployment, opts=None, gate=(), rollout=None, fleet_host=None):
+    def __init__(self, name: str, deployment, opts=None, rollout=None, fleet_host=None):
         super().__init__('gpuhost:index:ProxmoxHost', name, None, opts)
         d = deployment
         child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
@@ -550,9 +554,9 @@ class ProxmoxHost(pulumi.ComponentResource):
         self.status = HostStatus('%s-status' % name, {
             'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
             'service': service_props(d), **({'rollout': rollout} if rollout else {})},
-            # gate: in a fleet, a reboot (host.reboot: when-required) waits for the host before this one in
-            # its rollout lane to serve again.
-            pulumi.ResourceOptions(parent=self, depends_on=resources + list(gate)),
+            # rollout: in a fleet, a reboot (host.reboot: when-required) waits for the host before this one in
+            # its rollout lane to serve again (provider/rollout.py).
+            pulumi.ResourceOptions(parent=self, depends_on=resources),
             outputs=HostStatusProvider.OUTPUTS)
         self.reboot_required = self.status.reboot_required
         self.reboot_reasons = self.status.reboot_reasons

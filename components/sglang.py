@@ -672,7 +672,7 @@ class SglangUnit(GpuhostResource, name='SglangUnit'):
 class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
-    def __init__(self, name, deployment, connection, container, opts=None, gate=(), rollout=None, fleet_host=None,
+    def __init__(self, name, deployment, connection, container, opts=None, rollout=None, fleet_host=None,
                  runtime_files=None, model=None, model_files=None):
         """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password).
         model: the ModelWeights resource (components/model.py) the unit depends on; model_files: what load_stack
@@ -707,7 +707,7 @@ class SglangService(pulumi.ComponentResource):
         if fleet_host:
             props['fleet_host'] = fleet_host
         self.service = SglangUnit('%s-unit' % name, props,
-                                pulumi.ResourceOptions(parent=self, depends_on=[container] + list(gate) +
+                                pulumi.ResourceOptions(parent=self, depends_on=[container] +
                                                        ([model] if model is not None else []),
                                                        protect=d.container.protect))
         self.smoke = smoke_test(name, d, connection, self.service, key, self.unit, container.identity)

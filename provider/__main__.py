@@ -16,6 +16,7 @@ import sys
 import threading
 import traceback
 from concurrent import futures
+from contextlib import contextmanager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -26,7 +27,7 @@ from pulumi.runtime import rpc  # noqa: E402
 from pulumi.runtime.proto import plugin_pb2, provider_pb2 as proto  # noqa: E402
 from pulumi.runtime.proto import provider_pb2_grpc  # noqa: E402
 
-from provider import registry  # noqa: E402
+from provider import registry, rollout  # noqa: E402
 
 DYNAMIC_KEY = '__provider'   # what a dynamic resource kept in its state: a pickled provider, never read here
 # The provider instance's configuration (one instance per host, components/state.py host_provider): the host's SSH
@@ -120,7 +121,8 @@ def _one_line_errors(fn):
     a serving class's error (components/state.py Failed) and the plugin's own alike."""
     def wrapper(self, request, context):
         try:
-            return fn(self, request, context)
+            with rollout.busy():
+                return fn(self, request, context)
         except Exception as e:  # noqa: BLE001 - every error goes to the engine, never kills the server
             text = one_line(e)
         context.abort(grpc.StatusCode.UNKNOWN, text)
@@ -168,6 +170,37 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         return proto.ConfigureResponse(acceptSecrets=False, supportsPreview=False, acceptResources=False,
                                        acceptOutputs=False)
 
+    @contextmanager
+    def step(self, urn: str, props: dict, served=None):
+        """A step of a fleet's host. `served` (a create or update): if it may stop the host's SGLang (its props carry
+        the host's place in the rollout), it first waits for the host ahead in its lane to serve again, and says when
+        it started and ended. A failure of any step ends every such wait of the pass (provider/rollout.py)."""
+        order = props.get('rollout')
+        step = getattr(served, 'ROLLOUT_STEP', None) if served is not None else None
+        gated = bool(order and step and getattr(served, 'goes_down', lambda _p: True)(props))
+        name = registry.name_of(type_of(urn))
+        if gated:
+            rollout.wait_for_lane(order, step)
+            rollout.record(order['host'], name, 'started')
+        try:
+            yield
+        except BaseException as e:
+            if gated:
+                rollout.record(order['host'], name, 'failed')
+            self.failed(urn, props, step or 'its %s %s' % (name, urn.split('::')[-1]), e)
+            raise
+        if order and served is not None:
+            rollout.record(order['host'], name, 'done')
+
+    def failed(self, urn: str, props: dict, what: str, error: BaseException = None) -> None:
+        """A step of a fleet's host failed (a single host's stack has no rollout to stop)."""
+        host = (props.get('rollout') or {}).get('host') or props.get('fleet_host')
+        if host and not isinstance(error, KeyboardInterrupt):
+            try:
+                rollout.failed(host, what)
+            except OSError:
+                pass   # the failure itself goes to the engine whatever happens here
+
     def host(self, props: dict) -> dict:
         """The resource's properties as its serving class reads them: with the host's connection and login."""
         return dict(props, **self.config)
@@ -188,13 +221,21 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         olds = plain(request.olds, True)
         olds, news = self.host(olds) if olds else {}, self.host(plain(request.news, True))
         result = registry.provider_for(type_of(request.urn), news).check(olds, news)
+        if result.failures:
+            self.failed(request.urn, news, 'its configuration (%s)' % ', '.join(f.property for f in result.failures))
         return proto.CheckResponse(inputs=wire(without_host(result.inputs)), failures=[
             proto.CheckFailure(property=f.property, reason=f.reason) for f in result.failures or []])
 
     @_one_line_errors
     def Diff(self, request, context):
         olds, news = self.host(plain(request.olds, True)), self.host(plain(request.news, True))
-        result = registry.provider_for(type_of(request.urn), news).diff(request.id, olds, news)
+        served = registry.provider_for(type_of(request.urn), news)
+        with self.step(request.urn, news):
+            result = served.diff(request.id, olds, news)
+        if news.get('rollout'):
+            # For the hosts behind this one in its lane: this step will (change) or will not (same) take it down.
+            rollout.record(news['rollout']['host'], registry.name_of(type_of(request.urn)),
+                           'same' if result.changes is False else 'change')
         fields = {'changes': proto.DiffResponse.DIFF_UNKNOWN if result.changes is None else
                   proto.DiffResponse.DIFF_SOME if result.changes else proto.DiffResponse.DIFF_NONE}
         if result.replaces is not None:
@@ -206,7 +247,9 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     @_one_line_errors
     def Create(self, request, context):
         props = self.host(plain(request.properties))
-        result = registry.provider_for(type_of(request.urn), props).create(props)
+        served = registry.provider_for(type_of(request.urn), props)
+        with self.step(request.urn, props, served):
+            result = served.create(props)
         return proto.CreateResponse(id=result.id, properties=wire(without_host(result.outs)))
 
     @_one_line_errors
@@ -228,13 +271,17 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     @_one_line_errors
     def Update(self, request, context):
         olds, news = self.host(plain(request.olds)), self.host(plain(request.news))
-        result = registry.provider_for(type_of(request.urn), news).update(request.id, olds, news)
+        served = registry.provider_for(type_of(request.urn), news)
+        with self.step(request.urn, news, served):
+            result = served.update(request.id, olds, news)
         return proto.UpdateResponse(properties=wire(without_host(result.outs)))
 
     @_one_line_errors
     def Delete(self, request, context):
         props = self.host(plain(request.properties))
-        registry.provider_for(type_of(request.urn), props).delete(request.id, props)
+        served = registry.provider_for(type_of(request.urn), props)
+        with self.step(request.urn, props):
+            served.delete(request.id, props)
         return empty_pb2.Empty()
 
 

@@ -1,0 +1,228 @@
+"""A fleet's rolling changes, held by the plugin processes of one pass instead of dependency edges.
+
+Every host of a fleet runs its steps at once. Only a step that may stop a host's SGLang - the create or update of a
+resource that carries its host's place in the rollout (the `rollout` input: the container, the SGLang unit, and the
+host status where host.reboot is when-required) - waits first until the host ahead of it in its lane
+(`rollout.before[-1]`, config/fleet.py lane_before) serves again: that host's SGLang unit was found unchanged in this
+pass (its diff) or its create or update ended (which waits for /health and /server_info). So a pass that changes
+nothing never waits host after host, and a change goes down a lane one host at a time: at most max_unavailable hosts
+are down at once, as with the dependency edges it replaces.
+
+What the processes share is a directory on the operator's machine, one per pass: keyed by the CLI (the plugin's
+parent process, with its start time) and the engine's address (the engine starts its plugins afresh for each pass:
+a preview's findings never count in the update after it). A record per host and gated step (same, change, started,
+done, failed), written whole (rename); a `failed` file when any step of any host failed; a heartbeat per process
+while it has a call in flight that is not such a wait. A killed run leaves nothing held: the next run is another
+pass, and directories of CLIs that ended are removed when a plugin next starts.
+
+A wait ends with a refusal, the step untouched, when a step of the pass failed (the engine then starts nothing new:
+the host ahead may never come), when the host ahead went down in this pass and nothing of the pass has moved for
+STALL_S seconds (its steps stopped: the program or the engine ended them), and on Ctrl-C (the plugin's Cancel). A
+host ahead that nothing in this pass touched while nothing moves for STALL_S (`pulumi up --target` left it out) is
+no reason to wait."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from typing import Optional
+from urllib.parse import quote
+
+# Nothing of the pass moved for this long while a step waits: the host ahead's steps are not coming.
+STALL_S = 30.0
+POLL_S = 0.2
+BEAT_S = 2.0
+SETTLED = ('same', 'done')
+TOUCHED = ('change', 'started', 'done')
+FAILED = 'failed'
+UNIT = 'SglangUnit'   # the resource whose settled state means "serving again"
+
+_lock = threading.Lock()
+_dir: list = []
+_busy = [0]
+_beat: list = []
+
+
+def base() -> str:
+    """The operator's own directory for the passes' records (no secret goes into it: host names and states)."""
+    path = os.path.join(tempfile.gettempdir(), 'gpuhost-rollout-%d' % os.getuid())
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or (st.st_mode & 0o077):
+        raise RuntimeError('%s is not the operator\'s own private directory (owner %d, mode %o)' % (
+            path, st.st_uid, st.st_mode & 0o777))
+    return path
+
+
+def _start_time(pid: int) -> Optional[str]:
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rpartition(')')[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _sweep(root: str) -> None:
+    """Directories of CLIs that are gone (or whose pid now names another process)."""
+    for name in os.listdir(root):
+        pid, _, rest = name.partition('-')
+        start = rest.partition('-')[0]
+        if pid.isdigit() and _start_time(int(pid)) != start:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def run_dir() -> str:
+    """This pass's directory (made on first use)."""
+    with _lock:
+        if not _dir:
+            from components.state import engine_address
+            root = base()
+            _sweep(root)
+            cli = os.getppid()
+            engine = (engine_address() or 'none').rpartition(':')[2]
+            path = os.path.join(root, '%d-%s-%s' % (cli, _start_time(cli) or '0', engine))
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            _dir.append(path)
+        return _dir[0]
+
+
+def _name(host: str, step: str) -> str:
+    return 'rec.%s.%s' % (quote(host, safe=''), quote(step, safe=''))
+
+
+def _write(name: str, text: str) -> None:
+    path = os.path.join(run_dir(), name)
+    tmp = '%s.%d.%d.tmp' % (path, os.getpid(), threading.get_ident())
+    with open(tmp, 'w') as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _read(name: str) -> Optional[str]:
+    try:
+        with open(os.path.join(run_dir(), name)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def record(host: str, step: str, state: str) -> None:
+    _write(_name(host, step), state)
+
+
+def state_of(host: str, step: str) -> Optional[str]:
+    return _read(_name(host, step))
+
+
+def failed(host: str, what: str) -> None:
+    """A step of `host` failed in this pass: every wait of the pass ends (the first failure is the one named)."""
+    path = os.path.join(run_dir(), 'failed')
+    if not os.path.exists(path):
+        _write('failed', '%s\t%s' % (host, what))
+
+
+def failure() -> Optional[tuple]:
+    text = _read('failed')
+    if text is None:
+        return None
+    host, _, what = text.partition('\t')
+    return host, what
+
+
+def _touched(host: str) -> bool:
+    prefix = 'rec.%s.' % quote(host, safe='')
+    root = run_dir()
+    for name in os.listdir(root):
+        if name.startswith(prefix) and not name.endswith('.tmp'):
+            if _read(name) in TOUCHED:
+                return True
+    return False
+
+
+def last_move() -> float:
+    """When something of the pass last moved: a record written, a heartbeat of a call in flight."""
+    root = run_dir()
+    latest = 0.0
+    for name in os.listdir(root):
+        try:
+            latest = max(latest, os.stat(os.path.join(root, name)).st_mtime)
+        except FileNotFoundError:
+            pass
+    return latest
+
+
+def _beating() -> None:
+    while True:
+        if _busy[0] > 0:
+            try:
+                with open(os.path.join(run_dir(), 'beat.%d' % os.getpid()), 'w'):
+                    pass
+            except (OSError, RuntimeError):
+                pass   # a wait then ends STALL_S sooner; never a failed step
+        time.sleep(BEAT_S)
+
+
+@contextmanager
+def busy():
+    """Around every call of the plugin: while one is in flight (and not waiting here), the process's heartbeat
+    says the pass moves."""
+    with _lock:
+        _busy[0] += 1
+        start = not _beat
+        if start:
+            _beat.append(True)
+    if start:
+        threading.Thread(target=_beating, name='gpuhost-rollout-beat', daemon=True).start()
+    try:
+        yield
+    finally:
+        with _lock:
+            _busy[0] -= 1
+
+
+@contextmanager
+def _idle():
+    with _lock:
+        _busy[0] -= 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _busy[0] += 1
+
+
+def wait_for_lane(rollout: dict, step: str, stall_s: Optional[float] = None) -> None:
+    """Before `step` (what may stop this host's SGLang) of host rollout['host']: wait until the host ahead of it in
+    its lane serves again in this pass. Raises OperatorError (the step not started) when it will not."""
+    from components.state import OperatorError, pause
+    host = rollout['host']
+    before = rollout.get('before') or []
+    if not before:
+        return
+    ahead = before[-1]
+    stall = STALL_S if stall_s is None else stall_s
+    waited = time.monotonic()
+    with _idle():
+        while True:
+            stop = failure()
+            if stop is not None:
+                raise OperatorError(
+                    'host %s: %s not started: the rollout stopped at host %s (%s) in this run; %s keeps what it has. '
+                    'Fix %s and re-run `pulumi up`: it goes on from there.' % (
+                        host, step, stop[0], stop[1], host, stop[0]))
+            if state_of(ahead, UNIT) in SETTLED:
+                return
+            quiet = time.time() - last_move()
+            if quiet > stall and time.monotonic() - waited > stall:
+                if not _touched(ahead):
+                    return   # nothing of the host ahead is in this pass (`--target`): it keeps serving
+                raise OperatorError(
+                    'host %s: %s not started: host %s, ahead of it in its rollout lane, went down in this run and its '
+                    'SGLang unit was not reached (nothing of the run moved for %g s: the run was ended). Re-run '
+                    '`pulumi up`: it goes on from there.' % (host, step, ahead, stall))
+            pause(POLL_S, 'host %s' % host, 'host %s ahead of it in its rollout lane to serve again' % ahead,
+                  '%s has not started (nothing of it changed); the next `pulumi up` goes on from there' % step)
