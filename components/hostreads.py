@@ -12,7 +12,8 @@ to this module instead of opening a channel of its own:
     reads of this process (a refresh pass);
   * any command on the host outside a Read (a write, a restart, a job, a create's or update's own fresh reads)
     forgets what was read of it first: nothing that changes the host is ever decided from a read made before it.
-    A Read changes nothing the reads see (the model's quick look writes only its own cache of sums).
+    A Read changes nothing the reads see (the model's quick look writes only its own cache of sums). One read of a
+    batch may have input (the model's quick look gets its verifier on stdin): it gets the batch's stdin.
 
 A read that fails on the host (its own exit status) is that read's result, as it would be alone; a batch that
 cannot run (the connection lost, the time limit) fails every read in it, each naming what was being read.
@@ -30,6 +31,7 @@ FRESH_S = 15.0
 class _Batch:
     def __init__(self):
         self.keys, self.results, self.error, self.done = [], {}, None, False
+        self.stdin = None   # the one read of the batch that gets the batch's stdin (the model's quick look)
 
 
 class _Host:
@@ -60,16 +62,22 @@ def forget(key) -> None:
             h.epoch += 1
 
 
-def read(key, name: str, args, run_batch):
-    """The result of script `name` with `args` on the host `key`, read with whatever else is being read of it.
-    run_batch(keys) -> {key: Result} runs one batch (raises for the whole batch)."""
-    want = (name, tuple(str(a) for a in args))
+def read(key, name: str, args, run_batch, stdin: bytes = None):
+    """The result of script `name` with `args` (and `stdin`) on the host `key`, read with whatever else is being read
+    of it. run_batch(keys) -> {key: Result} runs one batch (raises for the whole batch); a key is (name, args), or
+    (name, args, stdin) for a read with input - at most one such read a batch."""
+    want = (name, tuple(str(a) for a in args)) + (() if stdin is None else (bytes(stdin),))
     h = _host(key)
     with h.cond:
         hit = h.memo.get(want)
         if hit is not None and time.monotonic() - hit[1] < FRESH_S:
             return hit[0]
         mine = h.gathering
+        while stdin is not None and mine.stdin not in (None, want):
+            h.cond.wait()          # the batch gathering now has its read with input: the next one
+            mine = h.gathering
+        if stdin is not None:
+            mine.stdin = want
         if want not in mine.keys:
             mine.keys.append(want)
         while not mine.done:
@@ -80,6 +88,7 @@ def read(key, name: str, args, run_batch):
             h.busy = True
             h.cond.wait(GATHER_S)
             batch, h.gathering, epoch = h.gathering, _Batch(), h.epoch
+            h.cond.notify_all()
             h.cond.release()
             try:
                 results, error = run_batch(list(batch.keys)), None
@@ -104,13 +113,20 @@ def read(key, name: str, args, run_batch):
 
 
 def batch_args(keys, script) -> list:
-    """read_batch.sh's arguments for keys [(name, args)]: what is read, the requests, each script's body once."""
-    out = [','.join(sorted({n for n, _ in keys})), str(len(keys))]
-    for name, args in keys:
-        out += [name, str(len(args))] + list(args)
-    for name in sorted({n for n, _ in keys}):
+    """read_batch.sh's arguments for keys [(name, args[, stdin])]: what is read, the requests (and which one reads
+    the batch's stdin, -1 for none), each script's body once."""
+    names = sorted({k[0] for k in keys})
+    out = [','.join(names), str(len(keys)), str(next((i for i, k in enumerate(keys) if len(k) > 2), -1))]
+    for k in keys:
+        out += [k[0], str(len(k[1]))] + list(k[1])
+    for name in names:
         out += [name, script(name)]
     return out
+
+
+def batch_stdin(keys):
+    """The batch's stdin: the input of its one read that has any (None: none has)."""
+    return next((k[2] for k in keys if len(k) > 2), None)
 
 
 def parse_batch(data: bytes, keys, result_type) -> dict:

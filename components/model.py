@@ -104,6 +104,16 @@ def report_of(target, text: str) -> dict:
         raise ModelError('%s: the model verification printed no report: %s' % (target.name, text[-300:]))
 
 
+def quick_look_stdin() -> bytes:
+    """What a quick look reads: no token line, then the verifier."""
+    return b'\n' + verifier_source()
+
+
+def quick_look_args(props) -> list:
+    """model_verify.sh's arguments for run_verify(target, props, full=False) (its stdin: quick_look_stdin())."""
+    return [json.dumps(verify_args(props, False), sort_keys=True)]
+
+
 def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = False) -> dict:
     """The host-side verification's report. A quick look (full=False: sizes, headers and cached sums; what a
     refresh needs) is one short command; a full verification - hashing what the cache lacks, and with fetch
@@ -111,7 +121,7 @@ def run_verify(target, props, full: bool, textfile: bool = False, fetch: bool = 
     real model's size, so it outlives the SSH command and is followed with progress lines."""
     job = verify_args(props, full, textfile, fetch)
     if not full:
-        res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)], stdin=b'\n' + verifier_source())
+        res = remote.run(target, 'model_verify.sh', [json.dumps(job, sort_keys=True)], stdin=quick_look_stdin())
         return report_of(target, res.stdout)
     j = verify_job(props, job, fetch)
     try:

@@ -401,20 +401,23 @@ def _read_ahead(ctx) -> None:
     them read (components/hostreads.py, inside remote.reading()). A read the host answers with a failure is left
     to its check, which says what it means; a connection that fails (lost, refused, a wrong host key) stops the
     preflight here, as it would at the check's own read."""
+    from components import model
     target = remote.Target.from_inputs(ctx.connection)
-    reads = [('host_facts.sh', ctx.facts_args()), ('ct_unit_owner.sh', _unit_owner_args(ctx))] + (
-        [('check_dir.sh', [ctx.d.model.storage])] if ctx.d.model else [])
+    reads = [('host_facts.sh', ctx.facts_args(), None), ('ct_unit_owner.sh', _unit_owner_args(ctx), None)] + (
+        [('check_dir.sh', [ctx.d.model.storage], None)] if ctx.d.model else []) + (
+        # _model_weights' quick look (its verifier on stdin: the batch's one read with input).
+        [('model_verify.sh', model.quick_look_args(model.unit_check(ctx.d, ctx.model_files)), model.quick_look_stdin())]
+        if ctx.d.model and not ctx.d.model.base_url() else [])
 
     failed = []
 
-    def one(name, args):
+    def one(name, args, stdin):
         try:
-            remote.run(target, name, args, check=False)
+            remote.run(target, name, args, stdin=stdin, check=False)
         except Exception as e:  # noqa: BLE001 - raised below, in this thread
             failed.append(e)
     # Each thread in a copy of this context: remote.reading() holds in it too.
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(one, n, a), daemon=True)
-               for n, a in reads]
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(one, *r), daemon=True) for r in reads]
     for t in threads:
         t.start()
     for t in threads:

@@ -257,7 +257,7 @@ def send_eof(chan) -> None:
 # The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
 # (components/hostreads.py); any command outside a Read forgets what was read of its host.
 READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
-                       'check_dir.sh', 'ct_unit_owner.sh'))
+                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh'))
 _READING = contextvars.ContextVar('gpuhost_reading', default=False)
 
 
@@ -284,8 +284,8 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
         # Outside a Read a command may change the host: what was read of it is old. (A Read, and the preflight,
         # change nothing the reads see: the model's quick look there writes only its own cache of sums.)
         hostreads.forget(_host_key(target))
-    elif name in READ_ONLY and stdin is None and timeout is None and client is None and on_stderr_line is None:
-        result = hostreads.read(_host_key(target), name, args, lambda keys: _read_batch(target, keys))
+    elif name in READ_ONLY and timeout is None and client is None and on_stderr_line is None:
+        result = hostreads.read(_host_key(target), name, args, lambda keys: _read_batch(target, keys), stdin)
         return _checked(target, step_name(name, args), result, check)
     out, err, code = _exec(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line)
     return _checked(target, step_name(name, args), Result(out.decode('utf-8', 'replace'),
@@ -296,16 +296,18 @@ def _read_batch(target: Target, keys) -> dict:
     """hostreads' batch: one read alone as itself; several as read_batch.sh."""
     from components import hostreads
     if len(keys) == 1:
-        (name, args), = keys
-        out, err, code = _exec(target, name, args)
+        out, err, code = _exec(target, keys[0][0], keys[0][1], hostreads.batch_stdin(keys))
         return {keys[0]: Result(out.decode('utf-8', 'replace'), err.decode('utf-8', 'replace'), code)}
-    out, err, code = _exec(target, 'read_batch.sh', hostreads.batch_args(keys, script))
+    # As long as its slowest read may take alone (the model's quick look has the command's own limit).
+    out, err, code = _exec(target, 'read_batch.sh', hostreads.batch_args(keys, script), hostreads.batch_stdin(keys),
+                           timeout=max(step_timeout(k[0], target) for k in keys))
     try:
         if code != 0:
             raise ValueError('exit code %d: %s' % (code, err.decode('utf-8', 'replace').strip()[-300:]))
         return hostreads.parse_batch(out, keys, Result)
     except ValueError as e:
-        raise RemoteError('%s: %s failed: %s' % (target.name, step_name('read_batch.sh', [keys[0][0]]), e)) from None
+        raise RemoteError('%s: %s failed: %s' % (target.name, step_name('read_batch.sh', [
+            ','.join(sorted({k[0] for k in keys}))]), e)) from None
 
 
 def _checked(target: Target, step: str, result: Result, check: bool) -> Result:

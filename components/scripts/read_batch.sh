@@ -1,13 +1,15 @@
 set -euo pipefail
-# read_batch.sh NAMES K [NAME NARGS ARG...]xK [NAME BODY]...: several of the program's read-only scripts in one SSH
+# read_batch.sh NAMES K S [NAME NARGS ARG...]xK [NAME BODY]...: several of the program's read-only scripts in one SSH
 # command (components/hostreads.py: the reads of one refresh that arrive together). NAMES: what is read, for logs and
-# messages. Each request runs as `bash -c BODY NAME ARG...` - exactly as it would alone - side by side, stdin empty;
+# messages. Each request runs as `bash -c BODY NAME ARG...` - exactly as it would alone - side by side, stdin empty
+# but for request S (-1: none), which reads this command's stdin;
 # then, in request order, a header `gpuhost-batch<TAB>I<TAB>EXIT<TAB>STDOUT BYTES<TAB>STDERR BYTES` followed by its
 # stdout and stderr, byte for byte. Changes nothing on the host (its outputs wait in a private temporary directory,
 # removed at the end).
 shift
-k=$1
-shift
+k=$1 s=$2
+shift 2
+exec 3<&0
 a=("$@")
 p=0
 starts=() counts=() names=()
@@ -27,7 +29,11 @@ trap 'exit 143' TERM
 pids=()
 for ((i = 0; i < k; i++)); do
   name=${names[i]}
-  bash -c "${body[$name]}" "$name" "${a[@]:${starts[i]}:${counts[i]}}" > "$d/$i.out" 2> "$d/$i.err" < /dev/null &
+  if ((i == s)); then
+    bash -c "${body[$name]}" "$name" "${a[@]:${starts[i]}:${counts[i]}}" > "$d/$i.out" 2> "$d/$i.err" <&3 &
+  else
+    bash -c "${body[$name]}" "$name" "${a[@]:${starts[i]}:${counts[i]}}" > "$d/$i.out" 2> "$d/$i.err" < /dev/null &
+  fi
   pids+=($!)
 done
 for ((i = 0; i < k; i++)); do

@@ -23,7 +23,7 @@ def test_batch_output_is_read_back_byte_for_byte():
 def test_batch_arguments_name_the_reads_and_carry_each_script_once():
     keys = [('host_facts.sh', ('/etc/kernel/cmdline',)), ('host_facts.sh', ()), ('read_file.sh', ('/a b',))]
     args = hostreads.batch_args(keys, lambda name: 'body of ' + name)
-    assert args == ['host_facts.sh,read_file.sh', '3', 'host_facts.sh', '1', '/etc/kernel/cmdline', 'host_facts.sh',
+    assert args == ['host_facts.sh,read_file.sh', '3', '-1', 'host_facts.sh', '1', '/etc/kernel/cmdline', 'host_facts.sh',
                     '0', 'read_file.sh', '1', '/a b', 'host_facts.sh', 'body of host_facts.sh', 'read_file.sh',
                     'body of read_file.sh']
 
@@ -40,7 +40,7 @@ class Host:
             self.hold.wait(5)
         if self.fail is not None:
             raise self.fail
-        return {k: remote.Result('%s %s' % k, '', 0 if k[0] != 'read_file.sh' else 4) for k in keys}
+        return {k: remote.Result('%s %s' % k[:2], '', 0 if k[0] != 'read_file.sh' else 4) for k in keys}
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def ask_together(key, asks, host):
     def one(i):
         gate.wait()
         try:
-            out[i] = hostreads.read(key, asks[i][0], asks[i][1], host)
+            out[i] = hostreads.read(key, *asks[i][:2], host, *asks[i][2:])
         except Exception as e:  # noqa: B902
             out[i] = e
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(asks))]
@@ -104,3 +104,34 @@ def test_a_batch_that_fails_fails_each_read_in_it():
     got = ask_together(key, [('host_facts.sh', ()), ('read_file.sh', ('/a',))], host)
     assert all(isinstance(e, remote.ConnectionLost) and 'lost during reading the host' in str(e) for e in got)
     assert len(host.batches) == 1
+
+
+def test_one_read_with_input_a_batch_gets_the_batchs_stdin():
+    """The model's quick look gets its verifier on stdin: it joins the host's other reads; a second quick look with
+    another input waits for the next batch, the same one is asked once."""
+    keys = [('host_facts.sh', ()), ('model_verify.sh', ('{"dir": "/m"}',), b'\nprogram'), ('check_dir.sh', ('/x',))]
+    args = hostreads.batch_args(keys, lambda name: 'body of ' + name)
+    assert args[:3] == ['check_dir.sh,host_facts.sh,model_verify.sh', '3', '1']
+    assert hostreads.batch_stdin(keys) == b'\nprogram' and hostreads.batch_stdin(keys[:1]) is None
+    key, host = ('h4', 22), Host()
+    asks = [('host_facts.sh', ()), ('model_verify.sh', ('a',), b'one'), ('model_verify.sh', ('a',), b'one'),
+            ('model_verify.sh', ('b',), b'two')]
+    got = ask_together(key, asks, host)
+    assert [r.stdout for r in got] == ["host_facts.sh ()", "model_verify.sh ('a',)", "model_verify.sh ('a',)",
+                                       "model_verify.sh ('b',)"]
+    assert len(host.batches) == 2
+    assert all(sum(len(k) > 2 for k in b) == 1 for b in host.batches), host.batches
+
+
+def test_read_batch_script_gives_its_stdin_to_that_request_alone():
+    import os
+    import subprocess
+    from components.remote import Result
+    script = os.path.join(os.path.dirname(remote.__file__), 'scripts', 'read_batch.sh')
+    keys = [('first.sh', ('a',)), ('reader.sh', ('b',), b'the input'), ('first.sh', ('c d',))]
+    bodies = {'first.sh': 'cat; echo "$0:$1"', 'reader.sh': 'echo "$0:$1:$(cat)"; exit 3'}
+    out = subprocess.run(['bash', script, 'x'] + hostreads.batch_args(keys, bodies.get)[1:], input=b'the input',
+                         capture_output=True, check=True).stdout
+    got = hostreads.parse_batch(out, keys, Result)
+    assert got == {keys[0]: Result('first.sh:a\n', '', 0), keys[1]: Result('reader.sh:b:the input\n', '', 3),
+                   keys[2]: Result('first.sh:c d\n', '', 0)}
