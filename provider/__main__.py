@@ -285,15 +285,23 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         return empty_pb2.Empty()
 
 
-def main():
-    from components import state
-    # A killed CLI leaves a provider's gRPC server waiting for ever: exit when the engine stops answering.
-    state.exit_with_engine()
+def instance():
+    """One provider instance: a gRPC server of its own (its own configuration: one host's connection and login)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_CALLS),
                          options=[('grpc.max_receive_message_length', 256 * 1024 * 1024)])
     provider_pb2_grpc.add_ResourceProviderServicer_to_server(GpuhostProvider(), server)
     port = server.add_insecure_port('127.0.0.1:0')
     server.start()
+    return server, port
+
+
+def main():
+    from components import state
+    # A killed CLI leaves a provider's gRPC server waiting for ever: exit when the engine stops answering.
+    state.exit_with_engine()
+    if '--serve' in sys.argv:
+        return serve()
+    server, port = instance()
     sys.stdout.write('%d\n' % port)
     sys.stdout.flush()
     done = threading.Event()
@@ -301,6 +309,64 @@ def main():
         done.wait()
     except KeyboardInterrupt:
         pass
+
+
+# The serving process ends this long after its last instance ended (the engine ends its plugins at a pass's end).
+IDLE_S = 3.0
+
+
+def serve():
+    """The pass's one serving process (provider/stub.py): an instance for each stub that asks, on the pass directory's
+    socket, for as long as that stub's connection lasts."""
+    import socket
+    import time
+    from provider import passdir
+    here = passdir.path()
+    path = os.path.join(here, 'plugin.sock')
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    live = [0, time.monotonic()]
+    lock = threading.Lock()
+
+    def one(conn):
+        server = None
+        try:
+            if conn.recv(16).strip() != b'new':
+                return
+            server, port = instance()
+            conn.sendall(b'%d\n' % port)
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            if server is not None:
+                server.stop(None)
+            with lock:
+                live[0] -= 1
+                live[1] = time.monotonic()
+
+    def reaper():
+        while True:
+            time.sleep(0.5)
+            with lock:
+                if live[0] == 0 and time.monotonic() - live[1] > IDLE_S:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+                    os._exit(0)
+    threading.Thread(target=reaper, name='gpuhost-idle', daemon=True).start()
+    while True:
+        conn, _ = listener.accept()
+        with lock:
+            live[0] += 1
+        threading.Thread(target=one, args=(conn,), name='gpuhost-instance', daemon=True).start()
 
 
 if __name__ == '__main__':

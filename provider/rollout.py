@@ -24,8 +24,6 @@ no reason to wait."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -47,46 +45,12 @@ _busy = [0]
 _beat: list = []
 
 
-def base() -> str:
-    """The operator's own directory for the passes' records (no secret goes into it: host names and states)."""
-    path = os.path.join(tempfile.gettempdir(), 'gpuhost-rollout-%d' % os.getuid())
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if st.st_uid != os.getuid() or (st.st_mode & 0o077):
-        raise RuntimeError('%s is not the operator\'s own private directory (owner %d, mode %o)' % (
-            path, st.st_uid, st.st_mode & 0o777))
-    return path
-
-
-def _start_time(pid: int) -> Optional[str]:
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().rpartition(')')[2].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _sweep(root: str) -> None:
-    """Directories of CLIs that are gone (or whose pid now names another process)."""
-    for name in os.listdir(root):
-        pid, _, rest = name.partition('-')
-        start = rest.partition('-')[0]
-        if pid.isdigit() and _start_time(int(pid)) != start:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
 def run_dir() -> str:
-    """This pass's directory (made on first use)."""
+    """This pass's directory (provider/passdir.py)."""
     with _lock:
         if not _dir:
-            from components.state import engine_address
-            root = base()
-            _sweep(root)
-            cli = os.getppid()
-            engine = (engine_address() or 'none').rpartition(':')[2]
-            path = os.path.join(root, '%d-%s-%s' % (cli, _start_time(cli) or '0', engine))
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            _dir.append(path)
+            from provider import passdir
+            _dir.append(passdir.path())
         return _dir[0]
 
 

@@ -114,9 +114,10 @@ def test_kill_9_of_the_cli_leaves_no_program_process_and_the_readme_commands_con
 
 
 def _providers_of(project):
-    """PIDs of provider processes serving this project: its gpuhost plugin (provider/__main__.py of the project),
-    or a dynamic-provider host (their cwd is the project)."""
+    """PIDs of provider processes serving this project: its gpuhost plugin (provider/__main__.py of the project, and
+    the stubs the engine starts for it, provider/stub.py), or a dynamic-provider host (their cwd is the project)."""
     plugin = os.path.join(project, 'provider', '__main__.py').encode()
+    stub = os.path.join(project, 'provider', 'stub.py').encode()
     out = []
     for pid in os.listdir('/proc'):
         if not pid.isdigit():
@@ -126,7 +127,7 @@ def _providers_of(project):
             cwd = os.readlink('/proc/%s/cwd' % pid)
         except OSError:
             continue
-        if plugin in cmd or (cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd)):
+        if plugin in cmd or stub in cmd or (cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd)):
             out.append(int(pid))
     return out
 

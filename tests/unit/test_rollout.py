@@ -117,10 +117,12 @@ def test_ctrl_c_ends_the_wait_with_one_line():
 
 
 def test_records_are_per_pass_and_a_dead_clis_passes_are_swept(tmp_path, monkeypatch):
+    from provider import passdir
     monkeypatch.setattr(rollout, '_dir', [])
-    monkeypatch.setattr(rollout.tempfile, 'gettempdir', lambda: str(tmp_path))
+    monkeypatch.delenv(passdir.ENV, raising=False)
+    monkeypatch.setattr(passdir.tempfile, 'gettempdir', lambda: str(tmp_path))
     monkeypatch.setattr(sys, 'argv', ['plugin', '127.0.0.1:40001'])
-    root = rollout.base()
+    root = passdir.base()
     assert oct(os.stat(root).st_mode & 0o777) == '0o700'
     gone = subprocess.Popen(['true'])
     gone.wait()
@@ -128,7 +130,7 @@ def test_records_are_per_pass_and_a_dead_clis_passes_are_swept(tmp_path, monkeyp
     os.makedirs(stale)
     here = rollout.run_dir()
     assert not os.path.exists(stale)
-    assert os.path.basename(here) == '%d-%s-40001' % (os.getppid(), rollout._start_time(os.getppid()))
+    assert os.path.basename(here) == '%d-%s-40001' % (os.getppid(), passdir.start_time(os.getppid()))
     # The next pass of the same CLI (the engine starts its plugins afresh, on a new address) has its own records.
     rollout.record('gpu02', 'SglangUnit', 'same')
     monkeypatch.setattr(rollout, '_dir', [])
@@ -137,12 +139,13 @@ def test_records_are_per_pass_and_a_dead_clis_passes_are_swept(tmp_path, monkeyp
 
 
 def test_a_shared_or_foreign_directory_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(rollout.tempfile, 'gettempdir', lambda: str(tmp_path))
+    from provider import passdir
+    monkeypatch.setattr(passdir.tempfile, 'gettempdir', lambda: str(tmp_path))
     path = os.path.join(str(tmp_path), 'gpuhost-rollout-%d' % os.getuid())
     os.makedirs(path)
     os.chmod(path, 0o777)
     with pytest.raises(RuntimeError, match='not the operator'):
-        rollout.base()
+        passdir.base()
 
 
 class Served:

@@ -1,0 +1,121 @@
+"""The gpuhost plugin as the engine starts it: once per provider instance - one per host - and pass (issue 46).
+
+Serving a host costs a Python process with grpc, the pulumi SDK, paramiko and proxmoxer loaded (~0.5-0.9 CPU-s):
+eight hosts paid it eight times a pass. This stub (standard library only, a few milliseconds) asks the pass's one
+serving process (provider/__main__.py --serve, started by the first stub of the pass) for an instance of its own -
+its own gRPC server on its own port, so each host keeps its own configuration (connection, login) exactly as with a
+process each - prints that port for the engine, and stays until the engine ends it (SIGINT, then SIGTERM) or the
+serving process ends. Its socket closing ends the instance. The serving process ends a few seconds after its last
+instance, or when the engine stops answering (a killed CLI).
+
+GPUHOST_PLUGIN_SHARED=0 serves each instance in a process of its own, as before."""
+
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import passdir  # noqa: E402 - provider/passdir.py, standard library only
+
+START_S = 60.0
+
+
+def _connect(path: str):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def _spawn(here: str, log: str) -> None:
+    """The serving process, detached (its own session, not a child of this stub: the engine ends a stub's children
+    with it)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            subprocess.Popen([sys.executable, os.path.join(HERE, '__main__.py'), '--serve'] + sys.argv[1:],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, 'ab'),
+                             env=dict(os.environ, **{passdir.ENV: here}), close_fds=True)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _serving(here: str):
+    sock = os.path.join(here, 'plugin.sock')
+    with open(os.path.join(here, 'plugin.lock'), 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = _connect(sock)
+        if conn is not None:
+            return conn
+        log = os.path.join(here, 'plugin.log')
+        _spawn(here, log)
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            conn = _connect(sock)
+            if conn is not None:
+                return conn
+            time.sleep(0.02)
+    try:
+        with open(log, 'rb') as f:
+            tail = f.read()[-2000:].decode('utf-8', 'replace')
+    except OSError:
+        tail = ''
+    sys.stderr.write('gpuhost: the provider plugin did not start within %d s: %s\n' % (START_S, tail))
+    sys.exit(1)
+
+
+def _instance(here: str):
+    """(connection, port line) from the pass's serving process; None when it ended before answering (it was ending
+    after its last instance as this one asked: the next try starts another)."""
+    conn = _serving(here)
+    try:
+        conn.sendall(b'new\n')
+        line = b''
+        while not line.endswith(b'\n'):
+            chunk = conn.recv(64)
+            if not chunk:
+                conn.close()
+                return None
+            line += chunk
+        return conn, line
+    except OSError:
+        conn.close()
+        return None
+
+
+def main() -> None:
+    if os.environ.get('GPUHOST_PLUGIN_SHARED', '1') == '0':
+        os.execv(sys.executable, [sys.executable, os.path.join(HERE, '__main__.py')] + sys.argv[1:])
+    here = passdir.path()
+    for _ in range(3):
+        got = _instance(here)
+        if got is not None:
+            break
+        time.sleep(0.2)
+    else:
+        sys.stderr.write('gpuhost: the provider plugin ended before it served this instance (%s)\n'
+                         % os.path.join(here, 'plugin.log'))
+        sys.exit(1)
+    conn, line = got
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: os._exit(0))
+    sys.stdout.write(line.decode())
+    sys.stdout.flush()
+    while conn.recv(4096):
+        pass
+    os._exit(0)
+
+
+if __name__ == '__main__':
+    main()
