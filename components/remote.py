@@ -62,8 +62,12 @@ class Target:
 
 
 def _host_key(target: Target):
-    """What identifies a host's connection: its pool entry, its lock, its channel slots, its shared reads."""
-    return (target.host, target.port, target.user, target.host_key)
+    """What identifies a host's connection: its pool entry, its lock, its channel slots, its shared reads. The key it
+    logs in with too (a digest): one process serves every provider instance of a pass (provider/stub.py), and an
+    instance with a rotated key never rides on a connection the old key opened."""
+    import hashlib
+    return (target.host, target.port, target.user, target.host_key,
+            hashlib.sha256(target.private_key.encode()).hexdigest()[:16])
 
 
 @dataclasses.dataclass

@@ -1,0 +1,121 @@
+"""provider/stub.py: the engine starts the plugin once per provider instance (one per host) and pass; every instance
+is served by the pass's one serving process, each on its own port, and nothing is left running after the pass."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2
+from pulumi.runtime.proto import provider_pb2_grpc
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLUGIN = os.path.join(REPO, 'provider', 'pulumi-resource-gpuhost')
+
+
+class Engine:
+    """What the plugin sees of the engine: an address that answers (provider/__main__.py exits when it stops)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(('127.0.0.1', 0))
+        self.sock.listen(64)
+        self.addr = '127.0.0.1:%d' % self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.sock.accept()[0].close()
+            except OSError:
+                return
+
+    def stop(self):
+        self.sock.close()
+
+
+def serving(addr):
+    """PIDs of the serving processes of this engine address."""
+    out = []
+    for pid in os.listdir('/proc'):
+        try:
+            cmd = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if b'--serve' in cmd and addr.encode() in cmd and any(c.endswith(b'provider/__main__.py') for c in cmd):
+            out.append(int(pid))
+    return out
+
+
+def answers(port) -> bool:
+    with grpc.insecure_channel('127.0.0.1:%s' % port) as ch:
+        try:
+            provider_pb2_grpc.ResourceProviderStub(ch).GetPluginInfo(empty_pb2.Empty(), timeout=5)
+            return True
+        except grpc.RpcError:
+            return False
+
+
+def start(engine, n, env=None):
+    procs = [subprocess.Popen([PLUGIN, engine.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=dict(os.environ, **(env or {}))) for _ in range(n)]
+    return procs, [int(p.stdout.readline()) for p in procs]
+
+
+def gone(pred, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline and not pred():
+        time.sleep(0.2)
+    return pred()
+
+
+@pytest.fixture
+def engine():
+    e = Engine()
+    yield e
+    e.stop()
+    for pid in serving(e.addr):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_instances_of_a_pass_share_one_serving_process_each_on_its_own_port(engine):
+    procs, ports = start(engine, 4)
+    try:
+        assert len(set(ports)) == 4 and all(answers(p) for p in ports)
+        assert len(serving(engine.addr)) == 1
+        # The engine ends one instance (SIGINT, as its plugin Close does): that one stops, the others serve on.
+        procs[0].send_signal(signal.SIGINT)
+        assert procs[0].wait(timeout=10) == 0
+        assert gone(lambda: not answers(ports[0]), 10)
+        assert all(answers(p) for p in ports[1:])
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(timeout=10)
+    # The pass's last instance ended: the serving process ends too.
+    assert gone(lambda: not serving(engine.addr), 10), serving(engine.addr)
+
+
+def test_a_killed_cli_leaves_no_process(engine):
+    procs, ports = start(engine, 2)
+    assert all(answers(p) for p in ports)
+    engine.stop()          # the CLI killed: its address stops answering; the stubs are never told
+    assert gone(lambda: not serving(engine.addr), 15), serving(engine.addr)
+    for p in procs:
+        assert p.wait(timeout=10) == 0
+
+
+def test_a_process_per_instance_when_asked(engine):
+    procs, ports = start(engine, 2, env={'GPUHOST_PLUGIN_SHARED': '0'})
+    try:
+        assert all(answers(p) for p in ports) and not serving(engine.addr)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=10)
