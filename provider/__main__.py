@@ -312,7 +312,7 @@ def main():
 
 
 # The serving process ends this long after its last instance ended (the engine ends its plugins at a pass's end).
-IDLE_S = 1.5
+IDLE_S = 10.0
 
 
 def serve():

@@ -112,8 +112,18 @@ def main() -> None:
         signal.signal(sig, lambda *_: os._exit(0))
     sys.stdout.write(line.decode())
     sys.stdout.flush()
-    while conn.recv(4096):
-        pass
+    # Until the engine ends this stub, the serving process ends, or the CLI is gone (a CLI that exits without ending
+    # its plugins leaves this stub to another parent).
+    cli = os.getppid()
+    conn.settimeout(1.0)
+    while os.getppid() == cli:
+        try:
+            if not conn.recv(4096):
+                break
+        except socket.timeout:
+            continue
+        except OSError:
+            break
     os._exit(0)
 
 

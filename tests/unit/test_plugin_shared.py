@@ -98,8 +98,22 @@ def test_instances_of_a_pass_share_one_serving_process_each_on_its_own_port(engi
             p.send_signal(signal.SIGINT)
         for p in procs:
             p.wait(timeout=10)
-    # The pass's last instance ended: the serving process ends too.
-    assert gone(lambda: not serving(engine.addr), 10), serving(engine.addr)
+    # The pass's instances ended and the CLI exits: the serving process ends too.
+    engine.stop()
+    assert gone(lambda: not serving(engine.addr), 15), serving(engine.addr)
+
+
+def test_stubs_end_with_their_cli(engine):
+    """A CLI that exits without ending its plugins: each stub notices its parent is gone and ends."""
+    parent = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; p = subprocess.Popen([sys.argv[1], '
+                               'sys.argv[2]], stdout=subprocess.PIPE); print(p.pid, p.stdout.readline().decode().strip(),'
+                               ' flush=True)', PLUGIN, engine.addr], stdout=subprocess.PIPE, text=True)
+    pid, port = map(int, parent.stdout.readline().split())
+    assert answers(port)
+    parent.wait(timeout=10)
+    assert gone(lambda: not os.path.exists('/proc/%d' % pid) or open('/proc/%d/stat' % pid).read().split()[2] == 'Z',
+                10)
+    assert gone(lambda: not answers(port), 10)
 
 
 def test_a_killed_cli_leaves_no_process(engine):
