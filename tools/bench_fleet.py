@@ -72,6 +72,14 @@ def serving_children() -> list:
     return out
 
 
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has spent busy (/proc/stat: user, nice, system, irq, softirq, steal)."""
+    with open('/proc/stat') as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf('SC_CLK_TCK')
+
+
 def measured(fn):
     """(wall seconds, operator CPU seconds, plugin serving processes) of fn(). The CPU includes the plugin's serving
     processes of the run (seen while it runs, waited for after it: they end a moment after their pass, not in the
@@ -82,12 +90,19 @@ def measured(fn):
     def watch():
         while not done.wait(0.25):
             seen.update(serving_children())
+    # A serving process of an earlier command (a first up, a stack setting) ends before this one is measured.
+    for pid in serving_children():
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    cpu = children_cpu()
+    cpu, machine = children_cpu(), machine_cpu()
     try:
         wall = timed(fn)
     finally:
+        machine = machine_cpu() - machine
         done.set()
         watcher.join()
     seen.update(serving_children())
@@ -96,7 +111,7 @@ def measured(fn):
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-    return wall, children_cpu() - cpu, len(seen)
+    return wall, children_cpu() - cpu, len(seen), machine
 
 
 def connections(lab) -> int:
@@ -115,16 +130,17 @@ def per_host(before, after, names):
 
 
 def cost_note(rows) -> str:
-    """What each host beyond the first costs, from the table: wall and operator CPU seconds."""
-    by = {(w, n): (med, cpu_s) for w, n, med, _lo, _hi, cpu_s, *_ in rows}
+    """What each host beyond the first costs, from the table: wall, operator and machine CPU seconds."""
+    by = {(r[0], r[1]): (r[2], r[5], r[-1]) for r in rows}
     parts = []
     for what in ('preview (no-op)', 'up (no-op)', 'up --refresh (no-op)'):
-        (w1, c1), (w8, c8) = by[(what, 1)], by[(what, 8)]
-        parts.append('`%s` %.2f s of wall and %.2f CPU-s' % (what, (w8 - w1) / 7, (c8 - c1) / 7))
+        (w1, c1, m1), (w8, c8, m8) = by[(what, 1)], by[(what, 8)]
+        parts.append('`%s` %.2f s of wall, %.2f CPU-s of the operator\'s and %.2f of the machine\'s' % (
+            what, (w8 - w1) / 7, (c8 - c1) / 7, (m8 - m1) / 7))
     return ('What each host beyond the first costs, from the table (8 hosts less 1, over 7): %s. On 2 cores the '
-            'simulated hosts take their share of the same CPU (their sshd, fakepve and scripts: not in the operator '
-            'column), so the wall of 8 hosts is bounded by both sides\' CPU together; on a real site only the '
-            'operator column is the operator machine\'s.' % '; '.join(parts))
+            'simulated hosts take their share of the same CPU (machine less operator), so the wall of 8 hosts is '
+            'bounded by both sides\' CPU together; on a real site only the operator column is the operator '
+            'machine\'s.' % '; '.join(parts))
 
 
 def main():
@@ -150,18 +166,20 @@ def main():
                            ('up --refresh (no-op)', ('up', '--yes', '--refresh', '--expect-no-changes'))):
             for stack in ('f1', 'f8'):
                 names = stacks[stack]
-                times, cpus, conns, cmds, servers = [], [], [], [], []
+                times, cpus, conns, cmds, servers, machines = [], [], [], [], [], []
                 for _ in range(RUNS):
                     before = counters(fleet.labs)
-                    wall, cpu, served = measured(lambda: fleet.pulumi(*args, stack=stack))
+                    wall, cpu, served, machine = measured(lambda: fleet.pulumi(*args, stack=stack))
                     times.append(wall)
                     cpus.append(cpu)
                     servers.append(served)
+                    machines.append(machine)
                     c, m = per_host(before, counters(fleet.labs), names)
                     conns.append(c)
                     cmds.append(m)
                 rows.append((what, len(names), statistics.median(times), min(times), max(times),
-                             statistics.median(cpus), max(conns), statistics.median(cmds), max(servers)))
+                             statistics.median(cpus), max(conns), statistics.median(cmds), max(servers),
+                             statistics.median(machines)))
         # The rolling MTP change: NEXTN 1 step -> 2 steps on the eight hosts of f8.
         names = stacks['f8']
         cfg = fleet.stack_config(names)
@@ -195,13 +213,16 @@ def main():
              'max_unavailable 1; host-level steps run in parallel).' % (first['f1'], first['f8']), '',
              '"operator CPU s": the CPU the operator\'s machine spent - the pulumi CLI and all it ran and waited for '
              '(the language host, the program, the gpuhost plugin processes), not the simulated hosts, which share '
-             'these 2 cores with it here and would not on a real site.', '',
-             '| command | hosts | median s | min s | max s | vs 1 host | operator CPU s (median) | SSH connections per '
-             'host (max) | SSH commands per host (median) | plugin serving processes per run (max) |',
-             '|---|---|---|---|---|---|---|---|---|---|']
-    for what, n, med, lo, hi, cpu_s, conns, cmds, served in rows:
-        lines.append('| `%s` | %d | %.2f | %.2f | %.2f | %.2fx | %.1f | %d | %g | %d |' % (
-            what, n, med, lo, hi, med / base1[what], cpu_s, conns, cmds, served))
+             'these 2 cores with it here and would not on a real site. "machine CPU s": what the whole machine spent '
+             'busy during the run (/proc/stat) - the operator\'s side plus the simulated hosts\' (their sshd, '
+             'scripts, fakepve) and what else ran; %d cores give %d CPU-s per second of wall.' % (
+                 os.cpu_count(), os.cpu_count()), '',
+             '| command | hosts | median s | min s | max s | vs 1 host | operator CPU s (median) | machine CPU s '
+             '(median) | SSH connections per host (max) | SSH commands per host (median) | plugin serving processes '
+             'per run (max) |', '|---|---|---|---|---|---|---|---|---|---|---|']
+    for what, n, med, lo, hi, cpu_s, conns, cmds, served, machine in rows:
+        lines.append('| `%s` | %d | %.2f | %.2f | %.2f | %.2fx | %.1f | %.1f | %d | %g | %d |' % (
+            what, n, med, lo, hi, med / base1[what], cpu_s, machine, conns, cmds, served))
     lines += ['', 'Rolling MTP change on 8 hosts (NEXTN 1 -> 2 steps, max_unavailable 1): %.1f s in all; %d of 8 '
               'hosts restarted; **at most %d host%s down at the same moment** (from the simulated SGLang\'s stop and '
               'start records; down = stop until the start plus its 1 s load); median outage %.1f s a host; SSH '
