@@ -33,9 +33,42 @@ class Interrupted(OperatorError):
     state records what was done; the engine starts no new resource after the Cancel."""
 
 
-# Set by the provider plugin's Cancel (provider/__main__.py). A plugin process serves one CLI command, so it is
-# never cleared there.
-CANCELLED = threading.Event()
+class _Cancelled:
+    """The operator's Ctrl-C as the provider instance serving this call was told it (its Cancel, provider/__main__.py).
+    One process serves every provider instance of a pass (provider/stub.py), and the engine cancels - and closes -
+    instances on its own schedule (a refresh's instances before the update's of the same `up --refresh`): each
+    instance's calls see its own event (a context variable the plugin sets around each call); code outside a call
+    (tests, the program) sees the process's own. Never cleared in the plugin: an instance serves one CLI command."""
+
+    def __init__(self):
+        import contextvars
+        self._own = threading.Event()
+        self._var = contextvars.ContextVar('gpuhost_cancelled', default=None)
+
+    def event(self) -> threading.Event:
+        return self._var.get() or self._own
+
+    def serving(self, event: threading.Event):
+        """Around a call of the instance whose event this is: returns the token for reset()."""
+        return self._var.set(event)
+
+    def reset(self, token) -> None:
+        self._var.reset(token)
+
+    def set(self) -> None:
+        self.event().set()
+
+    def clear(self) -> None:
+        self.event().clear()
+
+    def is_set(self) -> bool:
+        return self.event().is_set()
+
+    def wait(self, timeout=None) -> bool:
+        return self.event().wait(timeout)
+
+
+CANCELLED = _Cancelled()
 
 
 def pause(seconds: float, who: str, waiting_for: str, then: str) -> None:

@@ -120,11 +120,15 @@ def _one_line_errors(fn):
     """Every entry point's errors reach the engine as one_line() makes them, from the process's first call on:
     a serving class's error (components/state.py Failed) and the plugin's own alike."""
     def wrapper(self, request, context):
+        from components.state import CANCELLED
+        token = CANCELLED.serving(self.cancelled)
         try:
             with rollout.busy():
                 return fn(self, request, context)
         except Exception as e:  # noqa: BLE001 - every error goes to the engine, never kills the server
             text = one_line(e)
+        finally:
+            CANCELLED.reset(token)
         context.abort(grpc.StatusCode.UNKNOWN, text)
     wrapper.__name__ = fn.__name__
     return wrapper
@@ -133,6 +137,8 @@ def _one_line_errors(fn):
 class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     def __init__(self):
         self.config = {}
+        # This instance's Ctrl-C (components/state.py CANCELLED): the serving process serves other instances too.
+        self.cancelled = threading.Event()
 
     @_one_line_errors
     def GetPluginInfo(self, request, context):

@@ -212,7 +212,7 @@ def test_a_host_driver_upgraded_out_of_band_is_danger_and_stops_up(lab, base):
     assert 'Nothing was changed, nothing restarted' in out
     assert service_state(lab) == state
     # Only the preflight's reads: alone, or side by side in one command (read_batch.sh NAMES ...).
-    reads = {'host_facts.sh', 'ct_unit_owner.sh', 'check_dir.sh'}
+    reads = {'host_facts.sh', 'ct_unit_owner.sh', 'check_dir.sh', 'model_verify.sh'}
     sent = [e['cmd'].split() for e in lab.ssh_log() if e['n'] > n]
     assert sent and all((w[0] in reads) or (w[0] == 'read_batch.sh' and set(w[1].split(',')) <= reads) for w in sent), \
         'up ran more than its preflight: %s' % [' '.join(w)[:60] for w in sent]

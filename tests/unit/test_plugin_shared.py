@@ -133,3 +133,24 @@ def test_a_process_per_instance_when_asked(engine):
         for p in procs:
             p.send_signal(signal.SIGINT)
             p.wait(timeout=10)
+
+
+def test_a_cancel_reaches_the_waits_of_its_own_instance_only():
+    """One process serves every instance of a pass: the engine's Cancel of one instance (a refresh's, closed before
+    the update's of the same `up --refresh`) never ends a wait of another."""
+    from components import state
+    from provider.__main__ import GpuhostProvider
+    a, b = GpuhostProvider(), GpuhostProvider()
+    a.Cancel(empty_pb2.Empty(), None)
+    assert a.cancelled.is_set() and not b.cancelled.is_set() and not state.CANCELLED.is_set()
+    token = state.CANCELLED.serving(b.cancelled)
+    try:
+        state.pause(0.01, 'host b', 'its job', 'it goes on')          # not interrupted
+    finally:
+        state.CANCELLED.reset(token)
+    token = state.CANCELLED.serving(a.cancelled)
+    try:
+        with pytest.raises(state.Interrupted, match='host a: interrupted'):
+            state.pause(5, 'host a', 'its job', 'it goes on')
+    finally:
+        state.CANCELLED.reset(token)
