@@ -38,7 +38,9 @@ def test_no_vm_no_mtp_strict_iommu(lab):
     assert out['reboot_required'] is False, out['reboot_reasons']
     assert out['iommu']['running_domain_types'] == ['DMA']
     # The collector reports it live (its timer's next run, started here as systemd would); up has nothing to do.
-    assert lab.ssh('systemctl start gpuhost-collector.service').exit_code == 0
+    # (a fresh-clone CI run saw this start fail once, cause not kept: Lab.start_host_unit tells the lab's own cgroup v1
+    # fault, started again, from the program's, shown with its journal)
+    lab.start_host_unit('gpuhost-collector.service')
     prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-collector.prom').stdout
     assert 'gpuhost_reboot_required 0\n' in prom and 'gpuhost_iommu_declared_domain_info{domain="DMA"} 1\n' in prom
     assert 'gpuhost_nvidia_module_parameter{name="DmaRemapPeerMmio",side="running"} 0\n' in prom
