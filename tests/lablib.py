@@ -85,6 +85,10 @@ PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components
 PLUGIN_RELEASE = '649cadb'
 PLUGIN_FILES = PROJECT_FILES
 
+# The provider plugin as main had it before issues 45 and 46 (provider 0.2.0, unreleased): one plugin process per
+# host and pass, and each host's resources depending on the SGLang unit of the host before it in its rollout lane.
+PER_HOST_RELEASE = '8a9d5b0'
+
 
 class previous_release:
     """The lab's project copy holds the previous release's program for the duration (its own files set aside and

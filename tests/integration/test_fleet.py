@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from tests.lablib import REPO, FleetLab, claim_net, keep_logs, max_overlap, previous_release
+from tests.lablib import (PER_HOST_RELEASE, PROJECT_FILES, REPO, FleetLab, claim_net, keep_logs, max_overlap,
+                          previous_release)
 
 STACK = 'fleet'
 # Four simulated hosts: the first test's setup starts four labs, and the rolling changes wait for each
@@ -121,7 +122,12 @@ def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
 
 
 def test_no_op_rerun_changes_nothing_on_any_host(fleet):
+    """Also issue 46's upgrade test for a fleet stack: an `up` of main before issues 45 and 46 (a plugin process per
+    host and pass, the rollout order as dependency edges), then this release plans nothing and changes nothing."""
     before = {n: snapshot(fleet.labs[n]) for n in ('gpu01', 'gpu02', 'gpu03')}
+    with previous_release(fleet, PER_HOST_RELEASE, PROJECT_FILES):
+        fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert {n: snapshot(fleet.labs[n]) for n in before} == before
     fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
     fleet.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
     assert {n: snapshot(fleet.labs[n]) for n in before} == before

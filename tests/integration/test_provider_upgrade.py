@@ -7,7 +7,7 @@ import json
 import glob
 import os
 
-from tests.lablib import PLUGIN_FILES, PLUGIN_RELEASE, previous_release
+from tests.lablib import PER_HOST_RELEASE, PLUGIN_FILES, PLUGIN_RELEASE, PROJECT_FILES, previous_release
 
 STACK = 'upgrade'
 
@@ -79,3 +79,17 @@ def test_a_credential_kept_in_a_file_leaves_the_state_of_a_stack_the_plugin_rele
     assert leaked() == []
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
     assert lab.unit_starts() == starts and lab.host_digest() == digest
+
+
+def test_a_stack_the_per_host_plugin_deployed_moves_onto_one_shared_process_without_a_change(lab):
+    """Issue 46: main before issues 45 and 46 (one plugin process per host and pass, the rollout order as dependency
+    edges) deployed the stack; this release serves it from one process per pass and holds the order in the plugin.
+    Nothing to plan, nothing changed on the host, SGLang not restarted - also through a refresh. (On the stack the
+    tests above left.)"""
+    with previous_release(lab, PER_HOST_RELEASE, PROJECT_FILES):
+        lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    starts, digest = lab.unit_starts(), lab.host_digest()
+    lab.pulumi('preview', '--expect-no-changes', stack=STACK)
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+    assert lab.unit_starts() == starts, 'the upgrade restarted SGLang'
+    assert lab.host_digest() == digest, 'the upgrade changed the host'
