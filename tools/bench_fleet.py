@@ -72,6 +72,45 @@ def serving_children() -> list:
     return out
 
 
+# What runs on the operator's machine during a pass, by the process's command line (first match wins).
+KINDS = (('pulumi CLI', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi'),
+         ('language host', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi-language-python'),
+         ('plugin serving process', lambda cmd: b'--serve' in cmd and any(c.endswith(b'provider/__main__.py')
+                                                                         for c in cmd)),
+         ('plugin stubs', lambda cmd: any(c.endswith(b'provider/stub.py') for c in cmd)),
+         ('the program (Python)', lambda cmd: any(b'pulumi-language-python-exec' in c for c in cmd)),
+         ('pulumi-command plugin', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi-resource-command'),
+         ('ssh-agent and other', lambda cmd: True))
+
+
+def descendants_cpu() -> dict:
+    """{pid: (kind, own CPU seconds so far)} of every process below this one (the CLI and what it started; the
+    serving process, adopted). Own CPU only (utime + stime): a parent's count of its waited children would count
+    them twice."""
+    parents, info = {}, {}
+    tick = os.sysconf('SC_CLK_TCK')
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % pid) as f:
+                fields = f.read().rpartition(')')[2].split()
+            with open('/proc/%s/cmdline' % pid, 'rb') as f:
+                cmd = f.read().rstrip(b'\0').split(b'\0')
+        except (OSError, ValueError, IndexError):
+            continue
+        parents[int(pid)] = int(fields[1])
+        info[int(pid)] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
+    me, out = os.getpid(), {}
+    for pid, (cmd, cpu) in info.items():
+        p, hops = parents.get(pid), 0
+        while p not in (None, 0, 1, me) and hops < 64:
+            p, hops = parents.get(p), hops + 1
+        if p == me:
+            out[pid] = (next(k for k, match in KINDS if match(cmd)), cpu)
+    return out
+
+
 def machine_cpu() -> float:
     """CPU seconds the whole machine has spent busy (/proc/stat: user, nice, system, irq, softirq, steal)."""
     with open('/proc/stat') as f:
@@ -81,15 +120,17 @@ def machine_cpu() -> float:
 
 
 def measured(fn):
-    """(wall seconds, operator CPU seconds, plugin serving processes) of fn(). The CPU includes the plugin's serving
-    processes of the run (seen while it runs, waited for after it: they end a moment after their pass, not in the
-    wall)."""
+    """(wall seconds, operator CPU seconds, plugin serving processes, machine CPU seconds, {kind: CPU seconds}) of
+    fn(). The CPU includes the plugin's serving processes of the run (seen while it runs, waited for after it: they
+    end a moment after their pass, not in the wall). The CPU by kind is sampled every 0.1 s (descendants_cpu): what
+    a process spent after its last sample, and what processes too short to be sampled spent, is "not sampled"."""
     import threading
-    seen, done = set(), threading.Event()
+    seen, done, last = set(), threading.Event(), {}
 
     def watch():
-        while not done.wait(0.25):
+        while not done.wait(0.1):
             seen.update(serving_children())
+            last.update(descendants_cpu())
     # A serving process of an earlier command (a first up, a stack setting) ends before this one is measured.
     for pid in serving_children():
         try:
@@ -97,6 +138,7 @@ def measured(fn):
         except ChildProcessError:
             pass
     watcher = threading.Thread(target=watch, daemon=True)
+    earlier = descendants_cpu()     # what runs already (an agent of an earlier command) counts from here
     watcher.start()
     cpu, machine = children_cpu(), machine_cpu()
     try:
@@ -111,7 +153,12 @@ def measured(fn):
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-    return wall, children_cpu() - cpu, len(seen), machine
+    total = children_cpu() - cpu
+    kinds = {}
+    for pid, (kind, used) in last.items():
+        kinds[kind] = kinds.get(kind, 0.0) + used - earlier.get(pid, (kind, 0.0))[1]
+    kinds['not sampled'] = max(0.0, total - sum(kinds.values()))
+    return wall, total, len(seen), machine, kinds
 
 
 def connections(lab) -> int:
@@ -143,6 +190,23 @@ def cost_note(rows) -> str:
             'machine\'s.' % '; '.join(parts))
 
 
+def cpu_split(split) -> list:
+    """The table of the operator's CPU by process kind (median of the runs), 1 and 8 hosts, and per extra host."""
+    order = [k for k, _ in KINDS] + ['not sampled']
+    cols = [(what, n) for what in ('preview (no-op)', 'up (no-op)', 'up --refresh (no-op)') for n in (1, 8)]
+    lines = ['Where the operator\'s CPU goes (CPU-s, median of the runs; each process sampled every 0.1 s by '
+             'tools/bench_fleet.py descendants_cpu, by its command line; "not sampled": what processes spent after '
+             'their last sample or lived too briefly to be seen):', '',
+             '| process | ' + ' | '.join('%s, %d host%s' % (w, n, '' if n == 1 else 's') for w, n in cols) +
+             ' | per extra host, `up --refresh` |', '|---|' + '---|' * (len(cols) + 1)]
+    for kind in order:
+        vals = [split.get(c, {}).get(kind, 0.0) for c in cols]
+        extra = (split.get(('up --refresh (no-op)', 8), {}).get(kind, 0.0) -
+                 split.get(('up --refresh (no-op)', 1), {}).get(kind, 0.0)) / 7
+        lines.append('| %s | %s | %.2f |' % (kind, ' | '.join('%.2f' % v for v in vals), extra))
+    return lines
+
+
 def main():
     adopt_orphans()
     began = time.perf_counter()
@@ -151,7 +215,7 @@ def main():
     locks = [claim_net() for _ in range(9)]
     fleet = FleetLab(base, [net for net, _ in locks])
     stacks = {'f1': ['gpu01'], 'f8': ['gpu%02d' % i for i in range(2, 10)]}
-    rows, first = [], {}
+    rows, first, split = [], {}, {}
     load = [os.getloadavg()[0]]
     try:
         for i in range(1, 10):
@@ -166,10 +230,11 @@ def main():
                            ('up --refresh (no-op)', ('up', '--yes', '--refresh', '--expect-no-changes'))):
             for stack in ('f1', 'f8'):
                 names = stacks[stack]
-                times, cpus, conns, cmds, servers, machines = [], [], [], [], [], []
+                times, cpus, conns, cmds, servers, machines, kinds = [], [], [], [], [], [], []
                 for _ in range(RUNS):
                     before = counters(fleet.labs)
-                    wall, cpu, served, machine = measured(lambda: fleet.pulumi(*args, stack=stack))
+                    wall, cpu, served, machine, by_kind = measured(lambda: fleet.pulumi(*args, stack=stack))
+                    kinds.append(by_kind)
                     times.append(wall)
                     cpus.append(cpu)
                     servers.append(served)
@@ -180,6 +245,8 @@ def main():
                 rows.append((what, len(names), statistics.median(times), min(times), max(times),
                              statistics.median(cpus), max(conns), statistics.median(cmds), max(servers),
                              statistics.median(machines)))
+                split[(what, len(names))] = {k: statistics.median([r.get(k, 0.0) for r in kinds])
+                                             for k in {k for r in kinds for k in r}}
         # The rolling MTP change: NEXTN 1 step -> 2 steps on the eight hosts of f8.
         names = stacks['f8']
         cfg = fleet.stack_config(names)
@@ -239,7 +306,7 @@ def main():
               'passes, its preview and its update; `up --refresh` three). The engine ran with PULUMI_PARALLEL=%s '
               '(what `make up` sets).' % (
                   os.environ.get('PULUMI_PARALLEL', 'the CLI\'s default')), '',
-              cost_note(rows), END]
+              cost_note(rows), ''] + cpu_split(split) + [END]
     section = '\n'.join(lines) + '\n'
     path = os.path.join(ROOT, 'docs', 'bench.md')
     with open(path) as f:
