@@ -4,7 +4,7 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up check test test-fast lab lab-down preview render monitoring docs bench bench-fleet bench-serve bootstrap clean
+.PHONY: up check test test-fast lab lab-down preview render monitoring docs lock bench bench-fleet bench-serve bootstrap clean
 
 up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
@@ -32,6 +32,10 @@ render:        ## write every file STACK would put on its hosts into OUT, contac
 
 monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK into MON_OUT (monitoring/STACK)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.monitoring $(STACK) $(MON_OUT)
+
+lock:          ## resolve STACK's runtime/sglang.in into its lock (gpuhost:runtime.python.lock) with uv, for its container's Python and glibc, from its index (INDEX=url instead; UPGRADE=1: newest allowed)
+	$(if $(filter command line environment,$(origin STACK)),,$(error make lock needs the stack: make lock STACK=prod))
+	@tools/bootstrap.sh && . ./.env.sh && python -m tools.lock $(STACK) $(if $(INDEX),--index '$(INDEX)') $(if $(UPGRADE),--upgrade)
 
 docs:          ## rewrite what is generated from the code: README's outputs tables, docs/config.schema.json, docs/stack.schema.json, provider/schema.json (unit tests compare them)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.docs

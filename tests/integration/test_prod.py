@@ -18,7 +18,7 @@ PROD_EXAMPLE_PASSPHRASE = 'gpuhost-prod-example'
 def project(tmp_path):
     proj = tmp_path / 'project'
     proj.mkdir()
-    for name in PROJECT_FILES + ('Pulumi.prod.yaml',):
+    for name in PROJECT_FILES + ('Pulumi.prod.yaml', 'runtime'):
         src = os.path.join(REPO, name)
         (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, proj / name)
     os.symlink(os.path.join(REPO, '.venv'), proj / '.venv')

@@ -86,6 +86,56 @@ def envs(lab):
     return sorted(os.listdir(os.path.join(lab.ct_root(), 'opt', 'sglang', 'envs')))
 
 
+def test_make_lock_resolves_the_stacks_lock_from_its_index_logged_in_and_never_sends_the_login_elsewhere(lab):
+    """`make lock` (tools/lock.py): runtime/sglang.in -> runtime/sglang.lock by uv from the stack's index with the
+    stack's login, for the container's Python and glibc; the same pins and hashes as the lab's own lock. The index
+    keeps its files on a CDN (a redirect): uv fetches them there without the login. A request the index cannot
+    satisfy leaves the lock byte for byte."""
+    import subprocess
+    from grammar import pylock
+    cfg = json.loads(json.dumps(lab.stack_config()))
+    cfg['gpuhost:runtime']['python']['lock'] = 'runtime/sglang.lock'
+    lab.write_stack('lock', cfg)
+    src = os.path.join(lab.project, 'runtime', 'sglang.in')
+    os.makedirs(os.path.dirname(src), exist_ok=True)
+    with open(src, 'w') as f:
+        f.write('sglang==%s\npip\n' % NEW)
+    with open(lab.info['index']['password_file']) as f:
+        password = f.read().strip()
+
+    def make_lock():
+        return subprocess.run(['python', '-m', 'tools.lock', 'lock', '--project', lab.project], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    lab.index_files('redirect')
+    try:
+        seen = len(lab.index_requests()), len(lab.cdn_requests())
+        res = make_lock()
+    finally:
+        lab.index_files('index')
+    assert res.returncode == 0, res.stderr
+    assert 'runtime/sglang.lock: 2 packages for Python 3.11 on glibc 2.36' in res.stdout, res.stdout
+    with open(os.path.join(lab.project, 'runtime', 'sglang.lock')) as f:
+        made = f.read()
+    want = pylock.parse(lab.write_lock('runtime/expected.lock', NEW) and
+                        open(os.path.join(lab.project, 'runtime', 'expected.lock')).read())
+    assert pylock.parse(made).canonical() == want.canonical()
+    asked = lab.index_requests()[seen[0]:]
+    # Logged in (uv, like pip, sends the login after a 401): the project pages answered; the files came from the
+    # CDN the index redirected to, which never saw the login.
+    assert {'/simple/sglang/', '/simple/pip/'} <= {r['path'] for r in asked if r['status'] == 200}, asked
+    fetched = lab.cdn_requests()[seen[1]:]
+    assert fetched and not any(r['authorization'] for r in fetched), fetched
+    assert password not in res.stdout + res.stderr + made
+
+    with open(src, 'w') as f:
+        f.write('sglang==9.9.9\npip\n')
+    res = make_lock()
+    assert res.returncode == 1 and 'uv could not resolve runtime/sglang.in for Python 3.11 on glibc 2.36' in res.stderr
+    assert 'sglang' in res.stderr and password not in res.stderr
+    with open(os.path.join(lab.project, 'runtime', 'sglang.lock')) as f:
+        assert f.read() == made
+
+
 def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(lab, base):
     root = lab.ct_root()
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
