@@ -248,7 +248,7 @@ def test_make_preview_prod_runs_the_pack(tmp_path):
     and the only rule it may break is the wildcard bind (Pulumi.prod.yaml's choice, not a safety hole)."""
     proj = tmp_path / 'project'
     proj.mkdir()
-    for name in PROJECT_FILES + ('Pulumi.prod.yaml',):
+    for name in PROJECT_FILES + ('Pulumi.prod.yaml', 'runtime'):
         src = os.path.join(REPO, name)
         (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, proj / name)
     os.symlink(os.path.join(REPO, '.venv'), proj / '.venv')
