@@ -315,6 +315,16 @@ def main():
         done.wait()
     except KeyboardInterrupt:
         pass
+    # SIGINT: the engine ends the plugin, or the operator's Ctrl-C reached the process group (the engine then cancels
+    # the waits and waits for the steps in flight): the calls in flight finish - up to STOP_GRACE_S -, no new one
+    # starts, and the process ends without the interpreter's teardown (over 10 s for this import graph on a loaded
+    # machine: a fresh-clone CI run).
+    server.stop(STOP_GRACE_S).wait()
+    os._exit(0)
+
+
+# How long a per-instance process (GPUHOST_PLUGIN_SHARED=0) lets its calls in flight finish once it is told to end.
+STOP_GRACE_S = 60.0
 
 
 # The serving process ends this long after its last instance ended (the engine ends its plugins at a pass's end).
