@@ -80,7 +80,8 @@ KINDS = (('pulumi CLI', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pu
          ('plugin stubs', lambda cmd: any(c.endswith(b'provider/stub.py') for c in cmd)),
          ('the program (Python)', lambda cmd: any(b'pulumi-language-python-exec' in c for c in cmd)),
          ('pulumi-command plugin', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi-resource-command'),
-         ('ssh-agent and other', lambda cmd: True))
+         ('ssh-agent', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'ssh-agent'),
+         ('other (pip --version and list, ...)', lambda cmd: True))
 
 
 def descendants_cpu() -> dict:
@@ -103,10 +104,16 @@ def descendants_cpu() -> dict:
         info[int(pid)] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
     me, out = os.getpid(), {}
     for pid, (cmd, cpu) in info.items():
+        # The CLI's side only: what a `pulumi` process started (the language host, the program, the stubs), and what
+        # its processes left to this one (the serving process, an ssh-agent) - not the labs' simulated hosts, which
+        # this process started too.
+        cli = KINDS[0][1](cmd)
         p, hops = parents.get(pid), 0
         while p not in (None, 0, 1, me) and hops < 64:
+            cli = cli or KINDS[0][1](info.get(p, ([b''], 0))[0])
             p, hops = parents.get(p), hops + 1
-        if p == me:
+        left = parents.get(pid) == me and (KINDS[2][1](cmd) or os.path.basename(cmd[0]) == b'ssh-agent')
+        if p == me and (cli or left):
             out[pid] = (next(k for k, match in KINDS if match(cmd)), cpu)
     return out
 
