@@ -147,6 +147,7 @@ def runtime_inputs(d: Deployment, root: str, read_secrets: bool = True) -> Optio
         raise ConfigError('%s (%s) pins no pip; the environment is built with the pip the lock pins, from the package '
                           'source (the container has none): lock it too (pip-compile --generate-hashes --allow-unsafe, '
                           'or add pip==<version> with its hashes)' % (key, py.lock))
+    platform_check(lock, d, key, py.lock)
     patches = []
     for i, rel in enumerate(py.patches):
         pkey = 'gpuhost:runtime.python.patches[%d]' % i
@@ -170,6 +171,27 @@ def runtime_inputs(d: Deployment, root: str, read_secrets: bool = True) -> Optio
             raise ConfigError('%s (%s): the password %s' % (pkey, py.index.password_file, e)) from None
     return {'lock': lock.canonical(), 'lock_sha256': lock.sha256(), 'packages': lock.versions(), 'patches': patches,
             'index_password': password}
+
+
+def platform_check(lock, d: Deployment, key: str, rel: str, glibc: Optional[str] = None, python: Optional[str] = None,
+                   where: Optional[str] = None) -> None:
+    """The wheels the lock names (make lock writes them under each pin) against the container: its glibc and Python
+    as its template gives them (grammar/distro.py), or as read in the container (glibc, python: the preflight). A
+    package none of whose wheels runs there is refused, naming what it needs and what the container has."""
+    from grammar import distro, wheeltags
+    if glibc is None:
+        try:
+            release, glibc, python = distro.of_template(d.container.ostemplate)
+        except distro.UnknownTemplate:
+            return      # the preflight reads the container's own
+        where = 'the container (gpuhost:container.ostemplate: %s)' % release
+    bad = wheeltags.unfit(lock.pins.values(), python, glibc)
+    if bad:
+        pin, needs = bad[0]
+        more = ' (and %d more: %s)' % (len(bad) - 1, ', '.join(p.name for p, _ in bad[1:6])) if len(bad) > 1 else ''
+        raise ConfigError('%s (%s): %s %s needs %s; %s has glibc %s and Python %s%s. Make the lock for that container '
+                          '(make lock STACK=<stack>), or pin a version with a wheel for it in the lock\'s .in' % (
+                              key, rel, pin.name, pin.version, needs, where, glibc, python, more))
 
 
 def model_inputs(d: Deployment, root: str) -> Optional[dict]:

@@ -17,6 +17,8 @@ import re
 NAME_RE = re.compile(r'^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,\s-]*\])?\s*(===|==)\s*'
                      r'([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*(?:;\s*(.+?))?\s*$')
 HASH_RE = re.compile(r'^sha256:([0-9a-f]{64})$')
+# "    # wheel: <file name> <bytes>" under a pin: the wheel one of its hashes is of (tools/lock.py writes them).
+WHEEL_COMMENT_RE = re.compile(r'^\s*#\s*wheel:\s*(\S+\.whl)(?:\s+(\d{1,15}))?\s*$')
 # Options pip allows in a requirements file that name a package source or another file.
 SOURCE_OPTIONS = ('-i', '--index-url', '--extra-index-url', '--no-index', '-f', '--find-links', '--trusted-host',
                   '-r', '--requirement', '-c', '--constraint', '-e', '--editable')
@@ -41,6 +43,7 @@ class Pin(object):
     def __init__(self, name, version, hashes, extras='', marker=None, line=0):
         self.name, self.version, self.hashes = name, version, sorted(set(hashes))
         self.extras, self.marker, self.line = extras, marker, line
+        self.wheels = []     # [(file name, bytes or None)] from "# wheel:" comments; empty where the lock names none
 
     @property
     def key(self):
@@ -146,4 +149,13 @@ def parse(text: str) -> Lock:
         pins.append(Pin(name, version, hashes, (extras or '').replace(' ', ''), marker, n))
     if not pins:
         raise LockError(1, 'pins no package')
+    # `make lock` names the wheels each pin's hashes are of, in comments under it (what the platform check reads).
+    starts = sorted((p.line, p) for p in pins)
+    for n, raw in enumerate(text.splitlines(), 1):
+        m = WHEEL_COMMENT_RE.match(raw)
+        if m:
+            owner = [p for line, p in starts if line <= n]
+            if not owner:
+                raise LockError(n, 'a "# wheel:" comment before any pin; it belongs under the pin of its wheel')
+            owner[-1].wheels.append((m.group(1), int(m.group(2)) if m.group(2) else None))
     return Lock(pins)

@@ -85,6 +85,9 @@ def main(argv=None) -> int:
         fleet = stack_fleet(stack, project)
         hosts = [(h, config.connection_inputs(h.deployment, project), config.model_inputs(h.deployment, project))
                  for h in fleet.hosts]
+        # The lock as the preview reads it: pinned, hashed, its wheels fit for the container (grammar/wheeltags.py).
+        for h in fleet.hosts:
+            config.runtime_inputs(h.deployment, project, read_secrets=False)
     except (config.ConfigError, OperatorError) as e:
         print('check: stack %s: %s' % (stack, e), file=sys.stderr)
         return 2

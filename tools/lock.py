@@ -92,6 +92,49 @@ def netrc_for(url: str, username: str, password: str, where: str) -> str:
     return path
 
 
+def wheels_of(toml_bytes: bytes) -> dict:
+    """{canonical name: [(file name, bytes, sha256)]} of a pylock.toml (PEP 751) as uv writes it."""
+    import tomllib
+    doc = tomllib.loads(toml_bytes.decode())
+    out = {}
+    for pkg in doc.get('packages', []):
+        files = []
+        for w in pkg.get('wheels', []):
+            name = w.get('name') or urllib.parse.unquote(urllib.parse.urlsplit(w.get('url', '')).path.rsplit('/', 1)[-1])
+            files.append((name, w.get('size'), (w.get('hashes') or {}).get('sha256')))
+        out[pylock.canonical_name(pkg['name'])] = files
+    return out
+
+
+def annotate(text: str, wheels: dict) -> str:
+    """uv's lock with each pin's hashes cut to its wheels for this platform, and those wheels named under it
+    ("# wheel: <file> <bytes>", what the platform check and the preview read); uv's own comments kept."""
+    blocks, head = [], []
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith('#'):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+        else:
+            head.append(line)
+    out = head[:]
+    for block in blocks:
+        pin = pylock.parse('\n'.join(block) + '\n')
+        (key, p), = pin.pins.items()
+        files = [w for w in wheels.get(key, []) if w[2] in p.hashes]
+        if not files:
+            raise LockFailed('%s==%s: no wheel of it for this platform among its hashes (uv listed %s)' % (
+                p.name, p.version, [w[0] for w in wheels.get(key, [])] or 'none'))
+        spec = block[0].rstrip(' \\')
+        hashes = ['    --hash=sha256:%s' % h for h in sorted({w[2] for w in files})]
+        out.append(spec + ' \\')
+        out.extend(h + ' \\' for h in hashes[:-1])
+        out.append(hashes[-1])
+        out.extend('    # wheel: %s%s' % (name, ' %d' % size if size is not None else '') for name, size, _ in files)
+        out.extend(line for line in block[1:] if line.lstrip().startswith('#'))
+    return '\n'.join(out) + '\n'
+
+
 def run(stack: str, project: str = ROOT, index: str = None, upgrade: bool = False, uv: str = None) -> list:
     """Write each of the stack's locks; returns a line for each saying what it pins."""
     if not STACK_RE.match(stack):
@@ -128,12 +171,13 @@ def lock_one(stack, d, glibc, python, project, index, upgrade, uv) -> str:
             shutil.copyfile(lock_path, out)     # uv keeps the pins of the output file it finds
         env = {k: v for k, v in os.environ.items() if not k.startswith('UV_')}
         env['NETRC'] = netrc_for(index, username, password, work) if username else os.devnull
-        argv = [uv, 'pip', 'compile', src, '--generate-hashes', '--python-version', python,
+        argv = [uv, 'pip', 'compile', os.path.relpath(src, project), '--generate-hashes', '--python-version', python,
                 '--python-platform', distro.manylinux(glibc), '--index-url', index, '--no-emit-index-url',
                 '--only-binary', ':all:', '--custom-compile-command', 'make lock STACK=%s' % stack, '--quiet',
                 '-o', out] + (
                     ['--upgrade'] if upgrade else [])
-        res = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=work)
+        # From the project: the lock says which .in it came from as the operator names it ("via -r runtime/...").
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=project)
         if res.returncode != 0:
             text = (res.stderr or res.stdout).strip()
             if password:
@@ -142,6 +186,25 @@ def lock_one(stack, d, glibc, python, project, index, upgrade, uv) -> str:
                 os.path.relpath(src, project), python, glibc, index, text[-4000:]))
         with open(out) as f:
             text = f.read()
+        try:
+            pylock.parse(text)
+        except pylock.LockError as e:
+            raise LockFailed('the resolved lock, line %d: %s (%s kept as it was)' % (e.line, e, py.lock)) from None
+        # The wheels of each pin for this platform, with their sizes: uv's pylock.toml of exactly these pins.
+        pins_in = os.path.join(work, 'pins.in')
+        with open(pins_in, 'w') as f:
+            f.write(''.join('%s==%s\n' % (k, v) for k, v in pylock.parse(text).versions().items()))
+        toml_out = os.path.join(work, 'pylock.toml')
+        res = subprocess.run(argv[:3] + [pins_in, '--no-deps', '--python-version', python, '--python-platform',
+                                         distro.manylinux(glibc), '--index-url', index, '--only-binary', ':all:',
+                                         '--quiet', '-o', toml_out], env=env, capture_output=True, text=True,
+                             cwd=work)
+        if res.returncode != 0:
+            text = (res.stderr or res.stdout).strip()
+            raise LockFailed('uv could not list the wheels of the resolved pins: %s' % (
+                text.replace(password, '[secret]') if password else text)[-4000:])
+        with open(toml_out, 'rb') as f:
+            text = annotate(text, wheels_of(f.read()))
         try:
             lock = pylock.parse(text)
         except pylock.LockError as e:
