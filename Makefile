@@ -35,7 +35,7 @@ monitoring:    ## Prometheus rules, Grafana dashboard and scrape config of STACK
 
 lock:          ## resolve STACK's runtime/sglang.in into its lock (gpuhost:runtime.python.lock) with uv, for its container's Python and glibc, from its index (INDEX=url instead; UPGRADE=1: newest allowed)
 	$(if $(filter command line environment,$(origin STACK)),,$(error make lock needs the stack: make lock STACK=prod))
-	@tools/bootstrap.sh && . ./.env.sh && python -m tools.lock $(STACK) $(if $(INDEX),--index '$(INDEX)') $(if $(UPGRADE),--upgrade)
+	@tools/bootstrap.sh && . ./.env.sh && python -m tools.lock '$(STACK)' $(if $(INDEX),--index '$(INDEX)') $(if $(UPGRADE),--upgrade)
 
 docs:          ## rewrite what is generated from the code: README's outputs tables, docs/config.schema.json, docs/stack.schema.json, provider/schema.json (unit tests compare them)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.docs
