@@ -27,7 +27,8 @@ def _preflight_all(fleet, inputs):
     def one(h):
         connection, api = inputs[h.index][:2]
         try:
-            preflight.run(h.deployment, connection, api, model_files=inputs[h.index][3])
+            preflight.run(h.deployment, connection, api, model_files=inputs[h.index][3],
+                          runtime_files=inputs[h.index][2])
         except (config.ConfigError, OperatorError) as e:
             return (('host %s: ' % h.name) if fleet.is_fleet else '') + str(e)
         except Exception as e:  # noqa: BLE001 - never frames for the operator

@@ -64,8 +64,10 @@ def container_gpus_on_vfio(facts: remote.HostFacts, container_gpus: list) -> lis
 class Context:
     """What the checks read, each read once: the host's facts (one SSH command) and the Proxmox API."""
 
-    def __init__(self, d, connection: dict, api: dict, model_files: Optional[dict] = None):
+    def __init__(self, d, connection: dict, api: dict, model_files: Optional[dict] = None,
+                 runtime_files: Optional[dict] = None):
         self.d, self.connection, self.api, self.model_files = d, connection, api, model_files
+        self.runtime_files = runtime_files
         self._facts = None
         self._pve = {}
 
@@ -355,6 +357,41 @@ def _model_mount(ctx):
                              key))
 
 
+def _platform(ctx) -> remote.Result:
+    return remote.run(remote.Target.from_inputs(ctx.connection), 'ct_platform.sh', [ctx.d.container.vmid], check=False)
+
+
+def _judges_wheels(ctx) -> bool:
+    return bool(ctx.runtime_files and ctx.runtime_files.get('wheels'))
+
+
+def _lock_fits(ctx):
+    """The wheels the lock names run on the container's own glibc and Python (the preview judged them against its
+    template's release; an adopted container, or one whose template the program does not know, is judged here).
+    A container that does not run yet is the template's, judged at preview."""
+    import types
+    from grammar import wheeltags
+    if not _judges_wheels(ctx):
+        return None
+    res = _platform(ctx)
+    words = res.stdout.split()
+    if res.exit_code != 0 or words[:1] != ['glibc'] or len(words) != 4:
+        return None
+    glibc, python = words[1], words[3]
+    if not (re.match(r'^\d+\.\d+$', glibc) and re.match(r'^\d+\.\d+$', python)):
+        return None
+    pins = [types.SimpleNamespace(name=k, version=v, wheels=[(w, None) for w in ws])
+            for k, (v, ws) in sorted(ctx.runtime_files['wheels'].items())]
+    bad = wheeltags.unfit(pins, python, glibc)
+    if bad:
+        pin, needs = bad[0]
+        d = ctx.d
+        return ('gpuhost:runtime.python.lock (%s): %s %s needs %s; container %s has glibc %s and Python %s (read in it: '
+                'getconf GNU_LIBC_VERSION, python3). Nothing was changed on the host. Make the lock for that container '
+                '(make lock STACK=<stack>), or pin a version with a wheel for it in the lock\'s .in' % (
+                    d.runtime.python.lock, pin.name, pin.version, needs, d.container.vmid, glibc, python))
+
+
 def _has_model(d):
     return d.model is not None
 
@@ -393,6 +430,8 @@ CHECKS = (
     Check('the model\'s mount point gpuhost:model.mp is not one of the container\'s own', 'pve', _model_mount,
           applies=_has_model),
     Check('the SGLang unit name is not one of the container\'s own', 'host', _unit_name),
+    Check('the lock\'s wheels run on the container\'s glibc and Python', 'host', _lock_fits,
+          applies=lambda d: d.runtime is not None and d.runtime.python is not None),
 )
 
 
@@ -407,7 +446,8 @@ def _read_ahead(ctx) -> None:
         [('check_dir.sh', [ctx.d.model.storage], None)] if ctx.d.model else []) + (
         # _model_weights' quick look (its verifier on stdin: the batch's one read with input).
         [('model_verify.sh', model.quick_look_args(model.unit_check(ctx.d, ctx.model_files)), model.quick_look_stdin())]
-        if ctx.d.model and not ctx.d.model.base_url() else [])
+        if ctx.d.model and not ctx.d.model.base_url() else []) + (
+        [('ct_platform.sh', [ctx.d.container.vmid], None)] if _judges_wheels(ctx) else [])
 
     failed = []
 
@@ -426,9 +466,10 @@ def _read_ahead(ctx) -> None:
         raise failed[0]
 
 
-def run(d, connection: dict, api: dict, model_files: Optional[dict] = None) -> None:
+def run(d, connection: dict, api: dict, model_files: Optional[dict] = None,
+        runtime_files: Optional[dict] = None) -> None:
     """`up`'s preflight: the first failing check stops the run, before any resource step."""
-    ctx = Context(d, connection, api, model_files)
+    ctx = Context(d, connection, api, model_files, runtime_files)
     with remote.reading():
         _read_ahead(ctx)
         for check in CHECKS:
@@ -445,10 +486,11 @@ class Result:
     skipped: Optional[str] = None             # why it was not checked (its side unreachable)
 
 
-def report(d, connection: dict, api: dict, model_files: Optional[dict] = None) -> list:
+def report(d, connection: dict, api: dict, model_files: Optional[dict] = None,
+           runtime_files: Optional[dict] = None) -> list:
     """Every check, read-only, none stopping the others: a Result each. When SSH or the API cannot be
     reached (the first check of each side), the checks on that side are skipped."""
-    ctx = Context(d, connection, api, model_files)
+    ctx = Context(d, connection, api, model_files, runtime_files)
     out, down = [], {}
     for check in CHECKS:
         if not check.applies(d):

@@ -261,7 +261,7 @@ def send_eof(chan) -> None:
 # The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
 # (components/hostreads.py); any command outside a Read forgets what was read of its host.
 READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
-                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh'))
+                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh', 'ct_platform.sh'))
 _READING = contextvars.ContextVar('gpuhost_reading', default=False)
 
 

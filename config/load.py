@@ -170,7 +170,9 @@ def runtime_inputs(d: Deployment, root: str, read_secrets: bool = True) -> Optio
         except ValueError as e:
             raise ConfigError('%s (%s): the password %s' % (pkey, py.index.password_file, e)) from None
     return {'lock': lock.canonical(), 'lock_sha256': lock.sha256(), 'packages': lock.versions(), 'patches': patches,
-            'index_password': password}
+            'index_password': password,
+            # The wheels `make lock` named under each pin: the preflight judges them against the container's own.
+            'wheels': {k: [p.version, [name for name, _ in p.wheels]] for k, p in sorted(lock.pins.items()) if p.wheels}}
 
 
 def platform_check(lock, d: Deployment, key: str, rel: str, glibc: Optional[str] = None, python: Optional[str] = None,

@@ -83,22 +83,21 @@ def main(argv=None) -> int:
     stack, project = argv[0], os.getcwd()
     try:
         fleet = stack_fleet(stack, project)
-        hosts = [(h, config.connection_inputs(h.deployment, project), config.model_inputs(h.deployment, project))
-                 for h in fleet.hosts]
-        # The lock as the preview reads it: pinned, hashed, its wheels fit for the container (grammar/wheeltags.py).
-        for h in fleet.hosts:
-            config.runtime_inputs(h.deployment, project, read_secrets=False)
+        # The lock as the preview reads it: pinned, hashed, its wheels fit for the container's template
+        # (grammar/wheeltags.py); the preflight's check judges them against the running container's own.
+        hosts = [(h, config.connection_inputs(h.deployment, project), config.model_inputs(h.deployment, project),
+                  config.runtime_inputs(h.deployment, project, read_secrets=False)) for h in fleet.hosts]
     except (config.ConfigError, OperatorError) as e:
         print('check: stack %s: %s' % (stack, e), file=sys.stderr)
         return 2
     missing = 0
-    for h, (connection, api), model_files in hosts:
+    for h, (connection, api), model_files, runtime_files in hosts:
         d = h.deployment
         print('%shost %s (ssh %s@%s:%d, Proxmox API %s:%d, node %s):' % (
             '' if not fleet.is_fleet else '[%s] ' % h.name, d.host.address, connection['user'], connection['host'],
             connection['port'], api['host'], api['port'], d.host.node))
         try:
-            results = preflight.report(d, connection, api, model_files)
+            results = preflight.report(d, connection, api, model_files, runtime_files)
         except Exception as e:  # noqa: BLE001 - never frames for the operator
             print('  %s %s' % (BAD, describe_unexpected(e)))
             missing += 1

@@ -166,6 +166,15 @@ def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(
     assert 'gpuhost_nvidia_driver_match 1\n' in prom and 'gpuhost_cuda_info{version="13.0.2"} 1\n' in prom
     assert 'gpuhost_sglang_environment_info{sglang_version="%s",env="%s"' % (OLD, out['env']) in prom
 
+    # What the preflight judges a lock's wheels against in a running container (ct_platform.sh): its own glibc and
+    # python3 - the lab's container is Debian 12's, as debian-12-standard.
+    from components import remote
+    with open(lab.info['ssh']['key_file']) as f:
+        target = remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root',
+                               private_key=f.read(), host_key=lab.info['ssh']['host_key'])
+    assert remote.run(target, 'ct_platform.sh', ['200']).stdout == 'glibc 2.36 python 3.11\n'
+    assert remote.run(target, 'ct_platform.sh', ['299']).stdout == 'absent\n'
+
     state, asked = service_state(lab), len(lab.index_requests())
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
     assert service_state(lab) == state and len(lab.index_requests()) == asked

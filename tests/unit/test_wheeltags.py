@@ -92,3 +92,31 @@ def test_the_committed_lock_names_a_wheel_for_every_pin_that_runs_on_debian_12()
     assert all(p.wheels for p in lock.pins.values()), [p.name for p in lock.pins.values() if not p.wheels]
     assert wheeltags.unfit(lock.pins.values(), '3.11', '2.36') == []
     assert wheeltags.unfit(lock.pins.values(), '3.11', '2.31'), 'sglang 0.5.23 needs glibc 2.34 (issue 47)'
+
+
+def test_the_preflight_judges_the_wheels_against_the_running_containers_own_glibc_and_python(prod, monkeypatch):
+    """An adopted container, or one made from a template the program does not know: its own glibc and Python (read in
+    it by ct_platform.sh) decide. A container that does not run yet was judged by its template at preview."""
+    from components import preflight, remote
+    root, d = prod
+    (root / 'runtime' / 'sglang.lock').write_text(lock_text())
+    files = config.runtime_inputs(d, str(root), read_secrets=False)
+    assert files['wheels']['sglang'] == ['0.5.23', ['sglang-0.5.23-py3-none-manylinux_2_34_x86_64.whl']]
+    said = {}
+    monkeypatch.setattr(preflight, '_platform', lambda ctx: remote.Result(said['out'], '', 0))
+    ctx = preflight.Context(d, {}, {}, None, files)
+    said['out'] = 'glibc 2.31 python 3.11\n'
+    assert preflight._lock_fits(ctx) == (
+        'gpuhost:runtime.python.lock (runtime/sglang.lock): sglang 0.5.23 needs Python 3, glibc 2.34 or newer; '
+        'container 200 has glibc 2.31 and Python 3.11 (read in it: getconf GNU_LIBC_VERSION, python3). Nothing was '
+        'changed on the host. Make the lock for that container (make lock STACK=<stack>), or pin a version with a wheel '
+        'for it in the lock\'s .in')
+    said['out'] = 'glibc 2.41 python 3.13\n'
+    assert 'torch 2.14.1 needs Python 3.11, glibc 2.28 or newer; Python 3.12, glibc 2.28 or newer; container 200 has ' \
+           'glibc 2.41 and Python 3.13' in preflight._lock_fits(ctx)
+    for fine in ('glibc 2.36 python 3.11\n', 'absent\n', 'glibc  python \n'):
+        said['out'] = fine
+        assert preflight._lock_fits(ctx) is None, fine
+    # A lock made by hand names no wheels: nothing to judge, nothing read.
+    said['out'] = 'glibc 2.31 python 3.11\n'
+    assert preflight._lock_fits(preflight.Context(d, {}, {}, None, dict(files, wheels={}))) is None
