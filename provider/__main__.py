@@ -310,15 +310,17 @@ def main():
     server, port = instance()
     sys.stdout.write('%d\n' % port)
     sys.stdout.flush()
+    # Until SIGINT: the engine ends the plugin, or the operator's Ctrl-C reached the process group (the engine then
+    # cancels the waits and waits for the steps in flight). The main thread wakes twice a second: the kernel may hand
+    # the signal to one of gRPC's threads, and a main thread blocked for good in a lock never runs Python's handler
+    # (two fresh-clone CI runs saw a process outlive its SIGINT by over 10 s).
+    import signal
     done = threading.Event()
-    try:
-        done.wait()
-    except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, lambda _signum, _frame: done.set())
+    while not done.wait(0.5):
         pass
-    # SIGINT: the engine ends the plugin, or the operator's Ctrl-C reached the process group (the engine then cancels
-    # the waits and waits for the steps in flight): the calls in flight finish - up to STOP_GRACE_S -, no new one
-    # starts, and the process ends without the interpreter's teardown (over 10 s for this import graph on a loaded
-    # machine: a fresh-clone CI run).
+    # The calls in flight finish - up to STOP_GRACE_S -, no new one starts, and the process ends without the
+    # interpreter's teardown.
     server.stop(STOP_GRACE_S).wait()
     os._exit(0)
 
