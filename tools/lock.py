@@ -49,8 +49,8 @@ def secret(stack: str, path: str, project: str) -> str:
     res = subprocess.run(['pulumi', 'config', 'get', '--path', path, '--stack', stack, '--cwd', project],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        raise LockFailed('%s: the CLI could not read it (%s)' % (path, res.stderr.strip().splitlines()[-1:] or
-                                                                  'no message'))
+        raise LockFailed('%s: the CLI could not read it (%s)' % (path, (res.stderr.strip().splitlines() or
+                                                                   ['no message'])[-1]))
     return res.stdout.rstrip('\n')
 
 
