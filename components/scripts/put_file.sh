@@ -7,10 +7,17 @@ set -euo pipefail
 # put back, so a re-run sees the difference again and retries the whole step. While POST runs, a
 # marker file (.gpuhost-pending.<name>) says so: if this script is killed or hangs mid-POST, the
 # marker stays, the readers report the file as not done, and the re-run runs POST again.
+# The marker holds this run's token. A run whose POST fails late (a tool that hung past the
+# program's time limit, killed later) puts its old file back only while the marker is still its
+# own: a re-run that took the file over meanwhile keeps what it wrote. The checks and moves
+# around the marker hold a lock on the directory (never while POST runs).
 path=$1 mode=$2 expected=$3 want=$4 post=$5
 dir=$(dirname "$path")
 [ -d "$dir" ] || { echo "gpuhost: directory $dir does not exist on $(hostname)" >&2; exit 4; }
 marker="$dir/.gpuhost-pending.$(basename "$path")"
+token="$post $$ $(date +%s%N)"
+exec 9<"$dir"
+ours() { [ "$(cat "$marker" 2>/dev/null)" = "$token" ]; }
 current=-
 [ -f "$path" ] && current=$(sha256sum "$path" | cut -d' ' -f1)
 tmp=$(mktemp "$dir/.gpuhost.XXXXXX")
@@ -33,19 +40,25 @@ run_post() {
   esac
 }
 if [ "$new" = "$current" ]; then
+  flock 9
   if [ -f "$marker" ]; then
     # An earlier run installed this content but its $post never finished: finish it now.
+    printf '%s\n' "$token" > "$marker"
+    flock -u 9
     if ! run_post >&2; then
       echo "gpuhost: $post failed again for $path on $(hostname); the file has the new content, $post is still to run" >&2
       exit 5
     fi
-    rm -f "$marker"
+    flock 9
+    if ours; then rm -f "$marker"; fi
     echo "changed $new (finished $post)"
     exit 0
   fi
   echo "unchanged $new"
   exit 0
 fi
+flock 9
+[ -f "$path" ] && current=$(sha256sum "$path" | cut -d' ' -f1)
 if [ "$expected" != any ] && [ "$expected" != "$current" ]; then
   echo "gpuhost: $path changed on $(hostname) since it was read (sha256 $current, expected $expected); re-run" >&2
   exit 3
@@ -55,13 +68,20 @@ if [ -f "$path" ]; then
   backup=$(mktemp "$dir/.gpuhost-old.XXXXXX")
   cp -p "$path" "$backup"
 fi
-[ "$post" = none ] || printf '%s\n' "$post" > "$marker"
+[ "$post" = none ] || printf '%s\n' "$token" > "$marker"
 mv -f "$tmp" "$path"
+flock -u 9
 if ! run_post >&2; then
+  flock 9
+  if [ "$post" != none ] && ! ours; then
+    echo "gpuhost: $post failed after writing $path on $(hostname); a later run has taken the file over since, so it is left as that run made it" >&2
+    exit 5
+  fi
   if [ -n "$backup" ]; then mv -f "$backup" "$path"; backup=; else rm -f "$path"; fi
   rm -f "$marker"
   echo "gpuhost: $post failed after writing $path on $(hostname); the old file is back in place" >&2
   exit 5
 fi
-rm -f "$marker"
+flock 9
+if ours; then rm -f "$marker"; fi
 echo "changed $new"
