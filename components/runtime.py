@@ -81,10 +81,12 @@ def install_inputs(d, files) -> dict | None:
     if rt is None:
         return None
     out = {'timeout': rt.install_timeout_s, 'stall': rt.stall_timeout_s, 'nvidia': None, 'cuda': None, 'python': None}
-    if rt.nvidia:
-        out['nvidia'] = {'installer': rt.nvidia.installer, 'sha256': rt.nvidia.sha256}
-    if rt.cuda:
-        out['cuda'] = {'installer': rt.cuda.installer, 'sha256': rt.cuda.sha256}
+    for key in ('nvidia', 'cuda'):
+        part = getattr(rt, key)
+        if part:
+            # installer: where the file is on the host - the operator's upload, or where the host keeps the download
+            # from source (fetch_installers).
+            out[key] = {'installer': part.host_path, 'sha256': part.sha256, 'source': part.source}
     if rt.python and files is not None:
         py = rt.python
         out['python'] = {'lock_path': py.lock, 'lock': files['lock'], 'patches': files['patches'], 'keep': py.keep,
@@ -92,6 +94,35 @@ def install_inputs(d, files) -> dict | None:
                          'index': {'url': py.index.url, 'username': py.index.username} if py.index else None,
                          'wheelhouse': py.wheelhouse}
     return out
+
+
+def installed_from(art: dict) -> str:
+    """Where an installer comes from, for the preview."""
+    if art.get('source'):
+        return 'the host downloads %s into %s, sha256 %s... checked' % (
+            art['source'], posixpath.dirname(art['installer']), art['sha256'][:12])
+    return 'from %s on the host, sha256 %s... checked' % (art['installer'], art['sha256'][:12])
+
+
+def first_install(news: dict) -> str | None:
+    """What the unit's first `up` fetches and installs in the container, for the preview (a create shows no diff):
+    each declared installer with its source, and the environment with its id and size. None when the program
+    installs nothing there."""
+    rt, inst, env = news.get('runtime') or {}, news.get('install') or {}, news.get('env')
+    parts = []
+    for key, name in (('nvidia', 'the NVIDIA user space'), ('cuda', 'CUDA')):
+        if rt.get(key) and isinstance(inst.get(key), dict):
+            parts.append('%s %s (%s)' % (name, rt[key], installed_from(inst[key])))
+    if isinstance(env, dict) and env.get('id'):
+        packages = env.get('packages') or {}
+        head = ', '.join('%s %s' % (k, packages[k]) for k in ('sglang', 'torch') if k in packages)
+        parts.append('the Python environment %s (%s; %d packages from the lock%s)' % (
+            env.get('path') or env['id'], head or 'sglang', len(packages),
+            ', %d patches' % len(env['patches']) if env.get('patches') else ''))
+    if not parts:
+        return None
+    return 'the first `up` of container %s installs, where the container lacks them: %s' % (
+        news.get('vmid'), '; '.join(parts))
 
 
 def describe_change(old: dict | None, new: dict | None) -> str:
@@ -402,9 +433,57 @@ def _install(target, props, kind, art, args, key, what, home='-', version='-') -
         raise _installer_error(e, key, what, props, art) from None
 
 
-def install_nvidia(target, props: dict, facts: dict) -> bool:
+def fetch_job(props: dict, kind: str, art: dict) -> jobs.Job:
+    """The download of one installer declared by source: a job on the host (components/scripts/model_verify.py
+    fetch_file) into the program's own directory, where the next container's install finds it."""
+    name = posixpath.basename(art['installer'])
+    job = {'kind': 'file', 'url': art['source'], 'sha256': art['sha256'], 'dest': art['installer']}
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'model_verify.py')) as f:
+        body = f.read()
+    return jobs.Job(name='gpuhost-fetch-%s' % jobs.key_of(art['installer']), label='downloading %s' % name,
+                    spec=jobs.spec_of(job), interpreter='python3', body=body, args=(json.dumps(job, sort_keys=True),),
+                    limit_s=0, stall_s=_limits(props)['stall_s'], limit_key='gpuhost:runtime.install_timeout_s',
+                    stall_key='gpuhost:runtime.stall_timeout_s', prefix='installer')
+
+
+def fetch_installers(target, props: dict, facts: dict) -> None:
+    """Before anything is installed: every installer this run will run that is declared by source is on the host,
+    downloaded (resumable; never two downloads of one file) and checked against its sha256 - a wrong sha256 or a
+    source that fails stops the run with nothing installed."""
+    todo = [('nvidia', 'gpuhost:runtime.nvidia')] if nvidia_to_install(props, facts) else []
+    todo += [('cuda', 'gpuhost:runtime.cuda')] if cuda_to_install(props, facts) else []
+    for kind, key in todo:
+        art = props['install'][kind]
+        if not art.get('source'):
+            continue
+        try:
+            p = jobs.run(target, fetch_job(props, kind, art))
+        except jobs.JobFailed as e:
+            raise RuntimeStepError('%s.source: %s; nothing was installed - re-run to resume the download' % (key, e)) \
+                from None
+        try:
+            rep = json.loads((p.out or '').strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RuntimeStepError('%s.source: the download of %s printed no report: %s' % (
+                key, art['source'], (p.out or '')[-300:])) from None
+        if rep.get('fetch_error'):
+            raise RuntimeStepError('%s.source: %s. Nothing was installed; a partial download is kept on the host and '
+                                   'the next `up` resumes it' % (key, rep['fetch_error']))
+        if rep.get('fetched'):
+            info('%s: downloaded %s from %s (%s bytes%s), sha256 checked; kept as %s for the next container' % (
+                key, posixpath.basename(art['installer']), art['source'], rep['bytes'],
+                ', %s of them resumed' % rep['resumed_bytes'] if rep.get('resumed_bytes') else '', art['installer']))
+
+
+def nvidia_to_install(props: dict, facts: dict):
+    """The NVIDIA user space version `up` installs (None: the container has it, or none is declared)."""
     want = (props.get('runtime') or {}).get('nvidia')
-    if not want or facts.get('container_driver') == want:
+    return want if want and facts.get('container_driver') != want else None
+
+
+def install_nvidia(target, props: dict, facts: dict) -> bool:
+    want = nvidia_to_install(props, facts)
+    if not want:
         return False
     _install(target, props, 'nvidia', props['install']['nvidia'], NVIDIA_ARGS, 'gpuhost:runtime.nvidia',
              'the NVIDIA user space %s' % want)

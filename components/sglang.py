@@ -306,6 +306,7 @@ class SglangUnitProvider(ObservedProvider):
             # Before anything changes: the user space to install must be the module the host runs.
             runtime.check_host_driver(props, facts)
             reinstalled['was'] = {'nvidia': facts.get('container_driver'), 'cuda': facts.get('cuda')}
+            runtime.fetch_installers(target, props, facts)
             installed = runtime.install_nvidia(target, props, facts)
             if installed:
                 reinstalled['nvidia'] = props['runtime']['nvidia']
@@ -525,8 +526,8 @@ class SglangUnitProvider(ObservedProvider):
         old_rt, new_rt = olds.get('runtime') or {}, news.get('runtime') or {}
         for key, name in (('nvidia', 'NVIDIA user space'), ('cuda', 'CUDA toolkit')):
             if new_rt.get(key) and old_rt.get(key) != new_rt.get(key):
-                info('sglang-unit: the container\'s %s: %s -> %s (installed from %s, then one restart)' % (
-                    name, old_rt.get(key) or 'none', new_rt[key], news['install'][key]['installer']))
+                info('sglang-unit: the container\'s %s: %s -> %s (%s, then one restart)' % (
+                    name, old_rt.get(key) or 'none', new_rt[key], runtime.installed_from(news['install'][key])))
         return result
 
     def check(self, olds, news):
@@ -536,6 +537,9 @@ class SglangUnitProvider(ObservedProvider):
         create below is the usual apply, which reads the unit and its drop-ins first)."""
         if olds:
             return CheckResult(dict(news, adopt=False), [])   # held by the stack: never adopted again
+        first = runtime.first_install(news)
+        if first:
+            info('sglang-unit: %s' % first)
         if news.get('adopt') and isinstance(news.get('connection'), dict) and isinstance(news.get('unit'), str):
             info('sglang-unit: %s' % self.adoption(remote.Target.from_inputs(news['connection']), news))
         return CheckResult(news, [])

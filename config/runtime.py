@@ -1,9 +1,10 @@
 """gpuhost:runtime - what SGLang stands on inside the container, installed and checked by the program:
 
   nvidia   the NVIDIA user space (libcuda, libnvidia-ml, nvidia-smi) at exactly the host module's version,
-           from NVIDIA's .run installer (a file on the host, with its sha256), run in the container with
-           --no-kernel-module;
-  cuda     the CUDA toolkit at gpuhost:sglang.cuda_home, from NVIDIA's runfile (a file on the host, sha256);
+           from NVIDIA's .run installer (a file on the host, or a URL the host downloads it from; with its
+           sha256), run in the container with --no-kernel-module;
+  cuda     the CUDA toolkit at gpuhost:sglang.cuda_home, from NVIDIA's runfile (a file on the host or a URL;
+           sha256);
   python   the Python environment SGLang runs from, built from a lock kept in the repository (every package
            pinned with its sha256, pip among them: the container has none), from a package index (its
            password a Pulumi secret) or a wheelhouse on the host, with patches (unified diffs in the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import posixpath
 import re
 from typing import Annotated, Optional
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
@@ -96,9 +98,53 @@ def index_url(value: str) -> str:
                     '(pulumi config set --secret --path gpuhost:runtime.python.index.password)')
 
 
+# Installers declared by `source` are downloaded by the host into this directory of the program's own, one file
+# per name, and kept there for the next container (components/runtime.py fetch_installers).
+INSTALLERS_DIR = '/var/lib/gpuhost/installers'
+
+
+def installer_url(value: str) -> str:
+    return http_url(value, 'an http(s) URL of the installer', 'https://us.download.nvidia.com/XFree86/Linux-x86_64/'
+                    '580.95.05/NVIDIA-Linux-x86_64-580.95.05.run (NVIDIA\'s download URL for that version, or the same '
+                    'file on an internal mirror)', 'serve the installer from a mirror that needs no login, or upload '
+                    'it to the host and give its path as installer')
+
+
 class Installer(Model):
-    installer: Path = Field(description='The installer on the Proxmox host (uploaded once by the operator)')
-    sha256: Sha256 = Field(description='sha256sum of the installer; a file with another hash is never run')
+    installer: Optional[Path] = Field(None, description='The installer on the Proxmox host (uploaded once by the '
+                                                        'operator) ...')
+    source: Optional[Annotated[str, AfterValidator(installer_url)]] = Field(
+        None, description='... or where the host downloads it from (NVIDIA\'s URL for that version, or a mirror): '
+                          'a job on the host, resumable, checked against sha256 before use, kept in '
+                          '/var/lib/gpuhost/installers for the next container')
+    sha256: Sha256 = Field(description='sha256sum of the installer; a file with another hash is never run (NVIDIA '
+                                       'publishes them: the driver\'s beside each .run on download.nvidia.com, '
+                                       'CUDA\'s on the toolkit\'s download page, "Checksums")')
+
+    def file_name(self, key: str, pattern, what: str, thing: str, version: str) -> str:
+        """The installer's file name as NVIDIA names it, from the path or the URL; the version in it must be the
+        declared one (a wrong file fails at preview)."""
+        if (self.installer is None) == (self.source is None):
+            raise ValueError('%s: set exactly one of installer (the file uploaded to the host) and source (the URL the '
+                             'host downloads it from)' % key)
+        field = 'installer' if self.installer is not None else 'source'
+        given = self.installer if self.installer is not None else self.source
+        name = posixpath.basename(given if field == 'installer' else urlsplit(given).path)
+        m = pattern.match(name)
+        if not m:
+            raise ValueError('%s.%s: %s is not %s; give the %s of the file for %s' % (
+                key, field, show(given), what, 'path on the host' if field == 'installer' else 'URL', version))
+        if m.group(1) != version:
+            raise ValueError('%s.%s: %s installs %s %s, but version is %s; give the one of %s (or fix the version)' % (
+                key, field, show(given), thing, m.group(1), version, version))
+        return name
+
+    @property
+    def host_path(self) -> str:
+        """Where the installer is on the host: the operator's upload, or the program's download."""
+        if self.installer is not None:
+            return self.installer
+        return posixpath.join(INSTALLERS_DIR, posixpath.basename(urlsplit(self.source).path))
 
 
 class NvidiaRuntime(Installer):
@@ -108,15 +154,8 @@ class NvidiaRuntime(Installer):
 
     @model_validator(mode='after')
     def _name(self):
-        m = NVIDIA_RUN_RE.match(posixpath.basename(self.installer))
-        if not m:
-            raise ValueError('gpuhost:runtime.nvidia.installer: %s is not NVIDIA\'s driver installer '
-                             '(NVIDIA-Linux-x86_64-<version>.run, as NVIDIA names it); give the path of the .run file '
-                             'for %s on the host' % (show(self.installer), self.version))
-        if m.group(1) != self.version:
-            raise ValueError('gpuhost:runtime.nvidia.installer: %s installs driver %s, but version is %s; give the '
-                             'installer of %s (or fix the version)' % (show(self.installer), m.group(1), self.version,
-                                                                        self.version))
+        self.file_name('gpuhost:runtime.nvidia', NVIDIA_RUN_RE, 'NVIDIA\'s driver installer '
+                       '(NVIDIA-Linux-x86_64-<version>.run, as NVIDIA names it)', 'driver', self.version)
         return self
 
 
@@ -126,15 +165,8 @@ class CudaRuntime(Installer):
 
     @model_validator(mode='after')
     def _name(self):
-        m = CUDA_RUN_RE.match(posixpath.basename(self.installer))
-        if not m:
-            raise ValueError('gpuhost:runtime.cuda.installer: %s is not NVIDIA\'s CUDA runfile '
-                             '(cuda_<version>_<driver>_linux.run); give the path of the runfile for %s on the host'
-                             % (show(self.installer), self.version))
-        if m.group(1) != self.version:
-            raise ValueError('gpuhost:runtime.cuda.installer: %s installs CUDA %s, but version is %s; give the '
-                             'runfile of %s (or fix the version)' % (show(self.installer), m.group(1), self.version,
-                                                                      self.version))
+        self.file_name('gpuhost:runtime.cuda', CUDA_RUN_RE, 'NVIDIA\'s CUDA runfile (cuda_<version>_<driver>_linux.run)',
+                       'CUDA', self.version)
         return self
 
 

@@ -160,6 +160,14 @@ def prepare(lab, spec_path):
     write_secret(os.path.join(lab, 'secrets', 'pve-token'), token)
     index = prepare_index(lab, spec)
     model = prepare_model(lab, host)
+    # The simulated installers on the lab's mirror too (LAB/mirror/installers/<name>), as NVIDIA's download site or
+    # an internal mirror serves them (gpuhost:runtime.nvidia.source / .cuda.source).
+    driver = spec.get('nvidia_version', hostsim.NVIDIA_VERSION)
+    cuda = spec.get('cuda_version', hostsim.CUDA_VERSION)
+    hostsim.write(os.path.join(lab, 'mirror', 'installers', hostsim.nvidia_installer_name(driver)),
+                  hostsim.nvidia_installer(driver))
+    hostsim.write(os.path.join(lab, 'mirror', 'installers', hostsim.cuda_installer_name(cuda, driver)),
+                  hostsim.cuda_installer(cuda))
     return {
         'recipe': recipe(),
         'model': model,

@@ -1,5 +1,6 @@
 """Verify a model directory on the host, downloading what it lacks first when the job names a source (runs there,
-python3 standard library only; sent by model_verify.sh, or started as a job of its own).
+python3 standard library only; sent by model_verify.sh, or started as a job of its own). With {"kind": "file", "url",
+"sha256", "dest"} it downloads one file - an installer - the same way instead (fetch_file).
 
 argv[1]: the job, JSON: {"dir", "id", "revision", "storage", "checksums": {file: sha256} | null, "cache": path,
 "hash": bool (false: a quick look - sizes, headers and cached sums only, what a preview needs),
@@ -519,7 +520,8 @@ def verify(job, progress=None):
     return finish(rep, start, counter)
 
 
-SAYS = {'checksums': 'the checksum file', 'hub': 'the hub (X-Linked-Etag)', None: 'the source'}
+SAYS = {'checksums': 'the checksum file', 'hub': 'the hub (X-Linked-Etag)', 'declared': 'the declared sha256',
+        None: 'the source'}
 
 
 def hash_shards(d, names, entries, cache, workers, progress, rep, counter):
@@ -1104,6 +1106,62 @@ def fetch(job, progress=None):
             'hub_sums': hub_sums, 'hub_commit': commit}
 
 
+def fetch_file(job, progress=None):
+    """One file - an installer - from job["url"] to job["dest"], with a model file's guarantees: a file already
+    there with the declared sha256 is kept (its sum cached by stat, so it is read once); else it is downloaded into
+    <dir>/.gpuhost-staging/<sha256>/ (resumable, hashed as it arrives, the token only to the URL's own origin),
+    checked against job["sha256"] and only then moved into place. Returns the report; raises FetchError."""
+    import shutil
+    progress = progress or PROGRESS
+    dest, want, url = job['dest'], job['sha256'], job['url']
+    d, name = os.path.split(dest)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    cache = SumCache(os.path.join(d, '.gpuhost-sums.json'))
+    t0 = time.time()
+    if os.path.exists(dest):
+        st = os.stat(dest)
+        entry = cache.data.get(name)
+        if isinstance(entry, dict) and entry.get('stat') == stat_key(st, dest):
+            got = entry.get('sha256')
+        else:
+            progress.begin('check', total=st.st_size, note='hashing %s' % dest)
+            got = sha256_file(dest, progress=progress)
+            cache.record(name, {'stat': stat_key(st, dest), 'sha256': got, 'hashed_at': int(time.time())})
+        if got == want:
+            return {'file': dest, 'sha256': got, 'bytes': st.st_size, 'downloaded_bytes': 0, 'resumed_bytes': 0,
+                    'fetched': False, 'fetch_s': round(time.time() - t0, 3)}
+        note('%s has sha256 %s..., not the declared %s...: downloaded again' % (dest, got[:12], want[:12]))
+    staging = os.path.join(d, '.gpuhost-staging', want)
+    os.makedirs(staging, mode=0o700, exist_ok=True)
+    source = Http(url, read_token())
+    progress.begin('check', note='asking %s' % url)
+    meta = metadata(source, url)
+    stats = Stats()
+    staged_sums = SumCache(os.path.join(staging, '.gpuhost-sums.json'))
+    dl = Download(source, url, name, meta, staging, progress, None, (want, 'declared'), staged_sums, stats)
+    have = dl.partial() if not os.path.exists(dl.final) else meta['size']
+    free = shutil.disk_usage(d).free
+    if meta['size'] - have + (1 << 30) > free:
+        raise FetchError('not enough space on %s: %s needs %s more (plus 1 GB to spare), %s are free; make room and '
+                         're-run' % (d, name, human(meta['size'] - have), human(free)))
+    if not os.path.exists(dl.final):
+        progress.begin('download', total=meta['size'], done=have, files_total=1,
+                       note='%s %s from %s' % ('resuming' if have else 'starting', name, url))
+        dl.run(have)
+    got = (staged_sums.data.get(name) or {}).get('sha256') or sha256_file(dl.final)
+    if got != want:
+        discard(dl.final)
+        raise FetchError('%s: downloaded, but its sha256 is %s..., the declared sha256 is %s...; removed, will be '
+                         'fetched again' % (name, got[:12], want[:12]))
+    os.chmod(dl.final, 0o600)
+    os.replace(dl.final, dest)
+    fsync_dir(d)
+    cache.record(name, {'stat': stat_key(os.stat(dest), dest), 'sha256': got, 'hashed_at': int(time.time())})
+    shutil.rmtree(staging, ignore_errors=True)
+    return {'file': dest, 'sha256': got, 'bytes': meta['size'], 'downloaded_bytes': stats.data['received'],
+            'resumed_bytes': stats.data['resumed'], 'fetched': True, 'fetch_s': round(time.time() - t0, 3)}
+
+
 def fsync_dir(path):
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -1151,6 +1209,17 @@ def textfile(path, rep):
 def main():
     global PROGRESS
     job = json.loads(sys.argv[1])
+    if job.get('kind') == 'file':
+        PROGRESS = progress = Progress(os.environ.get('GPUHOST_PROGRESS') or None, os.path.basename(job['dest']))
+        progress.start()
+        try:
+            rep = fetch_file(job, progress)
+        except FetchError as e:
+            rep = {'file': job['dest'], 'fetch_error': str(e)}
+        finally:
+            progress.stop()
+        sys.stdout.write(json.dumps(rep, sort_keys=True) + '\n')
+        return
     PROGRESS = progress = Progress(os.environ.get('GPUHOST_PROGRESS') or None, '%s@%s' % (job.get('id'),
                                                                                            job.get('revision')))
     progress.start()

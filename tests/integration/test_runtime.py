@@ -8,6 +8,7 @@ at refresh, `up` stopped before any restart, and the fix. The tests run in order
 import hashlib
 import json
 import os
+import time
 import urllib.request
 
 import pytest
@@ -136,9 +137,94 @@ def test_make_lock_resolves_the_stacks_lock_from_its_index_logged_in_and_never_s
         assert f.read() == made
 
 
+INSTALLERS = '/var/lib/gpuhost/installers'
+
+
+def mirror_gets(lab, name):
+    """The lab mirror's GETs of one file (lab/mirror.py's request log)."""
+    try:
+        with open(lab.control('mirror-requests.log')) as f:
+            recs = [json.loads(line) for line in f]
+    except FileNotFoundError:
+        return []
+    return [r for r in recs if r.get('method') == 'GET' and os.path.basename(r['path']) == name]
+
+
+def by_source(lab, cfg):
+    """cfg with the NVIDIA user space and CUDA declared by source on the lab's mirror: the installers the host
+    downloads (issue 47). The driver's file is padded (64 kB of comments, the same installer otherwise) so that a
+    download can be cut in the middle."""
+    from lab import hostsim
+    rt = cfg['gpuhost:runtime']
+    nv_name = hostsim.nvidia_installer_name(rt['nvidia']['version'])
+    padded = hostsim.nvidia_installer(rt['nvidia']['version']) + ('# %s\n' % ('-' * 77)) * 820
+    hostsim.write(os.path.join(lab.dir, 'mirror', 'installers', 'padded', nv_name), padded)
+    mirror = 'http://%s:8089/installers' % lab.spec['addresses']['pve']
+    cuda_name = os.path.basename(rt['cuda']['installer'])
+    rt['nvidia'] = {'version': rt['nvidia']['version'], 'source': '%s/padded/%s' % (mirror, nv_name),
+                    'sha256': hashlib.sha256(padded.encode()).hexdigest()}
+    rt['cuda'] = {'version': rt['cuda']['version'], 'source': '%s/%s' % (mirror, cuda_name),
+                  'sha256': rt['cuda']['sha256']}
+    return cfg, nv_name, len(padded), cuda_name
+
+
 def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(lab, base):
+    """... with its installers declared by source: the host downloads them from the lab's mirror - a download cut
+    in the middle fails the run with nothing installed and is resumed by the next, a wrong sha256 is refused
+    before anything runs - and keeps them for the next container."""
+    import threading
     root = lab.ct_root()
+    cfg, nv_name, nv_size, cuda_name = by_source(lab, json.loads(json.dumps(base)))
+    right = cfg['gpuhost:runtime']['cuda']['sha256']
+    cfg['gpuhost:runtime']['cuda']['sha256'] = cfg['gpuhost:runtime']['nvidia']['sha256']   # another file's
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('preview', stack=STACK)
+    assert 'the first `up` of container 200 installs, where the container lacks them: the NVIDIA user space ' \
+        '580.95.05 (the host downloads http://' in res.stdout, res.stdout[-3000:]
+    # 1. The driver's download cut in the middle (the mirror goes down once 8 kB of 66 kB are on the host).
+    with open(lab.control('mirror-throttle.json'), 'w') as f:
+        json.dump({'files': {nv_name: 4096}}, f)
+    part = '%s/.gpuhost-staging/%s/%s.part' % (INSTALLERS, cfg['gpuhost:runtime']['nvidia']['sha256'], nv_name)
+    done = threading.Event()
+
+    def cut():
+        while not done.is_set():
+            got = lab.on_host('stat -c %%s %s 2>/dev/null || echo 0' % part).stdout.strip()
+            if got.isdigit() and int(got) >= 8192:
+                open(lab.control('mirror-down'), 'w').close()
+                return
+            time.sleep(0.3)
+    cutter = threading.Thread(target=cut, daemon=True)
+    cutter.start()
+    try:
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        done.set()
+        cutter.join(5)
+        for f in ('mirror-down', 'mirror-throttle.json'):
+            if os.path.exists(lab.control(f)):
+                os.unlink(lab.control(f))
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and 'gpuhost:runtime.nvidia.source: ' in out and 'resumes' in out, out[-3000:]
+    assert not os.path.lexists(root + '/usr/lib/x86_64-linux-gnu/libcuda.so.1') and lab.unit_starts() == 0
+    # 2. Resumed from where it broke off (no byte twice); CUDA's, whose declared sha256 is another file's, is
+    # downloaded and refused before anything is installed.
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and 'gpuhost:runtime.cuda.source: %s: downloaded, but its sha256 is' % cuda_name in out, \
+        out[-3000:]
+    assert 'Nothing was installed' in out
+    assert not os.path.lexists(root + '/usr/lib/x86_64-linux-gnu/libcuda.so.1') and lab.unit_starts() == 0
+    gets = mirror_gets(lab, nv_name)
+    assert len(gets) >= 2 and gets[-1]['range'] == 'bytes=%d-' % (nv_size - gets[-1]['bytes']), gets
+    assert sum(g['bytes'] for g in gets) == nv_size, gets
+    assert lab.on_host('sha256sum %s/%s' % (INSTALLERS, nv_name)).stdout.split()[0] == \
+        cfg['gpuhost:runtime']['nvidia']['sha256']
+    # 3. The right sha256: it serves; the driver's installer is not downloaded again.
+    cfg['gpuhost:runtime']['cuda']['sha256'] = right
+    lab.write_stack(STACK, cfg)
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert len(mirror_gets(lab, nv_name)) == len(gets)
     assert health(lab) == 200 and server_version(lab) == OLD
     assert lab.unit_starts() == 1
     # The NVIDIA user space of the host module's version, CUDA at cuda_home, the environment under its id.
