@@ -32,6 +32,7 @@ import posixpath
 
 from components import jobs, remote
 from components.state import OperatorError, info, warn
+from grammar.installers import PLACEHOLDER_SHA256, where_sums
 
 ENV_ID_LEN = 16
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,6 +99,9 @@ def install_inputs(d, files) -> dict | None:
 
 def installed_from(art: dict) -> str:
     """Where an installer comes from, for the preview."""
+    if art['sha256'] == PLACEHOLDER_SHA256:
+        return 'from %s, once its sha256 is set: nothing is installed until then' % (art.get('source') or
+                                                                                   art['installer'])
     if art.get('source'):
         return 'the host downloads %s into %s, sha256 %s... checked' % (
             art['source'], posixpath.dirname(art['installer']), art['sha256'][:12])
@@ -452,6 +456,14 @@ def fetch_installers(target, props: dict, facts: dict) -> None:
     source that fails stops the run with nothing installed."""
     todo = [('nvidia', 'gpuhost:runtime.nvidia')] if nvidia_to_install(props, facts) else []
     todo += [('cuda', 'gpuhost:runtime.cuda')] if cuda_to_install(props, facts) else []
+    for kind, key in todo:
+        art = props['install'][kind]
+        if art['sha256'] == PLACEHOLDER_SHA256:
+            name = posixpath.basename(art['installer'])
+            raise RuntimeStepError('%s.sha256 is the example\'s placeholder (64 zeros), so %s cannot be checked and '
+                                   'is neither downloaded nor run: %s; set it (pulumi config set --path %s.sha256 '
+                                   '<sha256>) and re-run. Nothing was installed.' % (key, name, where_sums(key, name),
+                                                                                     key))
     for kind, key in todo:
         art = props['install'][kind]
         if not art.get('source'):

@@ -27,6 +27,7 @@ from config.sglang import Sglang
 from config.values import ConfigError, Model, show
 from config.vm import Vm
 from grammar import cmdline, sglang_flags, systemd
+from grammar.installers import PLACEHOLDER_SHA256, where_sums
 from grammar.gpu import BLACKWELL_IDS, FSP_EXPLANATION, NVIDIA_CONTROL_DEVICES
 from grammar.sglang_flags import API_KEY_VAR
 
@@ -213,6 +214,13 @@ class Deployment(Model):
                        'false once done' % (self.container.vmid, self.model.mount, self.model.mp))
         out.extend(sglang_flags.warnings(self.sglang.version, self.launch_args(), self.sglang.environment,
                                          bool(self.sglang.speculative)))
+        for key in ('nvidia', 'cuda'):
+            part = getattr(self.runtime, key) if self.runtime else None
+            if part is not None and part.sha256 == PLACEHOLDER_SHA256:
+                name = posixpath.basename(part.host_path)
+                out.append('gpuhost:runtime.%s.sha256 is the example\'s placeholder (64 zeros): `up` installs nothing '
+                           'until it is %s\'s real sha256 - %s; then pulumi config set --path gpuhost:runtime.%s.sha256 '
+                           '<sha256>' % (key, name, where_sums(key, name), key))
         index = self.runtime.python.index if self.runtime and self.runtime.python else None
         if index is not None and index.username and index.url.startswith('http://'):
             host = urlsplit(index.url).hostname or ''
