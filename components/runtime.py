@@ -74,6 +74,15 @@ def declared(d) -> dict | None:
     return {'nvidia': rt.nvidia.version if rt.nvidia else None, 'cuda': rt.cuda.version if rt.cuda else None}
 
 
+def installer_tokens(d) -> dict | None:
+    """The installers' mirror logins ({kind: {"token": ...}}): the unit resource's secret input installer_tokens, never
+    in `install`. None when no installer has one."""
+    rt = d.runtime
+    out = {k: {'token': getattr(rt, k).token.get_secret_value()} for k in ('nvidia', 'cuda')
+           if rt is not None and getattr(rt, k) is not None and getattr(rt, k).token is not None}
+    return out or None
+
+
 def install_inputs(d, files) -> dict | None:
     """How to install what `runtime` and `env` declare: the unit resource's `install` input. Not compared
     (an installer moved on the host changes nothing installed); the index password is not here (a secret
@@ -437,16 +446,17 @@ def _install(target, props, kind, art, args, key, what, home='-', version='-') -
         raise _installer_error(e, key, what, props, art) from None
 
 
-def fetch_job(props: dict, kind: str, art: dict) -> jobs.Job:
+def fetch_job(props: dict, kind: str, art: dict, token=None) -> jobs.Job:
     """The download of one installer declared by source: a job on the host (components/scripts/model_verify.py
-    fetch_file) into the program's own directory, where the next container's install finds it."""
+    fetch_file) into the program's own directory, where the next container's install finds it. The mirror's token
+    is the job's input (a root-only file while it runs; model_verify.py sends it to the source's origin only)."""
     name = posixpath.basename(art['installer'])
     job = {'kind': 'file', 'url': art['source'], 'sha256': art['sha256'], 'dest': art['installer']}
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'model_verify.py')) as f:
         body = f.read()
     return jobs.Job(name='gpuhost-fetch-%s' % jobs.key_of(art['installer']), label='downloading %s' % name,
                     spec=jobs.spec_of(job), interpreter='python3', body=body, args=(json.dumps(job, sort_keys=True),),
-                    limit_s=0, stall_s=_limits(props)['stall_s'], limit_key='gpuhost:runtime.install_timeout_s',
+                    stdin=(token or '').encode(), limit_s=0, stall_s=_limits(props)['stall_s'], limit_key='gpuhost:runtime.install_timeout_s',
                     stall_key='gpuhost:runtime.stall_timeout_s', prefix='installer')
 
 
@@ -469,7 +479,8 @@ def fetch_installers(target, props: dict, facts: dict) -> None:
         if not art.get('source'):
             continue
         try:
-            p = jobs.run(target, fetch_job(props, kind, art))
+            token = ((props.get('installer_tokens') or {}).get(kind) or {}).get('token')
+            p = jobs.run(target, fetch_job(props, kind, art, token))
         except jobs.JobFailed as e:
             raise RuntimeStepError('%s.source: %s; nothing was installed - re-run to resume the download' % (key, e)) \
                 from None

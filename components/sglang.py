@@ -689,6 +689,7 @@ class SglangService(pulumi.ComponentResource):
         self.endpoint = service_props(d)['endpoint']
         key = s.api_key.get_secret_value() if s.api_key else None
         password = (runtime_files or {}).get('index_password')
+        tokens = runtime.installer_tokens(d)
         expect = expected_speculation(d)
         if d.model:
             # The weights it loaded are the declared revision's (a switch of revision is checked, not assumed).
@@ -703,6 +704,8 @@ class SglangService(pulumi.ComponentResource):
                      model=model_mod.declared(d), model_check=model_mod.unit_check(d, model_files),
                      # Reaches pip only as a root-only netrc file in the container (ct_env_build.py).
                      index_password=pulumi.Output.secret(password) if password else None,
+                     # The installers' mirror logins: to the host's download job on stdin (runtime.fetch_installers).
+                     installer_tokens=pulumi.Output.secret(tokens) if tokens else None,
                      **dict.fromkeys(SglangUnitProvider.OUTPUTS))
         if rollout:
             # Not compared by diff (not DESIRED): where this host stands in the fleet's rollout, for the

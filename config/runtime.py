@@ -106,8 +106,8 @@ INSTALLERS_DIR = '/var/lib/gpuhost/installers'
 def installer_url(value: str) -> str:
     return http_url(value, 'an http(s) URL of the installer', 'https://us.download.nvidia.com/XFree86/Linux-x86_64/'
                     '580.95.05/NVIDIA-Linux-x86_64-580.95.05.run (NVIDIA\'s download URL for that version, or the same '
-                    'file on an internal mirror)', 'serve the installer from a mirror that needs no login, or upload '
-                    'it to the host and give its path as installer')
+                    'file on an internal mirror)', 'give the URL without them and the mirror\'s token as a secret: '
+                    'pulumi config set --secret --path gpuhost:runtime.<nvidia|cuda>.token')
 
 
 class Installer(Model):
@@ -117,6 +117,10 @@ class Installer(Model):
         None, description='... or where the host downloads it from (NVIDIA\'s URL for that version, or a mirror): '
                           'a job on the host, resumable, checked against sha256 before use, kept in '
                           '/var/lib/gpuhost/installers for the next container')
+    token: Optional[SecretStr] = Field(None, description='Bearer token for a mirror that wants a login; a secret, '
+                                       'sent only to the source\'s own origin (never along a redirect to another '
+                                       'host), handed to the host on stdin and kept in a root-only file only while '
+                                       'the download runs')
     sha256: Sha256 = Field(description='sha256sum of the installer; a file with another hash is never run (NVIDIA '
                                        'publishes them: the driver\'s beside each .run on download.nvidia.com, '
                                        'CUDA\'s on the toolkit\'s download page, "Checksums")')
@@ -127,6 +131,11 @@ class Installer(Model):
         if (self.installer is None) == (self.source is None):
             raise ValueError('%s: set exactly one of installer (the file uploaded to the host) and source (the URL the '
                              'host downloads it from)' % key)
+        if self.token is not None and (self.source is None or not self.source.startswith('https://')):
+            raise ValueError('%s.token needs an https:// source to use it with (a plain-http one would carry it '
+                             'unencrypted); set source, or drop the token' % key)
+        if self.token is not None:
+            check_token(key + '.token', self.token.get_secret_value())
         field = 'installer' if self.installer is not None else 'source'
         given = self.installer if self.installer is not None else self.source
         name = posixpath.basename(given if field == 'installer' else urlsplit(given).path)
@@ -194,6 +203,12 @@ class PackageIndex(Model):
             raise ValueError('gpuhost:runtime.python.index: a username needs a password and a password a username; '
                              'set both (the password as a secret) or neither (an index without login)')
         return self
+
+
+def check_token(key: str, value: str) -> None:
+    """What an HTTP Authorization header can carry: printable, no whitespace. Never shown."""
+    if not re.match(r'^[!-~]{8,4096}$', value):
+        raise ValueError('%s must be 8-4096 printable characters without spaces (not shown)' % key)
 
 
 def check_password(value: str) -> str:

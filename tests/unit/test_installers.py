@@ -38,3 +38,25 @@ def test_the_placeholder_sha256_is_refused_before_any_download():
 
 def test_nothing_is_fetched_when_the_container_has_the_version():
     runtime.fetch_installers(None, props(), {'container_driver': '580.95.05'})
+
+
+def test_a_mirror_token_needs_an_https_source_and_stays_out_of_the_install_input():
+    from pydantic import ValidationError
+    from config.errors import format_errors
+    from config.runtime import NvidiaRuntime, Runtime
+    http = NV.replace('https://', 'http://')
+    with pytest.raises(ValidationError) as e:
+        NvidiaRuntime(version='580.95.05', source=http, sha256='a' * 64, token='a-mirror-token-1234')
+    shown = format_errors(e.value, Runtime, ('runtime', 'nvidia'))
+    assert 'gpuhost:runtime.nvidia.token needs an https:// source' in shown and 'a-mirror-token-1234' not in shown
+    with pytest.raises(ValidationError) as e:
+        NvidiaRuntime(version='580.95.05', source=NV, sha256='a' * 64, token='two words')
+    shown = format_errors(e.value, Runtime, ('runtime', 'nvidia'))
+    assert 'gpuhost:runtime.nvidia.token must be 8-4096 printable characters' in shown and 'two words' not in shown
+
+
+def test_the_download_job_gets_the_token_on_stdin_only():
+    p = props()
+    job = runtime.fetch_job(p, 'nvidia', p['install']['nvidia'], 'a-mirror-token-1234')
+    assert job.stdin == b'a-mirror-token-1234'
+    assert 'a-mirror-token-1234' not in job.spec + ' '.join(job.args) + job.label
