@@ -384,12 +384,9 @@ def _lock_fits(ctx):
             for k, (v, ws) in sorted(ctx.runtime_files['wheels'].items())]
     bad = wheeltags.unfit(pins, python, glibc)
     if bad:
-        pin, needs = bad[0]
-        d = ctx.d
-        return ('gpuhost:runtime.python.lock (%s): %s %s needs %s; container %s has glibc %s and Python %s (read in it: '
-                'getconf GNU_LIBC_VERSION, python3). Nothing was changed on the host. Make the lock for that container '
-                '(make lock STACK=<stack>), or pin a version with a wheel for it in the lock\'s .in' % (
-                    d.runtime.python.lock, pin.name, pin.version, needs, d.container.vmid, glibc, python))
+        return 'gpuhost:runtime.python.lock (%s): %s. Nothing was changed on the host.' % (
+            ctx.d.runtime.python.lock, wheeltags.refusal(bad, 'container %s (read in it: getconf GNU_LIBC_VERSION, '
+                                                         'python3)' % ctx.d.container.vmid, glibc, python))
 
 
 def _has_model(d):

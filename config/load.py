@@ -190,11 +190,7 @@ def platform_check(lock, d: Deployment, key: str, rel: str, glibc: Optional[str]
         where = 'the container (gpuhost:container.ostemplate: %s)' % release
     bad = wheeltags.unfit(lock.pins.values(), python, glibc)
     if bad:
-        pin, needs = bad[0]
-        more = ' (and %d more: %s)' % (len(bad) - 1, ', '.join(p.name for p, _ in bad[1:6])) if len(bad) > 1 else ''
-        raise ConfigError('%s (%s): %s %s needs %s; %s has glibc %s and Python %s%s. Make the lock for that container '
-                          '(make lock STACK=<stack>), or pin a version with a wheel for it in the lock\'s .in' % (
-                              key, rel, pin.name, pin.version, needs, where, glibc, python, more))
+        raise ConfigError('%s (%s): %s' % (key, rel, wheeltags.refusal(bad, where, glibc, python)))
 
 
 def model_inputs(d: Deployment, root: str) -> Optional[dict]:

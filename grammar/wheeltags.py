@@ -120,6 +120,16 @@ def unfit(pins, python: str, glibc: str, arch: str = 'x86_64') -> list:
     return out
 
 
+def refusal(bad: list, where: str, glibc: str, python: str) -> str:
+    """What unfit() found, as the preview and the preflight both say it: the first package, what it needs, what the
+    container (`where`) has, how many more, and the fix."""
+    pin, needs = bad[0]
+    more = ' (and %d more: %s)' % (len(bad) - 1, ', '.join(p.name for p, _ in bad[1:6])) if len(bad) > 1 else ''
+    return ('%s %s needs %s; %s has glibc %s and Python %s%s. Make the lock for that container (make lock '
+            'STACK=<stack>), or pin a version with a wheel for it in the lock\'s .in' % (
+                pin.name, pin.version, needs, where, glibc, python, more))
+
+
 def download_bytes(pins) -> int:
     """What installing the pins downloads, where the lock says it: per pin, its platform wheel's size (pip prefers it
     to a pure one), else its pure wheel's. 0 where no size is known."""

@@ -187,13 +187,13 @@ def lock_one(stack, d, glibc, python, project, index, upgrade, uv) -> str:
         with open(out) as f:
             text = f.read()
         try:
-            pylock.parse(text)
+            resolved = pylock.parse(text)
         except pylock.LockError as e:
             raise LockFailed('the resolved lock, line %d: %s (%s kept as it was)' % (e.line, e, py.lock)) from None
         # The wheels of each pin for this platform, with their sizes: uv's pylock.toml of exactly these pins.
         pins_in = os.path.join(work, 'pins.in')
         with open(pins_in, 'w') as f:
-            f.write(''.join('%s==%s\n' % (k, v) for k, v in pylock.parse(text).versions().items()))
+            f.write(''.join('%s==%s\n' % (k, v) for k, v in resolved.versions().items()))
         toml_out = os.path.join(work, 'pylock.toml')
         res = subprocess.run(argv[:3] + [pins_in, '--no-deps', '--python-version', python, '--python-platform',
                                          distro.manylinux(glibc), '--index-url', index, '--only-binary', ':all:',
@@ -218,10 +218,17 @@ def lock_one(stack, d, glibc, python, project, index, upgrade, uv) -> str:
         if lock.get('pip') is None:
             raise LockFailed('the resolved lock pins no pip (the container has none; the environment is built with '
                              'the pip the lock pins): add pip to %s (%s kept as it was)' % (in_path(py.lock), py.lock))
-        tmp = lock_path + '.tmp'
-        with open(tmp, 'w') as f:
-            f.write(text)
-        os.replace(tmp, lock_path)
+        # A file of its own beside the lock (two `make lock` runs never share one), then renamed over it: a reader
+        # sees the old lock or the new one.
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(lock_path) or '.', prefix='.%s.' % os.path.basename(lock_path))
+        try:
+            with os.fdopen(fd, 'w') as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, lock_path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     torch = lock.get('torch')

@@ -108,12 +108,12 @@ def test_the_preflight_judges_the_wheels_against_the_running_containers_own_glib
     said['out'] = 'glibc 2.31 python 3.11\n'
     assert preflight._lock_fits(ctx) == (
         'gpuhost:runtime.python.lock (runtime/sglang.lock): sglang 0.5.23 needs Python 3, glibc 2.34 or newer; '
-        'container 200 has glibc 2.31 and Python 3.11 (read in it: getconf GNU_LIBC_VERSION, python3). Nothing was '
-        'changed on the host. Make the lock for that container (make lock STACK=<stack>), or pin a version with a wheel '
-        'for it in the lock\'s .in')
+        'container 200 (read in it: getconf GNU_LIBC_VERSION, python3) has glibc 2.31 and Python 3.11. Make the lock '
+        'for that container (make lock STACK=<stack>), or pin a version with a wheel for it in the lock\'s .in. '
+        'Nothing was changed on the host.')
     said['out'] = 'glibc 2.41 python 3.13\n'
-    assert 'torch 2.14.1 needs Python 3.11, glibc 2.28 or newer; Python 3.12, glibc 2.28 or newer; container 200 has ' \
-           'glibc 2.41 and Python 3.13' in preflight._lock_fits(ctx)
+    assert 'torch 2.14.1 needs Python 3.11, glibc 2.28 or newer; Python 3.12, glibc 2.28 or newer; container 200 ' \
+           '(read in it: getconf GNU_LIBC_VERSION, python3) has glibc 2.41 and Python 3.13' in preflight._lock_fits(ctx)
     for fine in ('glibc 2.36 python 3.11\n', 'absent\n', 'glibc  python \n'):
         said['out'] = fine
         assert preflight._lock_fits(ctx) is None, fine
