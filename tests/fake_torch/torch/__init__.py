@@ -1,0 +1,78 @@
+"""A stand-in for torch with only what components/scripts/gpu_proof.py calls, for tests/unit/test_gpu_proof.py on a
+machine without a GPU or torch (put tests/fake_torch on PYTHONPATH). A tensor is its shape and one value that all its
+elements share, which is enough for the proof's checks.
+
+FAKE_TORCH_GPUS     the GPUs' PCI bus ids, comma-separated (default 0000:01:00.0); CUDA_VISIBLE_DEVICES picks and
+                    orders them by index, as CUDA does
+FAKE_TORCH_BAD_GPU  the bus id of a GPU whose matmul is wrong (by half)
+FAKE_TORCH_HANG     all_reduce never returns: 'sleep' (a wait SIGTERM ends), 'stop' (the worker stops itself, as
+                    `kill -STOP` from outside would: only SIGKILL ends it)
+FAKE_TORCH_WRONG_SUM  all_reduce returns the sum less one"""
+
+import math
+import os
+
+from . import cuda, distributed, version  # noqa: F401
+
+__version__ = '0.0+fake'
+
+
+class dtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return 'torch.' + self.name
+
+
+bfloat16 = dtype('bfloat16')
+float32 = dtype('float32')
+
+
+class Tensor:
+    def __init__(self, shape, value, dt):
+        self.shape, self.value, self.dtype = tuple(shape), float(value), dt
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def __matmul__(self, other):
+        value = self.value * other.value * self.shape[1]
+        if self.dtype is bfloat16 and cuda.current_bus_id() == os.environ.get('FAKE_TORCH_BAD_GPU'):
+            value *= 1.5
+        return Tensor((self.shape[0], other.shape[1]), value, self.dtype)
+
+    def __getitem__(self, rows):
+        return Tensor((len(range(*rows.indices(self.shape[0]))),) + self.shape[1:], self.value, self.dtype)
+
+    def __sub__(self, other):
+        return Tensor(self.shape, self.value - other.value, self.dtype)
+
+    def __truediv__(self, other):
+        return Tensor((), self.value / other.value if other.value else math.nan, self.dtype)
+
+    def float(self):
+        return Tensor(self.shape, self.value, float32)
+
+    def norm(self):
+        return Tensor((), abs(self.value) * math.sqrt(self.numel()), float32)
+
+    def min(self):
+        return Tensor((), self.value, self.dtype)
+
+    max = min
+
+    def item(self):
+        return self.value
+
+
+def randn(*shape, device=None, dtype=float32):
+    return Tensor(shape, 1.0, dtype)
+
+
+def ones(*shape, device=None, dtype=float32):
+    return Tensor(shape, 1.0, dtype)
+
+
+def full(shape, value, device=None, dtype=float32):
+    return Tensor(shape, value, dtype)
