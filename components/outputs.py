@@ -37,6 +37,11 @@ OUTPUTS = (
      '`container_driver` (the container\'s NVIDIA libraries; must equal it), `cuda`, `sglang` (the version of the '
      'environment the unit runs from), `env` (its id), `declared_env`, `lock_sha256` (the sha256 of its lock\'s '
      'canonical text)'),
+    (('gpu_proof',),
+     'with `gpuhost:sglang.proof.enabled`: the last GPU proof before SGLang started on new ground (null: never run): '
+     '`ok`, `at` (UTC), `message` (one line), `gpus`, `tp`, `per_gpu` (`bus_id`, `ok`, `tflops`, `memory_total`), '
+     '`allreduce_bytes`, `busbw` (bytes/s, nccl-tests\' bus bandwidth), `transport` (what NCCL chose), `versions` '
+     '(docs/gpu-proof.md)'),
     (('reboot_required', 'reboot_reasons'),
      'declared vs running (command line, module options, bindings, group types)'),
     (('model',),
@@ -92,6 +97,9 @@ def host_outputs(d, host, container, vm, service, weights=None) -> dict:
         # What SGLang stands on, as the last run (or refresh) found it: the host's nvidia module and the
         # container's NVIDIA libraries (equal, or SGLang cannot start), CUDA, the environment it runs from.
         'runtime': service.runtime_facts.apply(lambda f: runtime_output(f, service.env)),
+        # The last GPU proof before SGLang started (gpuhost:sglang.proof; null: never run): per GPU, the all-reduce's
+        # bus bandwidth (bytes/s, nccl-tests' busbw) and transport, when (docs/gpu-proof.md).
+        'gpu_proof': service.proven,
         'sglang_unit_sha256': hashlib.sha256(service.unit.encode()).hexdigest(),
         'reboot_required': host.reboot_required,
         'reboot_reasons': host.reboot_reasons,

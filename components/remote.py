@@ -105,6 +105,8 @@ STEPS = {
     'ct_put_file.sh': ('writing {1} in container {0}', 120),
     'ct_read_file.sh': ('reading {1} in container {0}', 60),
     'ct_unit.sh': ('starting {1} in container {0}', 300),
+    # The proof's own time limit ends it; this one only catches a stuck pct (components/sglang.py prove).
+    'ct_gpu_proof.sh': ('proving the GPUs of container {0} (its unit {1} stopped)', None),
     'ct_unit_facts.sh': ('reading the state of {1} in container {0}', 60),
     'ct_unit_owner.sh': ('checking who owns {1} in container {0}', 60),
     'ct_remove_dropins.sh': ('removing the drop-ins of {1} in container {0}', 60),

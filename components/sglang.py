@@ -10,6 +10,7 @@ service is restarted only when the unit changed; the step waits for /health and 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import time
 import urllib.error
@@ -24,6 +25,8 @@ from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, utc_now, warn
 from components.state import info as note   # where apply's `info` is SGLang's /server_info
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class ServiceError(OperatorError):
@@ -236,6 +239,77 @@ def facts_args(props) -> list:
             py.get('envs_dir') or '-'] + ([runtime.checker_source()] if py.get('envs_dir') else [])
 
 
+def proof_inputs(d, env) -> dict | None:
+    """The unit resource's `proof` input (gpuhost:sglang.proof): the GPUs to prove, the tensor-parallel group, the
+    time limit, and the service's own Python and environment to prove them with. None: the proof is off."""
+    p = d.sglang.proof
+    if not p.enabled:
+        return None
+    prefix = env['path'] if env else d.sglang.venv
+    return {'gpus': list(d.container.gpus), 'tp': d.sglang.tp, 'time_limit_s': p.time_limit_s,
+            'python': prefix + '/bin/python', 'environment': dict(d.service_environment(prefix if env else None))}
+
+
+def proof_due(props, last, new_ground: bool) -> bool:
+    """The proof runs where SGLang is stopped anyway: a restart onto a new NVIDIA user space, CUDA or environment
+    (new_ground), its first start, and other GPUs than the last proof's."""
+    proof = props.get('proof')
+    if not proof:
+        return False
+    return new_ground or not last or last.get('gpus') != proof['gpus']
+
+
+def proof_reason(olds, news) -> str | None:
+    """Why the next restart proves the GPUs, for the preview (proof_due's cases as a person reads them)."""
+    proof, last = news.get('proof'), olds.get('proven')
+    if not proof:
+        return None
+    if (olds.get('runtime') or {}) != (news.get('runtime') or {}):
+        return 'the NVIDIA user space or CUDA changes'
+    if news.get('env') and (olds.get('env') or {}).get('id') != news['env']['id']:
+        return 'the Python environment changes'
+    if not last:
+        return 'they were never proven'
+    if last.get('gpus') != proof['gpus']:
+        return 'the container\'s GPUs changed'
+    return None
+
+
+def prove(target, props) -> dict:
+    """Stop the unit and run the GPU proof (components/scripts/gpu_proof.py) in the container with the service's
+    Python and environment. Returns its result for the `proven` output; raises ServiceError naming the GPU or the
+    transport and the figure when it fails (the caller rolls back as for a failed start)."""
+    proof = props['proof']
+    with open(os.path.join(HERE, 'scripts', 'gpu_proof.py'), 'rb') as f:
+        body = f.read()
+    args = [props['vmid'], props['unit_name'], proof['python']] + \
+        ['%s=%s' % kv for kv in sorted(proof['environment'].items())] + \
+        ['--', '--gpus', ','.join(proof['gpus']), '--tp', str(proof['tp']), '--time-limit', str(proof['time_limit_s'])]
+    info('sglang-unit: proving the GPUs of container %s before SGLang starts (%s; at most %d s)' % (
+        props['vmid'], ', '.join(proof['gpus']), proof['time_limit_s']))
+    res = remote.run(target, 'ct_gpu_proof.sh', args, stdin=body, check=False,
+                     timeout=float(proof['time_limit_s']) + 60)
+    try:
+        doc = json.loads(res.stdout)
+    except ValueError:
+        raise ServiceError('the GPU proof in container %s printed no result (exit %d): %s' % (
+            props['vmid'], res.exit_code, (res.stderr.strip().splitlines() or ['no output'])[-1])) from None
+    allreduce = doc.get('allreduce') or {}
+    big = max(allreduce.get('sizes') or [{}], key=lambda s: s.get('bytes') or 0)
+    out = {'ok': bool(doc.get('ok')) and res.exit_code == 0, 'at': utc_now(), 'message': doc.get('message'),
+           'gpus': proof['gpus'], 'tp': proof['tp'],
+           'per_gpu': [{'bus_id': g.get('bus_id'), 'ok': g.get('ok'), 'tflops': g.get('tflops'),
+                        'memory_total': g.get('memory_total')} for g in doc.get('gpus') or []],
+           'allreduce_bytes': big.get('bytes'), 'busbw': big.get('busbw'), 'transport': allreduce.get('transport'),
+           'versions': doc.get('versions')}
+    if not out['ok']:
+        raise ServiceError('the GPU proof failed in container %s: %s. SGLang was not started on %s (run the proof by '
+                           'hand: docs/gpu-proof.md)' % (props['vmid'], doc.get('message') or 'exit %d' %
+                                                          res.exit_code, 'them' if len(proof['gpus']) > 1 else 'it'))
+    info('sglang-unit: GPU proof passed: %s' % doc.get('message'))
+    return out
+
+
 class SglangUnitProvider(ObservedProvider):
     """SGLang's systemd unit in the container, with what it stands on (NVIDIA user space, CUDA, its Python
     environment): written, restarted and checked (/health, /server_info), rolled back when the check fails."""
@@ -257,8 +331,9 @@ class SglangUnitProvider(ObservedProvider):
     # runtime_facts: driver versions (host module, container libraries), CUDA, the running environment.
     # pending_cleanup: previous revisions' directories whose removal failed after the new one served ([{storage,
     # dir, revision}]): retried by every `up` until they go; never a reason to fail a run that served.
+    # proven: the last GPU proof's result (gpuhost:sglang.proof; None: never run) - per GPU, the all-reduce, when.
     OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at', 'runtime_facts', 'confirmed_unit',
-               'confirmed_envs', 'pending_cleanup')
+               'confirmed_envs', 'pending_cleanup', 'proven')
     ROLLOUT_STEP = 'its SGLang unit'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
 
     def facts(self, target, props) -> dict:
@@ -355,6 +430,8 @@ class SglangUnitProvider(ObservedProvider):
         restart = 'yes' if changed or force_restart or installed else 'no'
         switching = bool(props.get('env') and previous and previous.get('unit') and
                          previous.get('env_id') != props['env']['id'])
+        # New ground for the GPUs' proof: another NVIDIA user space, CUDA or Python environment under the service.
+        new_ground = installed or switching
         # A new model revision: the unit names the new revision's directory (config/model.py); the previous
         # revision's directory stays on the host until the new one has served, so it can be put back.
         old_model = model_switch(props, previous)
@@ -365,7 +442,10 @@ class SglangUnitProvider(ObservedProvider):
         switching = switching or bool(old_model) or bool(
             restart == 'yes' and previous and previous.get('unit') and
             (previous['unit'] != props['unit'] or installed))
+        proven = previous_proof = (previous or {}).get('proven')
         try:
+            if restart == 'yes' and proof_due(props, previous_proof, new_ground):
+                proven = prove(target, props)
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
         except (ServiceError, remote.RemoteError) as e:
@@ -384,7 +464,7 @@ class SglangUnitProvider(ObservedProvider):
         pending_cleanup = self.clean_up(target, props, (pending or []) + ([old_model] if old_model else []))
         after = self.observe(target, props)
         after.pop('sha256', None)
-        return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False,
+        return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False, proven=proven,
                     confirmed=remote.sha256_hex(props['unit']), confirmed_unit=props['unit'],
                     confirmed_envs=confirmed_envs, observed_at=utc_now(), pending_cleanup=pending_cleanup or None)
 
@@ -528,6 +608,11 @@ class SglangUnitProvider(ObservedProvider):
             if new_rt.get(key) and old_rt.get(key) != new_rt.get(key):
                 info('sglang-unit: the container\'s %s: %s -> %s (%s, then one restart)' % (
                     name, old_rt.get(key) or 'none', new_rt[key], runtime.installed_from(news['install'][key])))
+        if result.changes:
+            why = proof_reason(olds, news)
+            if why:
+                info('sglang-unit: `up` proves the GPUs (%s) before SGLang starts: %s; a failure stops that start '
+                     '(gpuhost:sglang.proof)' % (', '.join(news['proof']['gpus']), why))
         return result
 
     def check(self, olds, news):
@@ -540,6 +625,9 @@ class SglangUnitProvider(ObservedProvider):
         first = runtime.first_install(news)
         if first:
             info('sglang-unit: %s' % first)
+        if news.get('proof'):
+            info('sglang-unit: the first `up` proves the GPUs (%s) before SGLang\'s first start (gpuhost:sglang.proof)'
+                 % ', '.join(news['proof']['gpus']))
         if news.get('adopt') and isinstance(news.get('connection'), dict) and isinstance(news.get('unit'), str):
             info('sglang-unit: %s' % self.adoption(remote.Target.from_inputs(news['connection']), news))
         return CheckResult(news, [])
@@ -587,7 +675,8 @@ class SglangUnitProvider(ObservedProvider):
                         'env_id': (olds.get('confirmed_envs') or [None])[0], 'expect': olds.get('expect'),
                         'version': olds.get('version'), 'model': olds.get('model'),
                         'model_dir': (olds.get('model_check') or {}).get('dir'),
-                        'model_storage': (olds.get('model_check') or {}).get('storage')}
+                        'model_storage': (olds.get('model_check') or {}).get('storage'),
+                        'proven': olds.get('proven')}
         return UpdateResult(self.apply(news, force_restart=force, previous=previous,
                                        pending=olds.get('pending_cleanup')))
 
@@ -700,6 +789,7 @@ class SglangService(pulumi.ComponentResource):
                      unit=self.unit, launch_args=flag_groups(d.launch_args()), active=True, enabled=True, dropins=[],
                      adopt=d.container.adopt,
                      cuda_home=s.cuda_home, runtime=runtime.declared(d), env=self.env,
+                     proof=proof_inputs(d, self.env),
                      install=runtime.install_inputs(d, runtime_files),
                      model=model_mod.declared(d), model_check=model_mod.unit_check(d, model_files),
                      # Reaches pip only as a root-only netrc file in the container (ct_env_build.py).
@@ -724,4 +814,5 @@ class SglangService(pulumi.ComponentResource):
         self.enabled = self.service.enabled
         self.observed_at = self.service.observed_at
         self.runtime_facts = self.service.runtime_facts
+        self.proven = self.service.proven
         self.register_outputs({'resolved': self.resolved, 'active': self.active, 'enabled': self.enabled})

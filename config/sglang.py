@@ -39,6 +39,16 @@ class Speculative(Model):
         return self
 
 
+class Proof(Model):
+    """The GPU proof (components/scripts/gpu_proof.py, docs/gpu-proof.md): run in the container with the service's own
+    environment in the window where SGLang is stopped anyway - before the restart onto a new NVIDIA user space, CUDA
+    or Python environment, and before its first start - and the start refused when it fails."""
+    enabled: bool = Field(False, description='Run the GPU proof before SGLang starts on new ground (off until the '
+                                             'program runs it at every case the issue names; docs/gpu-proof.md)')
+    time_limit_s: int = Field(60, ge=10, le=600, description='The whole proof ends within this: a hang is killed and '
+                                                             'is a failure')
+
+
 class Sglang(Model):
     version: Annotated[str, grammar(r'^\d+\.\d+\.\d+(\.post\d+)?$', 'a release number', '0.5.23', 24)] = Field(
         '0.5.23', description='The SGLang version installed in the container\'s virtualenv; flags are rendered and '
@@ -69,6 +79,7 @@ class Sglang(Model):
                                          '/health and /metrics stay open for monitoring')
     health_timeout_s: float = Field(900.0, gt=0, le=86400,
                                     description='How long a (re)start may take to pass /health')
+    proof: Proof = Field(default_factory=Proof, description='The GPU proof before SGLang starts on new ground')
 
     @field_validator('version')
     @classmethod

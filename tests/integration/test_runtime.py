@@ -542,3 +542,56 @@ def test_a_cuda_reinstall_sglang_refuses_is_rolled_back_to_the_toolkit_that_serv
     cfg['gpuhost:runtime']['cuda'] = good
     lab.write_stack(STACK, cfg)
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
+
+
+def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_stops_that_start(lab, base):
+    """Issue 48 (gpuhost:sglang.proof): with the unit stopped for a restart onto new ground - here its first start
+    with the proof on - the GPUs are proven in the container with the service's own Python and environment (the
+    lab's simulated torch answers for the container's simulated GPUs). A GPU that computes wrong, and an all-reduce
+    that hangs (killed within the limit), each stop that start, named, and the unit that served is put back. Once
+    proven, a restart on the same ground does not prove again."""
+    import yaml
+    with open(os.path.join(lab.project, 'Pulumi.%s.yaml' % STACK)) as f:
+        cfg = yaml.safe_load(f)['config']
+    gpus = cfg['gpuhost:container']['gpus']
+    version = server_version(lab)
+    with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
+        unit = f.read()
+    cfg['gpuhost:sglang']['proof'] = {'enabled': True, 'time_limit_s': 12}
+    cfg['gpuhost:sglang'].setdefault('environment', {})['LAB_PROOF_STEP'] = '1'
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('preview', stack=STACK)
+    assert '`up` proves the GPUs (%s) before SGLang starts: they were never proven' % ', '.join(gpus) in res.stdout, \
+        res.stdout[-3000:]
+    faults = os.path.join(lab.ct_root(), 'etc', 'lab-faults', 'torch.json')
+    os.makedirs(os.path.dirname(faults), exist_ok=True)
+    for fault, said in (({'bad_gpu': gpus[1]}, 'GPU %s: the bf16 matmul is wrong' % gpus[1]),
+                        ({'hang': 'stop'}, 'the all-reduce across GPUs %s did not finish within the 12 s limit' %
+                         ', '.join(gpus))):
+        with open(faults, 'w') as f:
+            json.dump(fault, f)
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode != 0 and 'the GPU proof failed in container 200: ' + said in out, out[-3000:]
+        assert 'SGLang was not started on them' in out and 'Rolled back: container 200 runs the previous unit ' \
+            'again' in out, out[-3000:]
+        assert health(lab) == 200 and server_version(lab) == version
+        with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
+            assert f.read() == unit
+        # Nothing of the proof is left running in the container (a hung worker was killed).
+        assert 'gpuhost-gpu-proof' not in lab.ct_exec(['ps', '-eo', 'args']).stdout
+    os.unlink(faults)
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'GPU proof passed: 4 GPUs ok (%s)' % ', '.join(gpus) in res.stdout, res.stdout[-3000:]
+    assert lab.unit_starts() == starts + 1 and health(lab) == 200
+    proven = lab.outputs(STACK)['gpu_proof']
+    assert proven['ok'] and proven['gpus'] == gpus and proven['tp'] == 4 and proven['transport'] == 'SHM', proven
+    assert [g['bus_id'] for g in proven['per_gpu']] == gpus and all(g['ok'] for g in proven['per_gpu'])
+    # The same ground: a restart for another setting proves nothing again.
+    cfg['gpuhost:sglang']['environment']['LAB_PROOF_STEP'] = '2'
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'proving the GPUs' not in res.stdout and lab.unit_starts() == starts + 2
+    assert lab.outputs(STACK)['gpu_proof']['at'] == proven['at']
+    lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)

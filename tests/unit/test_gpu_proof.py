@@ -1,7 +1,7 @@
 """components/scripts/gpu_proof.py (issue 48) without a GPU or torch: its parsers on real lines (nvidia-smi's bus ids,
 NCCL's INFO lines as NCCL's source prints them and as they appear in public reports and on the lent H100), the
-bandwidth nccl-tests defines, its messages, and the whole script against tests/fake_torch (a stand-in for the torch
-API it calls): the checks pass and fail as they should, and a hang is killed within the time limit with no worker
+bandwidth nccl-tests defines, its messages, and the whole script against the lab's simulated torch
+(lab/fakesglang/torch): the checks pass and fail as they should, and a hang is killed within the time limit with no worker
 left. The real run on a GPU: docs/gpu-proof.md."""
 
 import argparse
@@ -19,7 +19,7 @@ import pytest
 from tests.lablib import REPO
 
 SCRIPT = os.path.join(REPO, 'components', 'scripts', 'gpu_proof.py')
-FAKE_TORCH = os.path.join(REPO, 'tests', 'fake_torch')
+FAKE_TORCH = os.path.join(REPO, 'lab', 'fakesglang')   # its torch: the lab's simulated one
 spec = importlib.util.spec_from_file_location('gpu_proof', SCRIPT)
 gp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gp)
@@ -228,3 +228,26 @@ def test_bad_arguments_and_no_torch_exit_3():
     assert rc == 3 and doc['message'].startswith('no torch in ')
     r = subprocess.run([sys.executable, SCRIPT, '--help'], capture_output=True, text=True)
     assert r.returncode == 0 and '--time-limit' in r.stdout
+
+
+def test_in_a_lab_container_the_simulated_torch_sees_the_containers_gpus_and_its_faults(tmp_path):
+    """The lab's torch, as the program's proof meets it in a lab container: the GPUs are the container's device nodes
+    named by the host's procfs (a GPU whose node the container lacks is not seen), faults from /etc/lab-faults."""
+    for minor, bdf in enumerate(['0000:01:00.0', '0000:11:00.0', '0000:61:00.0']):
+        info = tmp_path / 'proc' / 'driver' / 'nvidia' / 'gpus' / bdf / 'information'
+        info.parent.mkdir(parents=True)
+        info.write_text('Model: \t\t NVIDIA RTX PRO 6000\nBus Location: \t %s\nDevice Minor: \t %d\n' % (bdf, minor))
+    (tmp_path / 'dev').mkdir()
+    for minor in (0, 2):
+        (tmp_path / 'dev' / ('nvidia%d' % minor)).touch()
+    (tmp_path / 'dev' / 'nvidiactl').touch()
+    lab = {'gpus': '', 'LAB_SGLANG_SYSROOT': str(tmp_path)}
+    rc, doc, _, _ = proof('--gpus', '0000:01:00.0,0000:61:00.0', '--sizes', '1M', **lab)
+    assert rc == 0 and doc['ok'], doc['message']
+    rc, doc, _, _ = proof('--gpus', TWO, '--sizes', '1M', **lab)
+    assert rc == 1 and '0000:11:00.0' in doc['message'], doc['message']
+    faults = tmp_path / 'etc' / 'lab-faults' / 'torch.json'
+    faults.parent.mkdir(parents=True)
+    faults.write_text(json.dumps({'bad_gpu': '0000:61:00.0'}))
+    rc, doc, _, _ = proof('--gpus', '0000:01:00.0,0000:61:00.0', '--sizes', '1M', **lab)
+    assert rc == 1 and '0000:61:00.0' in doc['message'], doc['message']

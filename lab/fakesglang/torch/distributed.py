@@ -1,4 +1,4 @@
-"""A one-process stand-in for torch.distributed: every rank computes the sum itself, assuming each filled rank+1 as
+"""The lab's simulated torch.distributed (SIMULATED), in one process: every rank computes the sum itself, assuming each filled rank+1 as
 the proof does. Writes NCCL's INFO lines (their real shapes) to NCCL_DEBUG_FILE as NCCL would."""
 
 import os
@@ -34,14 +34,15 @@ def init_process_group(backend, init_method=None, rank=0, world_size=1, timeout=
 
 
 def all_reduce(t):
-    hang = os.environ.get('FAKE_TORCH_HANG')
+    from torch import fault
+    hang = fault('hang')
     if hang == 'stop':
         os.kill(os.getpid(), signal.SIGSTOP)
     elif hang:
         time.sleep(3600)
     n, rank = _group['world'], _group['rank']
     t.value = n * (n + 1) / 2 if t.value == rank + 1 else t.value * n
-    if os.environ.get('FAKE_TORCH_WRONG_SUM') and t.numel() > 1:
+    if fault('wrong_sum') and t.numel() > 1:
         t.value -= 1
 
 

@@ -1,18 +1,38 @@
-"""A stand-in for torch with only what components/scripts/gpu_proof.py calls, for tests/unit/test_gpu_proof.py on a
-machine without a GPU or torch (put tests/fake_torch on PYTHONPATH). A tensor is its shape and one value that all its
-elements share, which is enough for the proof's checks.
+"""The lab's simulated torch (SIMULATED, no GPU): only what components/scripts/gpu_proof.py calls, shipped in the lab's
+SGLang wheel so that the program's GPU proof runs in a lab container as it runs with the real torch. A tensor is its
+shape and one value that all its elements share, which is enough for the proof's checks.
 
-FAKE_TORCH_GPUS     the GPUs' PCI bus ids, comma-separated (default 0000:01:00.0); CUDA_VISIBLE_DEVICES picks and
-                    orders them by index, as CUDA does
+The GPUs it sees are the container's: its /dev/nvidia<N> nodes, each the GPU whose /proc/driver/nvidia/gpus/<bus
+id>/information names that Device Minor (the host's procfs, as an LXC container sees it), in bus-id order;
+CUDA_VISIBLE_DEVICES picks and orders them by index, as CUDA does. LAB_SGLANG_SYSROOT (default /) is where those
+paths are looked up. Faults, per lab test: /etc/lab-faults/torch.json in the container ({"bad_gpu": <bus id>, "hang":
+"sleep"|"stop", "wrong_sum": true}), or the same as environment variables (the unit tests, which also give the GPUs):
+
+FAKE_TORCH_GPUS     the GPUs' PCI bus ids, comma-separated, instead of the container's
 FAKE_TORCH_BAD_GPU  the bus id of a GPU whose matmul is wrong (by half)
 FAKE_TORCH_HANG     all_reduce never returns: 'sleep' (a wait SIGTERM ends), 'stop' (the worker stops itself, as
                     `kill -STOP` from outside would: only SIGKILL ends it)
 FAKE_TORCH_WRONG_SUM  all_reduce returns the sum less one"""
 
+import json
 import math
 import os
 
-from . import cuda, distributed, version  # noqa: F401
+
+def fault(name):
+    """A fault the test set: FAKE_TORCH_<NAME>, else /etc/lab-faults/torch.json's name."""
+    value = os.environ.get('FAKE_TORCH_' + name.upper())
+    if value:
+        return value
+    root = os.environ.get('LAB_SGLANG_SYSROOT') or '/'
+    try:
+        with open(os.path.join(root, 'etc', 'lab-faults', 'torch.json')) as f:
+            return json.load(f).get(name)
+    except (OSError, ValueError):
+        return None
+
+
+from . import cuda, distributed, version  # noqa: E402,F401
 
 __version__ = '0.0+fake'
 
@@ -38,7 +58,7 @@ class Tensor:
 
     def __matmul__(self, other):
         value = self.value * other.value * self.shape[1]
-        if self.dtype is bfloat16 and cuda.current_bus_id() == os.environ.get('FAKE_TORCH_BAD_GPU'):
+        if self.dtype is bfloat16 and cuda.current_bus_id() == fault('bad_gpu'):
             value *= 1.5
         return Tensor((self.shape[0], other.shape[1]), value, self.dtype)
 
