@@ -259,6 +259,35 @@ def proof_due(props, last, new_ground: bool) -> bool:
     return new_ground or not last or last.get('gpus') != proof['gpus']
 
 
+PROOF_TEXTFILE = 'gpuhost-gpu-proof.prom'
+
+
+def proof_textfile(target, props, out) -> None:
+    """The proof's result for node_exporter (TEXTFILE_DIR/gpuhost-gpu-proof.prom), written by the proof itself - a
+    failed proof fails the run, so no later step would write it - for the GpuhostGpuProofFailed alert. A file that
+    cannot be written is said, never the run's failure."""
+    from components import exposition
+    vmid = {'vmid': str(props['vmid'])}
+    t = exposition.Text()
+    t.family('gpuhost_gpu_proof_ok', 'Whether the last GPU proof before SGLang started passed (1) or failed (0) '
+             '(gpuhost:sglang.proof, docs/gpu-proof.md).', [(vmid, 1 if out['ok'] else 0)])
+    t.family('gpuhost_gpu_proof_timestamp_seconds', 'When the last GPU proof ran (Unix time).',
+             [(vmid, int(time.time()))])
+    t.family('gpuhost_gpu_proof_gpu_ok', 'Whether each GPU passed the last proof: seen by torch, its bf16 product '
+             'right (1), or not (0).', [(dict(vmid, bus_id=g['bus_id']), 1 if g.get('ok') else 0)
+                                        for g in out['per_gpu'] if g.get('bus_id')])
+    if out.get('busbw') is not None and out.get('allreduce_bytes'):
+        t.family('gpuhost_gpu_proof_allreduce_busbw_bytes_per_second', 'The last proof\'s all-reduce bus bandwidth '
+                 'across the tensor-parallel group (nccl-tests\' busbw) at its largest size, and the transport NCCL '
+                 'chose.', [(dict(vmid, transport=out.get('transport') or '', bytes=str(out['allreduce_bytes'])),
+                             out['busbw'])])
+    try:
+        remote.put_file(target, posixpath.join(exposition.TEXTFILE_DIR, PROOF_TEXTFILE), t.text(), '0644', 'any')
+    except remote.RemoteError as e:
+        warn('sglang-unit: the GPU proof\'s result could not be written for node_exporter (%s): %s' % (
+            PROOF_TEXTFILE, str(e).split(': ', 1)[-1]))
+
+
 def proof_reason(olds, news) -> str | None:
     """Why the next restart proves the GPUs, for the preview (proof_due's cases as a person reads them)."""
     proof, last = news.get('proof'), olds.get('proven')
@@ -302,6 +331,7 @@ def prove(target, props) -> dict:
                         'memory_total': g.get('memory_total')} for g in doc.get('gpus') or []],
            'allreduce_bytes': big.get('bytes'), 'busbw': big.get('busbw'), 'transport': allreduce.get('transport'),
            'versions': doc.get('versions')}
+    proof_textfile(target, props, out)
     if not out['ok']:
         raise ServiceError('the GPU proof failed in container %s: %s. SGLang was not started on %s (run the proof by '
                            'hand: docs/gpu-proof.md)' % (props['vmid'], doc.get('message') or 'exit %d' %

@@ -580,6 +580,11 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
             assert f.read() == unit
         # Nothing of the proof is left running in the container (a hung worker was killed).
         assert 'gpuhost-gpu-proof' not in lab.ct_exec(['ps', '-eo', 'args']).stdout
+        # The failure for node_exporter (the GpuhostGpuProofFailed alert), though the run failed.
+        prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-gpu-proof.prom').stdout
+        assert 'gpuhost_gpu_proof_ok{vmid="200"} 0\n' in prom, prom
+        if 'bad_gpu' in fault:
+            assert 'gpuhost_gpu_proof_gpu_ok{vmid="200",bus_id="%s"} 0\n' % gpus[1] in prom, prom
     os.unlink(faults)
     starts = lab.unit_starts()
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
@@ -588,6 +593,9 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
     proven = lab.outputs(STACK)['gpu_proof']
     assert proven['ok'] and proven['gpus'] == gpus and proven['tp'] == 4 and proven['transport'] == 'SHM', proven
     assert [g['bus_id'] for g in proven['per_gpu']] == gpus and all(g['ok'] for g in proven['per_gpu'])
+    prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-gpu-proof.prom').stdout
+    assert 'gpuhost_gpu_proof_ok{vmid="200"} 1\n' in prom and \
+        'gpuhost_gpu_proof_allreduce_busbw_bytes_per_second{vmid="200",transport="SHM",bytes="134217728"} ' in prom, prom
     # The same ground: a restart for another setting proves nothing again.
     cfg['gpuhost:sglang']['environment']['LAB_PROOF_STEP'] = '2'
     lab.write_stack(STACK, cfg)

@@ -317,3 +317,26 @@ def test_committed_lab_example_is_what_make_monitoring_writes(tmp_path):
     for name in (tool.RULES, tool.DASHBOARD, tool.SCRAPE):
         with open(os.path.join(REPO, 'monitoring', 'lab', name)) as f:
             assert (tmp_path / name).read_text() == f.read(), 'run `make monitoring STACK=lab` and commit the result'
+
+
+def test_the_gpu_proofs_textfile_passes_promtool_for_a_pass_and_a_failure(monkeypatch):
+    """What the proof leaves for node_exporter (components/sglang.py proof_textfile), written even when it fails."""
+    from components import remote, sglang
+    written = {}
+    monkeypatch.setattr(remote, 'put_file', lambda target, path, text, mode, expected: written.update({path: text}))
+    out = {'ok': True, 'per_gpu': [{'bus_id': '0000:01:00.0', 'ok': True}, {'bus_id': '0000:11:00.0', 'ok': True}],
+           'busbw': 21.5e9, 'allreduce_bytes': 134217728, 'transport': 'SHM'}
+    sglang.proof_textfile(None, {'vmid': 200}, out)
+    text = written['/var/lib/prometheus/node-exporter/gpuhost-gpu-proof.prom']
+    assert check_metrics(text) == (0, '')
+    got = samples(text)
+    assert got['gpuhost_gpu_proof_ok{vmid="200"}'] == 1
+    assert got['gpuhost_gpu_proof_allreduce_busbw_bytes_per_second{vmid="200",transport="SHM",bytes="134217728"}'] == \
+        21.5e9
+    sglang.proof_textfile(None, {'vmid': 200}, dict(out, ok=False, busbw=None, per_gpu=[
+        {'bus_id': '0000:01:00.0', 'ok': True}, {'bus_id': '0000:11:00.0', 'ok': False}]))
+    text = written['/var/lib/prometheus/node-exporter/gpuhost-gpu-proof.prom']
+    assert check_metrics(text) == (0, '')
+    got = samples(text)
+    assert got['gpuhost_gpu_proof_ok{vmid="200"}'] == 0 and got['gpuhost_gpu_proof_gpu_ok{vmid="200",bus_id="0000:11:00.0"}'] == 0
+    assert not any(k.startswith('gpuhost_gpu_proof_allreduce') for k in got)
