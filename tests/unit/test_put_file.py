@@ -13,11 +13,12 @@ import pytest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'components', 'scripts', 'put_file.sh')
 
-# A proxmox-boot-tool whose first call hangs until released, then fails (killed); every later call succeeds.
+# A proxmox-boot-tool whose first call hangs until released (30 s at most), then fails (killed); every later call
+# succeeds.
 TOOL = """#!/bin/bash
 if mkdir "$LAB/first" 2>/dev/null; then
   touch "$LAB/started"
-  while [ ! -e "$LAB/release" ]; do sleep 0.02; done
+  for _ in $(seq 1500); do [ -e "$LAB/release" ] && break; sleep 0.02; done
   echo "proxmox-boot-tool: killed" >&2
   exit 143
 fi
@@ -39,7 +40,8 @@ def host(tmp_path):
     etc.mkdir(parents=True)
     (etc / 'cmdline').write_text('root=ZFS=rpool iommu.strict=0\n')
     env = dict(os.environ, PATH='%s:%s' % (bin_, os.environ['PATH']), LAB=str(tmp_path))
-    return tmp_path, etc / 'cmdline', env
+    yield tmp_path, etc / 'cmdline', env
+    (tmp_path / 'release').touch()   # a test that failed half-way leaves no hung tool behind
 
 
 def put(path, content, expected, env, wait=True):
