@@ -12,7 +12,11 @@ while [ "$#" -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
 tmp=$(mktemp /tmp/.gpuhost-proof.XXXXXX)
 trap 'rm -f "$tmp"' EXIT
 cat > "$tmp"
-pct exec "$vmid" -- systemctl stop "$unit" >&2
+# Stopped whatever its state (active, or between two automatic restarts); a unit systemd has not loaded (a first
+# start: its file is new) has nothing to stop.
+if [ "$(pct exec "$vmid" -- systemctl show -p LoadState --value "$unit")" = loaded ]; then
+  pct exec "$vmid" -- systemctl stop "$unit" >&2
+fi
 pct push "$vmid" "$tmp" /run/gpuhost-gpu-proof.py --perms 0600
 set +e
 pct exec "$vmid" -- env -i "${envs[@]}" "$python" /run/gpuhost-gpu-proof.py --json - "$@"
