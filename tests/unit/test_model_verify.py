@@ -220,8 +220,10 @@ class MirrorServer(object):
         os.unlink(self.control / 'down')
 
     def requests(self, name=None, method='GET', until=None):
-        """The log's records (of one file, of one method); until: wait (up to 5 s) until they satisfy it - the
-        mirror logs a transfer after its last byte, which the client may have read a moment before."""
+        """The log's records (of one file, of one method) in the order the requests began; until: wait (up to 5 s)
+        until they satisfy it - the mirror logs a transfer after its last byte, which the client may have read a
+        moment before, and a transfer cut off when its client is gone - a killed job's - once it notices: a fresh-
+        clone run saw the killed job's GET logged after the resumed one that followed it."""
         deadline = time.time() + 5
         while True:
             try:
@@ -229,8 +231,8 @@ class MirrorServer(object):
                     recs = [json.loads(x) for x in f]
             except FileNotFoundError:
                 recs = []
-            recs = [r for r in recs if (name is None or r['path'].endswith('/' + name)) and
-                    (method is None or r['method'] == method)]
+            recs = sorted((r for r in recs if (name is None or r['path'].endswith('/' + name)) and
+                           (method is None or r['method'] == method)), key=lambda r: r['start'])
             if until is None or until(recs) or time.time() > deadline:
                 return recs
             time.sleep(0.05)
