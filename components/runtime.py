@@ -452,12 +452,13 @@ def fetch_job(props: dict, kind: str, art: dict, token=None) -> jobs.Job:
     is the job's input (a root-only file while it runs; model_verify.py sends it to the source's origin only)."""
     name = posixpath.basename(art['installer'])
     job = {'kind': 'file', 'url': art['source'], 'sha256': art['sha256'], 'dest': art['installer']}
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'model_verify.py')) as f:
-        body = f.read()
+    from components.model import verifier_source
     return jobs.Job(name='gpuhost-fetch-%s' % jobs.key_of(art['installer']), label='downloading %s' % name,
-                    spec=jobs.spec_of(job), interpreter='python3', body=body, args=(json.dumps(job, sort_keys=True),),
-                    stdin=(token or '').encode(), limit_s=0, stall_s=_limits(props)['stall_s'], limit_key='gpuhost:runtime.install_timeout_s',
-                    stall_key='gpuhost:runtime.stall_timeout_s', prefix='installer')
+                    spec=jobs.spec_of(job), interpreter='python3', body=verifier_source().decode(),
+                    args=(json.dumps(job, sort_keys=True),),
+                    stdin=(token or '').encode(), limit_s=0, stall_s=_limits(props)['stall_s'],
+                    limit_key='gpuhost:runtime.install_timeout_s', stall_key='gpuhost:runtime.stall_timeout_s',
+                    prefix='installer')
 
 
 def fetch_installers(target, props: dict, facts: dict) -> None:

@@ -19,6 +19,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools.sglang_flags_gen import write_atomic  # noqa: E402 - a file of its own beside the target, renamed over it
+
 README = os.path.join(ROOT, 'README.md')
 OUTPUTS_BEGIN = ('<!-- outputs: begin (generated from components/outputs.py OUTPUTS and FLEET_OUTPUTS by '
                  '`python -m tools.docs outputs`: edit there) -->')
@@ -56,13 +58,6 @@ def between(text: str, begin: str, end: str, where: str) -> tuple:
 def replace_between(text: str, begin: str, end: str, block: str, where: str) -> str:
     start, stop = between(text, begin, end, where)
     return text[:start] + block + text[stop:]
-
-
-def write_atomic(path: str, text: str) -> None:
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def write_outputs() -> None:

@@ -31,6 +31,7 @@ sys.path.insert(0, ROOT)
 import config  # noqa: E402
 from config import load as config_load  # noqa: E402
 from grammar import distro, pylock  # noqa: E402
+from tools.sglang_flags_gen import write_atomic  # noqa: E402
 
 STACK_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$')
 
@@ -218,17 +219,8 @@ def lock_one(stack, d, glibc, python, project, index, upgrade, uv) -> str:
         if lock.get('pip') is None:
             raise LockFailed('the resolved lock pins no pip (the container has none; the environment is built with '
                              'the pip the lock pins): add pip to %s (%s kept as it was)' % (in_path(py.lock), py.lock))
-        # A file of its own beside the lock (two `make lock` runs never share one), then renamed over it: a reader
-        # sees the old lock or the new one.
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(lock_path) or '.', prefix='.%s.' % os.path.basename(lock_path))
-        try:
-            with os.fdopen(fd, 'w') as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, lock_path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        # A file of its own beside the lock, renamed over it: a reader sees the old lock or the new one.
+        write_atomic(lock_path, text)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     torch = lock.get('torch')
