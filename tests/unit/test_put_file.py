@@ -67,49 +67,59 @@ def leftovers(d):
     return sorted(n for n in os.listdir(d) if n.startswith('.gpuhost'))
 
 
+NEW = 'root=ZFS=rpool iommu.strict=1\n'
+
+
+def hung_first_run(lab, cmdline, env):
+    """The first run: NEW written, its proxmox-boot-tool hanging. Returns (its process, the old content)."""
+    old = cmdline.read_text()
+    first = put(cmdline, NEW, sha(old), env, wait=False)
+    until(lab / 'started')
+    return first, old
+
+
+def tool_killed(lab, first):
+    """The hung tool ends failing (killed at last); the first run's exit status and stderr."""
+    (lab / 'release').touch()
+    first.wait(timeout=30)
+    return first.returncode, first.stderr.read()
+
+
 def test_a_hung_run_s_late_failure_leaves_a_rerun_s_file_alone(host):
     lab, cmdline, env = host
-    old, new = cmdline.read_text(), 'root=ZFS=rpool iommu.strict=1\n'
-    first = put(cmdline, new, sha(old), env, wait=False)
-    until(lab / 'started')
-    assert cmdline.read_text() == new
+    first, _ = hung_first_run(lab, cmdline, env)
+    assert cmdline.read_text() == NEW
     assert any(n.startswith('.gpuhost-old.') for n in leftovers(cmdline.parent)), 'no backup of the old file'
     # The operator re-runs while the first run's tool still hangs: the file has the new content, its post step is
     # still to run - the re-run runs it.
-    rerun = put(cmdline, new, sha(new), env)
+    rerun = put(cmdline, NEW, sha(NEW), env)
     assert rerun.returncode == 0, rerun.err
-    assert rerun.out.startswith('changed %s (finished boot-systemd)' % sha(new))
-    (lab / 'release').touch()
-    first.wait(timeout=30)
-    assert first.returncode == 5
-    assert 'a later run has taken the file over since' in first.stderr.read()
-    assert cmdline.read_text() == new
+    assert rerun.out.startswith('changed %s (finished boot-systemd)' % sha(NEW))
+    code, err = tool_killed(lab, first)
+    assert code == 5
+    assert 'a later run has taken the file over since' in err
+    assert cmdline.read_text() == NEW
     assert leftovers(cmdline.parent) == []
 
 
 def test_a_hung_run_that_fails_alone_puts_the_old_file_back(host):
     lab, cmdline, env = host
-    old, new = cmdline.read_text(), 'root=ZFS=rpool iommu.strict=1\n'
-    first = put(cmdline, new, sha(old), env, wait=False)
-    until(lab / 'started')
-    (lab / 'release').touch()
-    first.wait(timeout=30)
-    assert first.returncode == 5
-    assert 'the old file is back in place' in first.stderr.read()
+    first, old = hung_first_run(lab, cmdline, env)
+    code, err = tool_killed(lab, first)
+    assert code == 5
+    assert 'the old file is back in place' in err
     assert cmdline.read_text() == old
     assert leftovers(cmdline.parent) == []
 
 
 def test_a_rerun_that_writes_other_content_keeps_it(host):
     lab, cmdline, env = host
-    old, new, third = cmdline.read_text(), 'root=ZFS=rpool iommu.strict=1\n', 'root=ZFS=rpool quiet\n'
-    first = put(cmdline, new, sha(old), env, wait=False)
-    until(lab / 'started')
-    rerun = put(cmdline, third, sha(new), env)
+    third = 'root=ZFS=rpool quiet\n'
+    first, _ = hung_first_run(lab, cmdline, env)
+    rerun = put(cmdline, third, sha(NEW), env)
     assert rerun.returncode == 0, rerun.err
     assert rerun.out.startswith('changed %s' % sha(third))
-    (lab / 'release').touch()
-    first.wait(timeout=30)
-    assert first.returncode == 5
+    code, _ = tool_killed(lab, first)
+    assert code == 5
     assert cmdline.read_text() == third
     assert leftovers(cmdline.parent) == []
