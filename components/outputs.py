@@ -40,7 +40,9 @@ OUTPUTS = (
     (('gpu_proof',),
      'with `gpuhost:sglang.proof.enabled`: the last GPU proof before SGLang started on new ground (null: never run): '
      '`ok`, `at` (UTC), `message` (one line), `gpus`, `tp`, `per_gpu` (`bus_id`, `ok`, `tflops`, `memory_total`), '
-     '`allreduce_bytes`, `busbw` (bytes/s, nccl-tests\' bus bandwidth), `transport` (what NCCL chose), `versions` '
+     '`allreduce_bytes`, `busbw` (bytes/s, nccl-tests\' bus bandwidth), `transport` (what NCCL chose), `floor_gbps` '
+     '(`gpuhost:sglang.proof.min_busbw_gbps`), `first` (the first figure for these GPUs: `busbw`, `bytes`, '
+     '`transport`, `at`), `boot_id` (the host\'s boot it proved: after a reboot `up` proves again), `versions` '
      '(docs/gpu-proof.md)'),
     (('reboot_required', 'reboot_reasons'),
      'declared vs running (command line, module options, bindings, group types)'),

@@ -296,7 +296,7 @@ def observed(props: dict, facts: dict) -> dict:
     else:
         sglang, lock = facts.get('sglang') if running else None, None
     return {'runtime': rt, 'env': env, 'runtime_facts': {
-        'host_driver': facts.get('host_driver'),
+        'host_driver': facts.get('host_driver'), 'boot_id': facts.get('boot_id'),
         'container_driver': facts.get('container_driver') if running else None,
         'cuda': facts.get('cuda') if running else None,
         'sglang': sglang, 'env': running_env, 'lock_sha256': lock,

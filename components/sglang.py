@@ -19,7 +19,7 @@ import urllib.request
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
 
-from components import model as model_mod, remote, runtime, state
+from components import exposition, model as model_mod, remote, runtime, state
 from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
@@ -247,6 +247,7 @@ def proof_inputs(d, env) -> dict | None:
         return None
     prefix = env['path'] if env else d.sglang.venv
     return {'gpus': list(d.container.gpus), 'tp': d.sglang.tp, 'time_limit_s': p.time_limit_s,
+            'min_busbw_gbps': p.min_busbw_gbps,
             'python': prefix + '/bin/python', 'environment': dict(d.service_environment(prefix if env else None))}
 
 
@@ -259,6 +260,27 @@ def proof_due(props, last, new_ground: bool) -> bool:
     return new_ground or not last or last.get('gpus') != proof['gpus']
 
 
+def rebooted_since_proof(props, last, boot_id) -> bool:
+    """The host booted since the last proof (its boot id, /proc/sys/kernel/random/boot_id, differs): SGLang started
+    at boot on GPUs nobody proved since - a GPU that did not initialise after a reboot is one of the failures the
+    proof is for. `up` makes the window itself: it stops SGLang, proves the GPUs and starts it again."""
+    return bool(props.get('proof') and last and last.get('boot_id') and boot_id and last['boot_id'] != boot_id)
+
+
+def first_figure(proof, last, out) -> dict | None:
+    """The all-reduce's first recorded figure for this group of GPUs (the reference every later proof is shown
+    against, and what to set gpuhost:sglang.proof.min_busbw_gbps from): the last proof's while the GPUs, the group
+    and the largest size stay the same, else this proof's."""
+    first = (last or {}).get('first')
+    if first and last.get('gpus') == proof['gpus'] and last.get('tp') == proof['tp'] and \
+            first.get('bytes') == out.get('allreduce_bytes'):
+        return first
+    if out.get('ok') and out.get('busbw') is not None and proof['tp'] > 1:
+        return {'busbw': out['busbw'], 'bytes': out['allreduce_bytes'], 'transport': out.get('transport'),
+                'at': out['at']}
+    return None
+
+
 PROOF_TEXTFILE = 'gpuhost-gpu-proof.prom'
 
 
@@ -266,7 +288,6 @@ def proof_textfile(target, props, out) -> None:
     """The proof's result for node_exporter (TEXTFILE_DIR/gpuhost-gpu-proof.prom), written by the proof itself - a
     failed proof fails the run, so no later step would write it - for the GpuhostGpuProofFailed alert. A file that
     cannot be written is said, never the run's failure."""
-    from components import exposition
     vmid = {'vmid': str(props['vmid'])}
     t = exposition.Text()
     t.family('gpuhost_gpu_proof_ok', 'Whether the last GPU proof before SGLang started passed (1) or failed (0) '
@@ -281,6 +302,11 @@ def proof_textfile(target, props, out) -> None:
                  'across the tensor-parallel group (nccl-tests\' busbw) at its largest size, and the transport NCCL '
                  'chose.', [(dict(vmid, transport=out.get('transport') or '', bytes=str(out['allreduce_bytes'])),
                              out['busbw'])])
+    floor = (props.get('proof') or {}).get('min_busbw_gbps')
+    if floor:
+        t.family('gpuhost_gpu_proof_allreduce_busbw_floor_bytes_per_second', 'The floor for the proof\'s all-reduce '
+                 'bus bandwidth (gpuhost:sglang.proof.min_busbw_gbps): below it the proof fails.',
+                 [(vmid, floor * 1e9)])
     try:
         remote.put_file(target, posixpath.join(exposition.TEXTFILE_DIR, PROOF_TEXTFILE), t.text(), '0644', 'any')
     except remote.RemoteError as e:
@@ -301,19 +327,26 @@ def proof_reason(olds, news) -> str | None:
         return 'they were never proven'
     if last.get('gpus') != proof['gpus']:
         return 'the container\'s GPUs changed'
+    boot = (olds.get('runtime_facts') or {}).get('boot_id')
+    if rebooted_since_proof(news, last, boot):
+        return 'the host rebooted since they were proven (%s), and SGLang started at boot on them unproven - `up` ' \
+               'stops it for the proof and starts it again' % last.get('at')
     return None
 
 
-def prove(target, props) -> dict:
+def prove(target, props, last=None, boot_id=None, stopped_at_boot=False) -> dict:
     """Stop the unit and run the GPU proof (components/scripts/gpu_proof.py) in the container with the service's
-    Python and environment. Returns its result for the `proven` output; raises ServiceError naming the GPU or the
-    transport and the figure when it fails (the caller rolls back as for a failed start)."""
+    Python and environment. Returns its result for the `proven` output (last: the proof before, for the first
+    figure; boot_id: the host's boot now); raises ServiceError naming the GPU or the transport and the figure when it
+    fails (the caller rolls back as for a failed start). stopped_at_boot: SGLang had started at boot on these GPUs
+    and is stopped for the proof - a failure leaves it stopped."""
     proof = props['proof']
     with open(os.path.join(HERE, 'scripts', 'gpu_proof.py'), 'rb') as f:
         body = f.read()
     args = [props['vmid'], props['unit_name'], proof['python']] + \
         ['%s=%s' % kv for kv in sorted(proof['environment'].items())] + \
-        ['--', '--gpus', ','.join(proof['gpus']), '--tp', str(proof['tp']), '--time-limit', str(proof['time_limit_s'])]
+        ['--', '--gpus', ','.join(proof['gpus']), '--tp', str(proof['tp']), '--time-limit', str(proof['time_limit_s'])] + \
+        (['--min-busbw', '%g' % proof['min_busbw_gbps']] if proof.get('min_busbw_gbps') else [])
     info('sglang-unit: proving the GPUs of container %s before SGLang starts (%s; at most %d s)' % (
         props['vmid'], ', '.join(proof['gpus']), proof['time_limit_s']))
     res = remote.run(target, 'ct_gpu_proof.sh', args, stdin=body, check=False,
@@ -330,13 +363,28 @@ def prove(target, props) -> dict:
            'per_gpu': [{'bus_id': g.get('bus_id'), 'ok': g.get('ok'), 'tflops': g.get('tflops'),
                         'memory_total': g.get('memory_total')} for g in doc.get('gpus') or []],
            'allreduce_bytes': big.get('bytes'), 'busbw': big.get('busbw'), 'transport': allreduce.get('transport'),
-           'versions': doc.get('versions')}
+           'floor_gbps': proof.get('min_busbw_gbps'), 'versions': doc.get('versions'), 'boot_id': boot_id}
+    out['first'] = first_figure(proof, last, out)
     proof_textfile(target, props, out)
+    them = 'them' if len(proof['gpus']) > 1 else 'it'
     if not out['ok']:
-        raise ServiceError('the GPU proof failed in container %s: %s. SGLang was not started on %s (run the proof by '
-                           'hand: docs/gpu-proof.md)' % (props['vmid'], doc.get('message') or 'exit %d' %
-                                                          res.exit_code, 'them' if len(proof['gpus']) > 1 else 'it'))
-    info('sglang-unit: GPU proof passed: %s' % doc.get('message'))
+        raise ServiceError('the GPU proof failed in container %s: %s. %s (run the proof by hand: docs/gpu-proof.md)' % (
+            props['vmid'], doc.get('message') or 'exit %d' % res.exit_code,
+            'SGLang, started at boot on %s, was stopped for the proof and stays stopped: fix the GPUs, then `up` '
+            'proves them again and starts it (or start it by hand: pct exec %s -- systemctl start %s)' % (
+                them, props['vmid'], props['unit_name']) if stopped_at_boot else
+            'SGLang was not started on %s' % them))
+    said = doc.get('message')
+    first = out['first']
+    if first and out.get('busbw') is not None:
+        if first.get('at') == out['at']:
+            said += '. The first figure for these GPUs: set gpuhost:sglang.proof.min_busbw_gbps below it to make a ' \
+                    'slower all-reduce fail later proofs' if not proof.get('min_busbw_gbps') else ''
+        else:
+            said += '; the first proof\'s: %.3g GB/s (%s, %s)%s' % (
+                first['busbw'] / 1e9, first.get('transport'), first.get('at'),
+                '' if proof.get('min_busbw_gbps') else '; no floor set (gpuhost:sglang.proof.min_busbw_gbps)')
+    info('sglang-unit: GPU proof passed: %s' % said)
     return out
 
 
@@ -473,9 +521,14 @@ class SglangUnitProvider(ObservedProvider):
             restart == 'yes' and previous and previous.get('unit') and
             (previous['unit'] != props['unit'] or installed))
         proven = previous_proof = (previous or {}).get('proven')
+        # SGLang started at boot on GPUs nobody proved since: the window is made here - stopped, proven, started.
+        rebooted = rebooted_since_proof(props, previous_proof, facts.get('boot_id'))
+        stopped_at_boot = rebooted and restart == 'no' and before['active']
+        if rebooted:
+            restart = 'yes'
         try:
-            if restart == 'yes' and proof_due(props, previous_proof, new_ground):
-                proven = prove(target, props)
+            if restart == 'yes' and (rebooted or proof_due(props, previous_proof, new_ground)):
+                proven = prove(target, props, previous_proof, facts.get('boot_id'), stopped_at_boot)
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
         except (ServiceError, remote.RemoteError) as e:
@@ -605,6 +658,9 @@ class SglangUnitProvider(ObservedProvider):
             info('sglang-unit: %s of an earlier revision could not be removed after the new one served; `up` tries '
                  'again (no restart)' % ', '.join(d['dir'] for d in olds['pending_cleanup']))
             result = DiffResult(changes=True, replaces=[], delete_before_replace=None)
+        if not result.changes and rebooted_since_proof(news, olds.get('proven'),
+                                                       (olds.get('runtime_facts') or {}).get('boot_id')):
+            result = DiffResult(changes=True, replaces=[], delete_before_replace=None)   # proof_reason says why
         confirmed = olds.get('confirmed')
         if not result.changes and confirmed and isinstance(news.get('unit'), str) and \
                 confirmed != remote.sha256_hex(news['unit']):
@@ -732,6 +788,13 @@ class SglangUnitProvider(ObservedProvider):
         if props.get('install'):
             runtime.stop_jobs(target, props)
         remote.run(target, 'ct_stop_unit.sh', [props['vmid'], props['unit_name'], props['unit_path']])
+        if props.get('proof') or props.get('proven'):
+            # The proof's result goes with the unit it was for: no alert for a service that is not there.
+            try:
+                remote.run(target, 'remove_file.sh', [posixpath.join(exposition.TEXTFILE_DIR, PROOF_TEXTFILE)])
+            except remote.RemoteError as e:
+                warn('sglang-unit: %s was removed, but its GPU proof\'s metrics file could not be: %s (remove %s by '
+                     'hand)' % (props['unit_name'], str(e).split(': ', 1)[-1], PROOF_TEXTFILE))
 
 
 def model_switch(props, previous):

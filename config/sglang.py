@@ -47,6 +47,11 @@ class Proof(Model):
                                              'program runs it at every case the issue names; docs/gpu-proof.md)')
     time_limit_s: int = Field(60, ge=10, le=600, description='The whole proof ends within this: a hang is killed and '
                                                              'is a failure')
+    min_busbw_gbps: Optional[float] = Field(
+        None, gt=0, le=100000, description='The floor for the all-reduce\'s bus bandwidth across the tensor-parallel '
+                                           'group (GB/s, nccl-tests\' busbw at the largest size): below it the proof '
+                                           'fails. Default none: every proof\'s figure is shown beside the first one '
+                                           '(stack output gpu_proof) - set the floor from it')
 
 
 class Sglang(Model):
@@ -80,6 +85,13 @@ class Sglang(Model):
     health_timeout_s: float = Field(900.0, gt=0, le=86400,
                                     description='How long a (re)start may take to pass /health')
     proof: Proof = Field(default_factory=Proof, description='The GPU proof before SGLang starts on new ground')
+
+    @model_validator(mode='after')
+    def _floor(self):
+        if self.proof.min_busbw_gbps is not None and self.tp == 1:
+            raise ValueError('gpuhost:sglang.proof.min_busbw_gbps: %g GB/s, but with tp 1 the all-reduce moves no data '
+                             'and has no bandwidth; remove the floor' % self.proof.min_busbw_gbps)
+        return self
 
     @field_validator('version')
     @classmethod

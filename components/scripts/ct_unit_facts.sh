@@ -7,6 +7,8 @@ set -euo pipefail
 # environments in ENVS_DIR with their markers and where VENV links, and (CHECKER: ct_env_check.py's source) whether
 # the environment the unit runs from still holds what was built.
 vmid=$1 unit=$2 path=$3 venv=$4 cuda=${5:--} envs=${6:--} checker=${7:--}
+# The host's boot: a GPU proof from another boot proved GPUs that have been reset since (components/sglang.py).
+echo "boot_id	$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo -)"
 # The version the container's libraries must equal: the module the host runs (not what it would load next).
 if [ -r /sys/module/nvidia/version ]; then
   echo "host_driver	$(head -n 1 /sys/module/nvidia/version)"

@@ -2,7 +2,8 @@
 Runs in the serving container with the service's own Python, torch and environment (the unit's NCCL_*/CUDA_*
 variables, NCCL_P2P_DISABLE=1 among them, reach the workers unchanged).
 
-  gpu_proof.py --gpus 0000:01:00.0,0000:11:00.0 [--tp N] [--sizes 1M,16M,128M] [--time-limit 60] [--json PATH]
+  gpu_proof.py --gpus 0000:01:00.0,0000:11:00.0 [--tp N] [--sizes 1M,16M,128M] [--time-limit 60] [--min-busbw GBPS]
+               [--json PATH]
 
 1. torch sees exactly the declared GPUs: count and PCI bus ids, matched by bus id whatever CUDA's device order
    (CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES);
@@ -153,6 +154,9 @@ def parse_args(argv):
     p.add_argument('--sizes', type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
                    help='bytes per all-reduce, comma-separated, K/M/G = KiB/MiB/GiB (default %s)' % DEFAULT_SIZES)
     p.add_argument('--time-limit', type=float, default=60.0, help='seconds for the whole proof (default 60)')
+    p.add_argument('--min-busbw', type=float, metavar='GBPS',
+                   help='the floor for the all-reduce\'s bus bandwidth at its largest size, in GB/s (nccl-tests\' '
+                        'busbw; default: none - the figure is reported, not judged)')
     p.add_argument('--json', default='-', help='where the JSON goes (default: stdout)')
     p.add_argument('--worker', type=int, help=argparse.SUPPRESS)
     p.add_argument('--store', help=argparse.SUPPRESS)
@@ -163,6 +167,8 @@ def parse_args(argv):
         p.error('--tp %d: the all-reduce takes one declared GPU a rank and --gpus names %d' % (args.tp, len(args.gpus)))
     if not args.time_limit > 0:
         p.error('--time-limit must be positive')
+    if args.min_busbw is not None and not args.min_busbw > 0:
+        p.error('--min-busbw must be positive')
     return args
 
 
@@ -484,6 +490,9 @@ def verdict(args, outcome, first, codes, reports, seen, gpus, sizes, transport):
     big = max(sizes, key=lambda s: s['bytes'])
     if world == 1:   # NCCL moves no data for one rank: its time is a kernel launch, not a bandwidth
         reduced = 'the all-reduce of one rank exact (no data moves, no transport)'
+    elif args.min_busbw and big['busbw'] < args.min_busbw * 1e9:
+        return FAILED, 'the all-reduce across GPUs %s reached a bus bandwidth of %.3g GB/s at %s, below the floor of ' \
+                       '%g GB/s; %s' % (group, big['busbw'] / 1e9, human(big['bytes']), args.min_busbw, chose)
     else:
         reduced = 'all-reduce of %s in %.3g ms, busbw %.3g GB/s; %s' % (
             human(big['bytes']), big['seconds'] * 1e3, big['busbw'] / 1e9, chose)

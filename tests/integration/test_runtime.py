@@ -65,6 +65,13 @@ def health(lab):
         return r.status
 
 
+def health_or_none(lab):
+    try:
+        return health(lab)
+    except OSError:
+        return None
+
+
 def server_version(lab):
     with urllib.request.urlopen('http://%s:30000/server_info' % lab.spec['addresses']['container'], timeout=5) as r:
         return json.loads(r.read())['version']
@@ -557,7 +564,7 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
     version = server_version(lab)
     with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
         unit = f.read()
-    cfg['gpuhost:sglang']['proof'] = {'enabled': True, 'time_limit_s': 12}
+    cfg['gpuhost:sglang']['proof'] = {'enabled': True, 'time_limit_s': 12, 'min_busbw_gbps': 5}
     cfg['gpuhost:sglang'].setdefault('environment', {})['LAB_PROOF_STEP'] = '1'
     lab.write_stack(STACK, cfg)
     res = lab.pulumi('preview', stack=STACK)
@@ -567,6 +574,9 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
     os.makedirs(os.path.dirname(faults), exist_ok=True)
     for fault, said in (({'bad_gpu': gpus[1]}, 'GPU %s: the bf16 matmul is wrong' % gpus[1]),
                         ({'hang': 'stop'}, 'the all-reduce across GPUs %s did not finish within the 12 s limit' %
+                         ', '.join(gpus)),
+                        # A slow transport: 2 GB/s against the stack's floor of 5 (gpuhost:sglang.proof.min_busbw_gbps).
+                        ({'busbw_gbps': 2}, 'the all-reduce across GPUs %s reached a bus bandwidth of 1.' %
                          ', '.join(gpus))):
         with open(faults, 'w') as f:
             json.dump(fault, f)
@@ -585,6 +595,9 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
         assert 'gpuhost_gpu_proof_ok{vmid="200"} 0\n' in prom, prom
         if 'bad_gpu' in fault:
             assert 'gpuhost_gpu_proof_gpu_ok{vmid="200",bus_id="%s"} 0\n' % gpus[1] in prom, prom
+        if 'busbw_gbps' in fault:
+            assert ' GB/s at 128 MiB, below the floor of 5 GB/s; NCCL chose SHM' in out, out[-3000:]
+            assert 'gpuhost_gpu_proof_allreduce_busbw_floor_bytes_per_second{vmid="200"} 5000000000\n' in prom, prom
     os.unlink(faults)
     starts = lab.unit_starts()
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
@@ -602,4 +615,18 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert 'proving the GPUs' not in res.stdout and lab.unit_starts() == starts + 2
     assert lab.outputs(STACK)['gpu_proof']['at'] == proven['at']
+    # The host reboots: SGLang starts at boot on GPUs nobody proved since. The next `up` stops it, proves them and
+    # starts it again, and says so in its preview; the first figure stays the reference.
+    reboots = len(lab.reboots())
+    assert lab.ssh('reboot').exit_code in (0, None)
+    assert lab.wait_reboots(reboots + 1, timeout=120)['boot_id'] == lab.boot_id() != proven['boot_id']
+    lab.wait_for(lambda: health_or_none(lab) == 200, timeout=120, what='SGLang serving again after the reboot')
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--refresh', stack=STACK)
+    assert '`up` proves the GPUs (%s) before SGLang starts: the host rebooted since they were proven (%s), and SGLang ' \
+        'started at boot on them unproven' % (', '.join(gpus), proven['at']) in res.stdout, res.stdout[-3000:]
+    assert 'GPU proof passed: 4 GPUs ok' in res.stdout and '; the first proof\'s: ' in res.stdout, res.stdout[-3000:]
+    assert lab.unit_starts() == starts + 1 and health(lab) == 200
+    again = lab.outputs(STACK)['gpu_proof']
+    assert again['boot_id'] == lab.boot_id() and again['at'] != proven['at'] and again['first'] == proven['first']
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)

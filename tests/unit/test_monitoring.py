@@ -340,3 +340,10 @@ def test_the_gpu_proofs_textfile_passes_promtool_for_a_pass_and_a_failure(monkey
     got = samples(text)
     assert got['gpuhost_gpu_proof_ok{vmid="200"}'] == 0 and got['gpuhost_gpu_proof_gpu_ok{vmid="200",bus_id="0000:11:00.0"}'] == 0
     assert not any(k.startswith('gpuhost_gpu_proof_allreduce') for k in got)
+    # With a floor (gpuhost:sglang.proof.min_busbw_gbps): the figure below it, both there for the alert.
+    sglang.proof_textfile(None, {'vmid': 200, 'proof': {'min_busbw_gbps': 30}}, dict(out, ok=False))
+    text = written['/var/lib/prometheus/node-exporter/gpuhost-gpu-proof.prom']
+    assert check_metrics(text) == (0, '')
+    got = samples(text)
+    assert got['gpuhost_gpu_proof_allreduce_busbw_floor_bytes_per_second{vmid="200"}'] == 30e9 > \
+        got['gpuhost_gpu_proof_allreduce_busbw_bytes_per_second{vmid="200",transport="SHM",bytes="134217728"}']

@@ -6,13 +6,15 @@ The GPUs it sees are the container's: its /dev/nvidia<N> nodes, each the GPU who
 id>/information names that Device Minor (the host's procfs, as an LXC container sees it), in bus-id order;
 CUDA_VISIBLE_DEVICES picks and orders them by index, as CUDA does. LAB_SGLANG_SYSROOT (default /) is where those
 paths are looked up. Faults, per lab test: /etc/lab-faults/torch.json in the container ({"bad_gpu": <bus id>, "hang":
-"sleep"|"stop", "wrong_sum": true}), or the same as environment variables (the unit tests, which also give the GPUs):
+"sleep"|"stop", "wrong_sum": true, "busbw_gbps": 2}), or the same as environment variables (the unit tests, which also give the GPUs):
 
 FAKE_TORCH_GPUS     the GPUs' PCI bus ids, comma-separated, instead of the container's
 FAKE_TORCH_BAD_GPU  the bus id of a GPU whose matmul is wrong (by half)
 FAKE_TORCH_HANG     all_reduce never returns: 'sleep' (a wait SIGTERM ends), 'stop' (the worker stops itself, as
                     `kill -STOP` from outside would: only SIGKILL ends it)
-FAKE_TORCH_WRONG_SUM  all_reduce returns the sum less one"""
+FAKE_TORCH_WRONG_SUM  all_reduce returns the sum less one
+FAKE_TORCH_BUSBW_GBPS  a slow transport: each all-reduce of more than one rank takes as long as a bus bandwidth of
+                    that many GB/s (nccl-tests' busbw) would make it (a bf16 tensor's bytes)"""
 
 import json
 import math

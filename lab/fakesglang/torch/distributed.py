@@ -41,6 +41,9 @@ def all_reduce(t):
     elif hang:
         time.sleep(3600)
     n, rank = _group['world'], _group['rank']
+    slow = fault('busbw_gbps')
+    if slow and n > 1:   # a slow transport: each all-reduce takes what nccl-tests' busbw of that many GB/s means
+        time.sleep(t.numel() * 2 * 2 * (n - 1) / n / (float(slow) * 1e9))
     t.value = n * (n + 1) / 2 if t.value == rank + 1 else t.value * n
     if fault('wrong_sum') and t.numel() > 1:
         t.value -= 1
