@@ -1,7 +1,8 @@
 """make docs: the documents generated from the program, written where they are committed.
 
     python -m tools.docs            all of them
-    python -m tools.docs outputs    README's "Outputs" tables, from components/outputs.py OUTPUTS / FLEET_OUTPUTS
+    python -m tools.docs outputs    docs/monitoring.md's "Outputs" tables, from components/outputs.py OUTPUTS /
+                                    FLEET_OUTPUTS
     python -m tools.docs schemas    docs/config.schema.json (python -m config schema), docs/stack.schema.json
                                     (python -m config stack-schema) and provider/schema.json (tools/provider_schema.py)
 
@@ -21,7 +22,7 @@ sys.path.insert(0, ROOT)
 
 from tools.sglang_flags_gen import write_atomic  # noqa: E402 - a file of its own beside the target, renamed over it
 
-README = os.path.join(ROOT, 'README.md')
+OUTPUTS_PAGE = os.path.join(ROOT, 'docs', 'monitoring.md')
 OUTPUTS_BEGIN = ('<!-- outputs: begin (generated from components/outputs.py OUTPUTS and FLEET_OUTPUTS by '
                  '`python -m tools.docs outputs`: edit there) -->')
 OUTPUTS_END = '<!-- outputs: end -->'
@@ -36,10 +37,10 @@ def table(rows, header: str) -> list:
 
 
 def outputs_block() -> str:
-    """README's outputs tables, markers included."""
+    """docs/monitoring.md's outputs tables, markers included."""
     from components import outputs
     lines = [OUTPUTS_BEGIN] + table(outputs.OUTPUTS, 'output') + [
-        '', 'A fleet (`gpuhost:hosts`, "Many hosts: a fleet") exports instead:', ''] + table(
+        '', 'A fleet (`gpuhost:hosts`, [Many hosts: a fleet](fleets.md)) exports instead:', ''] + table(
         outputs.FLEET_OUTPUTS, 'output (fleet)') + [OUTPUTS_END]
     return '\n'.join(lines) + '\n'
 
@@ -60,13 +61,17 @@ def replace_between(text: str, begin: str, end: str, block: str, where: str) -> 
     return text[:start] + block + text[stop:]
 
 
-def write_outputs() -> None:
-    with open(README) as f:
+def write_block(path: str, begin: str, end: str, block: str, what: str) -> None:
+    with open(path) as f:
         text = f.read()
-    new = replace_between(text, OUTPUTS_BEGIN, OUTPUTS_END, outputs_block(), README)
+    new = replace_between(text, begin, end, block, path)
     if new != text:
-        write_atomic(README, new)
-    print('docs: README.md outputs tables %s' % ('written' if new != text else 'unchanged'))
+        write_atomic(path, new)
+    print('docs: %s %s %s' % (os.path.relpath(path, ROOT), what, 'written' if new != text else 'unchanged'))
+
+
+def write_outputs() -> None:
+    write_block(OUTPUTS_PAGE, OUTPUTS_BEGIN, OUTPUTS_END, outputs_block(), 'outputs tables')
 
 
 def write_schemas() -> None:

@@ -1,6 +1,6 @@
-"""The documents an operator reads before the code say what the program does: README's outputs tables are the ones
-generated from components/outputs.py, every output the program exports has a row there (and every row an output),
-and docs/bench.md's `make bench` section is well-formed, states the resource count the program declares and says
+"""The documents an operator reads before the code say what the program does: docs/monitoring.md's outputs tables are
+the ones generated from components/outputs.py, every output the program exports has a row there (and every row an
+output), and docs/bench.md's `make bench` section is well-formed, states the resource count the program declares and says
 in words what its table shows. (The schemas: tests/unit/config/test_stack_schema.py.)"""
 
 import os
@@ -41,11 +41,12 @@ def fleet_program():
     return run_program(config.parse_fleet(data), FILES)
 
 
-def test_readme_outputs_tables_are_the_generated_ones():
-    text = read('README.md')
-    start, stop = docs.between(text, docs.OUTPUTS_BEGIN, docs.OUTPUTS_END, 'README.md')
-    assert text[start:stop] == docs.outputs_block(), ("README.md's outputs tables differ from components/outputs.py "
-                                                      "OUTPUTS/FLEET_OUTPUTS: run python -m tools.docs outputs")
+def test_the_outputs_tables_are_the_generated_ones():
+    text = read('docs', 'monitoring.md')
+    start, stop = docs.between(text, docs.OUTPUTS_BEGIN, docs.OUTPUTS_END, 'docs/monitoring.md')
+    assert text[start:stop] == docs.outputs_block(), ("docs/monitoring.md's outputs tables differ from "
+                                                      "components/outputs.py OUTPUTS/FLEET_OUTPUTS: run "
+                                                      "python -m tools.docs outputs")
 
 
 def missing_rows(exported, documented, table) -> list:
