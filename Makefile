@@ -37,7 +37,7 @@ lock:          ## resolve STACK's runtime/sglang.in into its lock (gpuhost:runti
 	$(if $(filter command line environment,$(origin STACK)),,$(error make lock needs the stack: make lock STACK=prod))
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.lock '$(STACK)' $(if $(INDEX),--index '$(INDEX)') $(if $(UPGRADE),--upgrade)
 
-docs:          ## rewrite what is generated from the code: README's outputs tables, docs/config.schema.json, docs/stack.schema.json, provider/schema.json (unit tests compare them)
+docs:          ## rewrite what is generated from the code: docs/monitoring.md's outputs tables, docs/configuration.md's table of every key, docs/config.schema.json, docs/stack.schema.json, provider/schema.json (unit tests compare them)
 	@tools/bootstrap.sh && . ./.env.sh && python -m tools.docs
 
 bench:         ## no-op preview/up wall time and remote command count on the lab (its section of docs/bench.md)

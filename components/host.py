@@ -15,7 +15,7 @@ sits in an identity IOMMU domain or the GPU inventory differs from the config.
 
 Destroy leaves these host-level settings in place (retain_on_delete): undoing them needs a reboot
 and hands GPUs back to other drivers, which is an operator's decision, not a side effect of
-`pulumi destroy`. README, "What destroy does".
+`pulumi destroy`. docs/operator-guide.md, "What destroy does".
 """
 
 from __future__ import annotations

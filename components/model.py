@@ -7,7 +7,8 @@ index names, each shard's size against its own safetensors header, and its sha25
 kept in the repository (gpuhost:model.checksums). Computed sums are cached on the host by (size, mtime,
 inode), so a verification of unchanged files reads no shard again.
 
-Preview contacts no host (README): `pulumi refresh` (or `preview --refresh`) looks - sizes, headers and cached
+Preview contacts no host (docs/operator-guide.md, "Reading a preview"): `pulumi refresh` (or `preview --refresh`)
+looks - sizes, headers and cached
 sums, no shard read in full - and says the model's state in one line; a model found not verified is then a
 change, and the `up`'s update (which computes the sums still missing) fails naming the files. The SGLang unit
 depends on this resource and verifies again itself before it writes or restarts anything (verify_for_unit:

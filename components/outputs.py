@@ -1,6 +1,6 @@
-"""Stack outputs for monitoring. The names are stable; README's "Outputs" tables are generated from OUTPUTS and
-FLEET_OUTPUTS below (`python -m tools.docs outputs`), and tests/unit/test_docs.py fails when the program exports a
-name without a row, or README's tables differ from these."""
+"""Stack outputs for monitoring. The names are stable; docs/monitoring.md's "Outputs" tables are generated from
+OUTPUTS and FLEET_OUTPUTS below (`python -m tools.docs outputs`), and tests/unit/test_docs.py fails when the program
+exports a name without a row, or those tables differ from these."""
 
 import hashlib
 
@@ -10,8 +10,8 @@ from components.monitoring import file_sd
 from components.sglang import expected_speculation, smoke_summary
 
 
-# (names, what an operator reads there) for every output of a one-host stack, in README's order. Add a row with the
-# output: an operator reads README before the code.
+# (names, what an operator reads there) for every output of a one-host stack, in docs/monitoring.md's order. Add a
+# row with the output: an operator reads docs/monitoring.md before the code.
 OUTPUTS = (
     (('openai_base_url', 'health_url', 'server_info_url', 'metrics_url'),
      '`http://<container>:30000/v1`, `/health`, `/server_info`, `/metrics`'),

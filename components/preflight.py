@@ -278,12 +278,13 @@ def _unit_name(ctx):
     props = service_props(d)
     out = _unit_owner(ctx).stdout.strip()
     if out == 'foreign %s' % props['unit_path'] and d.container.adopt:
-        return   # the container is adopted with the unit it runs: that file is the unit to take over (README)
+        # The container is adopted with the unit it runs: that file is the unit to take over (docs/operator-guide.md).
+        return
     if out.startswith('foreign '):
         own = out == 'foreign %s' % props['unit_path']
         adopt = ('. If it is the SGLang unit of a deployment made before this program, take the container in with '
-                 'it as they run: gpuhost:container.adopt: true (README, "Adopting a running deployment"); '
-                 'otherwise choose another name' if own else '. Choose another name, e.g. sglang-qwen.service')
+                 'it as they run: gpuhost:container.adopt: true (docs/operator-guide.md, '
+                 '"Adopting a running deployment"); otherwise choose another name' if own else '. Choose another name, e.g. sglang-qwen.service')
         return ('gpuhost:sglang.unit: %s is a unit container %s has of its own (%s); writing the SGLang '
                 'unit under that name would replace it%s'
                 % (d.sglang.unit, d.container.vmid, out[len('foreign '):], adopt))

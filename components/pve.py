@@ -230,8 +230,8 @@ ADVICE = (
     # or a mapping that exists is another matter)
     (re.compile(r'\b(CT|VM) \d+ already exists', re.I), 'a guest with this vmid runs on the host but this stack does not hold it. To take it in as it '
                        'is (nothing recreated; preview shows what `up` would change), set adopt: true in its section '
-                       '(gpuhost:container or gpuhost:vm) - README, "Adopting a running deployment"; if it holds '
-                       'nothing, remove it instead (pct destroy / qm destroy)'),
+                       '(gpuhost:container or gpuhost:vm) - docs/operator-guide.md, "Adopting a running deployment"; '
+                       'if it holds nothing, remove it instead (pct destroy / qm destroy)'),
 )
 
 

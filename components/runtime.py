@@ -2,8 +2,8 @@
 
   NVIDIA user space   libcuda / libnvidia-ml / nvidia-smi at exactly the host module's version, installed by
                       NVIDIA's .run (an operator's file on the host, sha256-checked there) run in the container
-                      with --no-kernel-module. Why not the host's libraries bind-mounted: README, "The
-                      container's runtime".
+                      with --no-kernel-module. Why not the host's libraries bind-mounted:
+                      docs/operator-guide.md, "The first `up` on a bare host".
   CUDA toolkit        NVIDIA's runfile with --toolkit into gpuhost:sglang.cuda_home; checked by its
                       version.json and `nvcc --version`. The toolkit there before is kept beside it
                       (<cuda_home>.gpuhost-previous) until SGLang has served on the new one, and put back

@@ -483,7 +483,8 @@ class SglangUnitProvider(ObservedProvider):
         elif before['version'] == '-':
             raise ServiceError('container %s: no SGLang at %s (expected %s); install it in the container first '
                                '(python -m venv %s && %s/bin/pip install "sglang[all]==%s"), or let the program '
-                               'build it: gpuhost:runtime.python (README, "The first `up` on a bare host")' % (
+                               'build it: gpuhost:runtime.python '
+                               '(docs/operator-guide.md, "The first `up` on a bare host")' % (
                                    props['vmid'], props['venv'], props['version'], props['venv'], props['venv'],
                                    props['version']))
         elif before['version'] != props['version']:

@@ -128,8 +128,8 @@ class Deployment(Model):
         if self.container.gpus:
             root_only.append('devN (container GPUs)')
         if self.vm and self.vm.gpus and self.vm.gpu_binding == 'address':
-            # Through a resource mapping, hostpciN needs only Mapping.Use on /mapping/pci/<id> (README,
-            # "Why API tokens are refused"); a raw address is root@pam's.
+            # Through a resource mapping, hostpciN needs only Mapping.Use on /mapping/pci/<id>
+            # (docs/operator-guide.md, "Why API tokens are refused"); a raw address is root@pam's.
             root_only.append('raw hostpciN')
         if self.vm and self.vm.sev != 'none':
             root_only.append('amd-sev')

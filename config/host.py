@@ -44,7 +44,8 @@ class Api(Model):
     password: Optional[SecretStr] = Field(None, description='root@pam password; a secret')
     password_file: Optional[FilePath] = None
     token_id: Optional[Text] = Field(None, description='API token id (user@realm!name); refused for this '
-                                                       'program, see README')
+                                                       'program, see docs/operator-guide.md, '
+                                                       '"Why API tokens are refused"')
     token_secret: Optional[SecretStr] = None
     ca_cert: Optional[str] = Field(None, description='PEM of the CA that signed the API certificate')
     ca_file: Optional[FilePath] = None

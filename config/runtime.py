@@ -12,7 +12,8 @@
            builds a new environment beside the running one.
 
 Optional, each part on its own: without gpuhost:runtime the operator installs SGLang into gpuhost:sglang.venv
-and the program checks its version (README, "The first `up` on a bare host"). The files the section names in
+and the program checks its version (docs/operator-guide.md, "The first `up` on a bare host"). The files the
+section names in
 the repository (lock, patches) are read and checked at preview by config/load.py (runtime_inputs)."""
 
 from __future__ import annotations

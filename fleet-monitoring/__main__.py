@@ -5,7 +5,7 @@ one: `prometheus_file_sd` with every shard's targets, each group labelled with i
     pulumi config set --path 'shards[1]' organization/gpuhost/site-b
     pulumi up && pulumi stack output prometheus_file_sd --json > /etc/prometheus/file_sd/gpuhost.json
 
-Run it after the shards' `pulumi up` (README, "Many hosts: a fleet"). It reads their outputs only; it
+Run it after the shards' `pulumi up` (docs/fleets.md, "Many hosts: a fleet"). It reads their outputs only; it
 changes nothing on any host.
 """
 

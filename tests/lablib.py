@@ -393,7 +393,7 @@ class Lab(object):
 
     def pulumi(self, *args, check=True, stack=None, timeout=600, env=None, cwd=None, input=None):
         """Run the real CLI in the project copy (an `up` from a bare container installs everything SGLang
-        needs: README, "The first `up` on a bare host")."""
+        needs: docs/operator-guide.md, "The first `up` on a bare host")."""
         argv = ['pulumi'] + list(args)
         if stack:
             argv += ['--stack', stack]
@@ -402,7 +402,8 @@ class Lab(object):
         if list(args[:2]) == ['stack', 'rm']:
             # Whichever stack went (even halfway, on failure), write_stack creates it again.
             _stacks(self).clear()
-        # Whatever happened, the operator never sees Python frames (README: errors come without them).
+        # Whatever happened, the operator never sees Python frames (docs/operator-guide.md, "Faults": errors come
+        # without them).
         for stream in (res.stdout, res.stderr):
             assert 'Traceback (most recent call last)' not in stream and '.py", line ' not in stream, \
                 '%s printed Python frames:\n%s' % (' '.join(argv), stream[-4000:])

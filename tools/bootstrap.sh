@@ -241,7 +241,7 @@ tools/install-command-plugin.sh "$PULUMI_HOME" "$command_bin"
 # Everything Pulumi keeps (plugins, credentials, workspace settings) stays in the project's
 # working area. State goes where PULUMI_BACKEND_URL says when the operator set it (S3, Azure Blob, GCS,
 # Pulumi Cloud, a shared file path - decided when .env.sh is sourced), else to the checkout's own file
-# backend, .state (README, "Where state lives").
+# backend, .state (docs/operator-guide.md, "Where state lives").
 cat > "$root/.env.sh" <<ENV
 export PATH=$(printf %q "$venv/bin:$bindir"):\$PATH
 export PULUMI_HOME=$(printf %q "$root/.pulumi-home")

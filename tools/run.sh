@@ -86,7 +86,8 @@ select_stack() {
   exit 2
 }
 
-# The safety rules (policy/, README "Policy pack"), mandatory; policy/config.<stack>.json, when present,
+# The safety rules (policy/, docs/operator-guide.md, "Policy pack"), mandatory; policy/config.<stack>.json, when
+# present,
 # lowers rules to advisory or opts in (the pack prints what it relaxes on every run).
 policy=()
 policy_args() {
@@ -129,8 +130,8 @@ deploy_lab() {
   select_stack "$1"
   policy_args "$1"
   # --refresh: reconcile with what the hosts run now (a reboot, a hand edit) before planning. A new container
-  # is bare (as debian-12-standard): the same `up` installs what SGLang needs (README, "The first `up` on a
-  # bare host").
+  # is bare (as debian-12-standard): the same `up` installs what SGLang needs
+  # (docs/operator-guide.md, "The first `up` on a bare host").
   pulumi up --yes --skip-preview --refresh --suppress-progress "${policy[@]}"
 }
 

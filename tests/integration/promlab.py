@@ -1,4 +1,5 @@
-"""Monitoring against a lab, as README's "Monitoring" wires it up: the stack's prometheus_file_sd output written
+"""Monitoring against a lab, as docs/monitoring.md's "Monitoring" wires it up: the stack's prometheus_file_sd output
+written
 to the file Prometheus' file_sd reads, Debian's node_exporter reading the simulated host's textfile directory
 (the host's /var through its root, on the host's address), a real Prometheus (Debian's) scraping both with
 the rules `make monitoring` renders - every second, so the tests wait seconds, not minutes. Shared by
@@ -92,7 +93,7 @@ def monitoring(lab, stack, tmp):
     for tool_name in ('prometheus', 'prometheus-node-exporter', 'promtool'):
         if shutil.which(tool_name) is None:
             pytest.fail('%s is missing: apt-get install -y prometheus prometheus-node-exporter' % tool_name)
-    # As README says: the output into the file Prometheus' file_sd_configs reads.
+    # As docs/monitoring.md says: the output into the file Prometheus' file_sd_configs reads.
     targets = tmp / 'targets.json'
     subprocess.run('pulumi stack output prometheus_file_sd --json --stack %s > %s' % (stack, targets), shell=True,
                    cwd=lab.project, env=lab.env, check=True)

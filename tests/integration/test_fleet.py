@@ -268,7 +268,7 @@ def test_refusals_name_the_host_and_change_nothing(fleet):
 
 
 def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
-    """A fleet sharded into stacks (README, "Sharding"): gpu02 in a stack of its own next to `fleet`;
+    """A fleet sharded into stacks (docs/fleets.md, "Sharding"): gpu02 in a stack of its own next to `fleet`;
     fleet-monitoring's StackReference program merges both shards' file_sd, which promtool accepts."""
     import json
     import subprocess

@@ -1,7 +1,7 @@
 """Ctrl-C and kill in the middle of an `up`, as an operator's terminal delivers them: SIGINT to the whole
 foreground process group (the CLI, the language host, the provider processes), once or twice, and
 SIGKILL of the CLI alone. The run says what happened without Python frames, no managed file is
-half-written, and the commands in README ("if a run was interrupted") make the next run converge."""
+half-written, and the commands in docs/operator-guide.md ("if a run was interrupted") make the next run converge."""
 
 import os
 import signal
@@ -83,7 +83,7 @@ def test_two_ctrl_c_leave_nothing_half_written_and_readme_commands_converge(lab,
     text = open(unit_path(lab)).read()
     assert text == old or 'speculative-num-steps 3' in text
     assert not [n for n in os.listdir(os.path.dirname(unit_path(lab))) if n.startswith('.gpuhost')]
-    # README: "if a run was interrupted".
+    # docs/operator-guide.md, "if a run was interrupted".
     lab.pulumi('cancel', '--yes', stack=STACK, check=False)
     lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
@@ -98,7 +98,7 @@ def test_kill_9_of_the_cli_leaves_no_program_process_and_the_readme_commands_con
                              at_marker=lambda: running.extend(_providers_of(lab.project)))
     assert running, 'no provider process seen while the unit was updating'
     assert rc == -signal.SIGKILL
-    # The provider process notices the engine is gone and exits (README: within ~6 s).
+    # The provider process notices the engine is gone and exits (docs/operator-guide.md: within ~6 s).
     deadline = time.time() + 30
     while time.time() < deadline and _providers_of(lab.project):
         time.sleep(1)
@@ -158,7 +158,7 @@ def test_a_preview_cut_short_by_head_leaves_no_provider_process(lab):
         deadline = gone + 15
         while time.time() < deadline and _providers_of(lab.project):
             time.sleep(0.5)
-        # The watch polls every 2 s and gives up after two misses (README: within ~6 s).
+        # The watch polls every 2 s and gives up after two misses (docs/operator-guide.md: within ~6 s).
         left = _providers_of(lab.project)
         assert not left, 'provider process(es) %s still running %.0f s after the CLI died' % (left, time.time() - gone)
     finally:

@@ -346,7 +346,7 @@ def test_destroy_removes_guests_and_keeps_host_settings(lab, stack):
                        '/etc/systemd/system/timers.target.wants/gpuhost-collector.timer /var/lib/gpuhost '
                        '/var/lib/prometheus/node-exporter/*.prom 2>&1 || true').stdout
     assert gone.count('No such file or directory') == 6, gone
-    # Host-level settings stay (README, "What destroy does").
+    # Host-level settings stay (docs/operator-guide.md, "What destroy does").
     assert 'iommu.strict=0' in open(lab.host.path('etc/kernel/cmdline')).read()
     assert os.path.exists(lab.host.path('etc/modprobe.d/gpuhost-nvidia.conf'))
     assert lab.host.overrides() == {b: 'vfio-pci' for b in VM_GPUS}

@@ -146,7 +146,7 @@ def test_pulumi_killed_mid_download_the_job_goes_on_and_the_next_up_reattaches(d
     time.sleep(2)
     assert job_running(lab), 'the download job died with pulumi'
     out = up_until(lab, 're-attached to job gpuhost-model-', lambda: throttle(lab))
-    if 'locked' in out:   # README, "if a run was interrupted"
+    if 'locked' in out:   # docs/operator-guide.md, "if a run was interrupted"
         lab.pulumi('cancel', '--yes', stack=STACK)
         lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
         out = up_until(lab, 're-attached to job gpuhost-model-', lambda: throttle(lab))

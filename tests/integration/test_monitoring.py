@@ -1,5 +1,5 @@
 """Monitoring end to end on the lab: the stack deployed, its prometheus_file_sd output written to a file
-as README says, Debian's node_exporter reading the host's textfile directory (inside the simulated
+as docs/monitoring.md says, Debian's node_exporter reading the host's textfile directory (inside the simulated
 host, on the host's address), a real Prometheus (Debian's) scraping both with the rules `make
 monitoring` renders; chat completions served; then Prometheus' HTTP API: targets up with their labels,
 SGLang's metrics moving, gpuhost_* present, rules evaluated, every dashboard query answered, and an

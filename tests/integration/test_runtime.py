@@ -443,7 +443,7 @@ def test_a_build_outlives_a_killed_pulumi_and_the_index_login_never_follows_a_re
             assert 'Traceback' not in text, text[-3000:]
             return run.returncode, text
         code, out = up()
-        if code != 0:   # README, "if a run was interrupted"
+        if code != 0:   # docs/operator-guide.md, "if a run was interrupted"
             assert 'locked' in out, out[-3000:]
             lab.pulumi('cancel', '--yes', stack=STACK)
             lab.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)

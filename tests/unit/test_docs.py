@@ -1,5 +1,6 @@
-"""The documents an operator reads before the code say what the program does: README's outputs tables are the ones
-generated from components/outputs.py, every output the program exports has a row there (and every row an output),
+"""The documents an operator reads before the code say what the program does: docs/monitoring.md's outputs tables are
+the ones generated from components/outputs.py, every output the program exports has a row there (and every row an
+output), docs/configuration.md's table of every key is the one generated from the config schema,
 and docs/bench.md's `make bench` section is well-formed, states the resource count the program declares and says
 in words what its table shows. (The schemas: tests/unit/config/test_stack_schema.py.)"""
 
@@ -41,11 +42,34 @@ def fleet_program():
     return run_program(config.parse_fleet(data), FILES)
 
 
-def test_readme_outputs_tables_are_the_generated_ones():
-    text = read('README.md')
-    start, stop = docs.between(text, docs.OUTPUTS_BEGIN, docs.OUTPUTS_END, 'README.md')
-    assert text[start:stop] == docs.outputs_block(), ("README.md's outputs tables differ from components/outputs.py "
-                                                      "OUTPUTS/FLEET_OUTPUTS: run python -m tools.docs outputs")
+def test_the_outputs_tables_are_the_generated_ones():
+    text = read('docs', 'monitoring.md')
+    start, stop = docs.between(text, docs.OUTPUTS_BEGIN, docs.OUTPUTS_END, 'docs/monitoring.md')
+    assert text[start:stop] == docs.outputs_block(), ("docs/monitoring.md's outputs tables differ from "
+                                                      "components/outputs.py OUTPUTS/FLEET_OUTPUTS: run "
+                                                      "python -m tools.docs outputs")
+
+
+def test_the_configuration_reference_is_the_generated_one():
+    text = read('docs', 'configuration.md')
+    start, stop = docs.between(text, docs.CONFIG_BEGIN, docs.CONFIG_END, 'docs/configuration.md')
+    assert text[start:stop] == docs.config_block(), ("docs/configuration.md's table of every key differs from the "
+                                                     "config schema (the models in config/): run "
+                                                     "python -m tools.docs config")
+
+
+def test_the_configuration_reference_has_a_row_for_every_key_of_the_schema_file():
+    """docs/config.schema.json (checked against the model by tests/unit/config/test_stack_schema.py) and the table
+    name the same keys: every leaf and section of the schema file has its row."""
+    import json
+    schema = json.loads(read('docs', 'config.schema.json'))
+    text = read('docs', 'configuration.md')
+    start, stop = docs.between(text, docs.CONFIG_BEGIN, docs.CONFIG_END, 'docs/configuration.md')
+    rows = set(re.findall(r'^\| `([^`]+)` \|', text[start:stop], re.M))
+    keys = {key for key, _, _, _ in docs.config_rows(schema)}
+    assert keys and keys <= rows, sorted(keys - rows)
+    assert {'host.ssh.host_key', 'host.gpus[].address', 'runtime.python.index.password', 'model.rehash_days',
+            'hosts', 'rollout.max_unavailable'} <= rows
 
 
 def missing_rows(exported, documented, table) -> list:

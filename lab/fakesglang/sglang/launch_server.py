@@ -61,7 +61,7 @@ def log_request(record):
 
 # ------------------------------------------------------------------------------------- speed model
 
-# The model's parameters (README "The lab's speed model"; docs/bench.md). Defaults reproduce SYSTEM.md's
+# The model's parameters (docs/bench.md, "The lab's speed model"). Defaults reproduce SYSTEM.md's
 # measurements: one request decodes ~110 tok/s without MTP and ~135 tok/s with NEXTN steps 1 (+23%), and
 # the gain shrinks as concurrency grows (about +16% at 4, +2% at 16, -7% at 32).
 SPEED_DEFAULTS = {
