@@ -93,7 +93,7 @@ for h in fleet.hosts:
                              opts=pulumi.ResourceOptions(depends_on=[host], provider=own)) if d.model else None)
     service = SglangService(name('sglang'), d, connection, container, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2], model=weights,
-                            model_files=inputs[h.index][3], opts=served)
+                            model_files=inputs[h.index][3], host_boot_id=host.boot_id, opts=served)
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
     # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
     monitoring.host_metrics(name('host-metrics'), d, container, service,

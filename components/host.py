@@ -430,8 +430,9 @@ class HostStatusProvider(ObservedProvider):
     ID = 'status'
     DESIRED = ('expect', 'observed')
     ROLLOUT_STEP = 'its host status and reboot'   # with host.reboot: when-required it gates the rollout
+    # boot_id: the host's boot (/proc/sys/kernel/random/boot_id) - the SGLang unit proves its GPUs again after a new one.
     OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
-               'nvidia_params')
+               'nvidia_params', 'boot_id')
 
     def goes_down(self, props) -> bool:
         """Whether an update may stop the host's SGLang (provider/rollout.py): only a reboot does."""
@@ -447,7 +448,7 @@ class HostStatusProvider(ObservedProvider):
         types = sorted({g.group_type for g in facts.gpus.values() if g.group_type})
         return {'gpus': gpus, 'iommu_domain_types': types, 'boot': facts.boot, 'running_cmdline': facts.running,
                 'reboot_required': bool(reasons), 'reboot_reasons': reasons,
-                'nvidia_params': {k: facts.params[k] for k in sorted(facts.params)}}
+                'nvidia_params': {k: facts.params[k] for k in sorted(facts.params)}, 'boot_id': facts.boot_id}
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
@@ -564,6 +565,7 @@ class ProxmoxHost(pulumi.ComponentResource):
         self.iommu_domain_types = self.status.iommu_domain_types
         self.running_cmdline = self.status.running_cmdline
         self.boot = self.status.boot
+        self.boot_id = self.status.boot_id
         self.register_outputs({'reboot_required': self.reboot_required, 'reboot_reasons': self.reboot_reasons,
                                'gpus': self.gpus, 'iommu_domain_types': self.iommu_domain_types})
 

@@ -500,6 +500,8 @@ def parse_facts(text: str) -> HostFacts:
         fields = rest.split('\t')
         if kind == 'boot':
             facts.boot = fields[0]
+        elif kind == 'boot_id':
+            facts.boot_id = rest.strip() or None
         elif kind == 'configured':
             facts.configured = rest.strip()
         elif kind == 'grub_linux':

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 
 import pulumi
+from pulumi.runtime import rpc
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
 
 from components import exposition, model as model_mod, remote, runtime, state
@@ -267,6 +268,15 @@ def rebooted_since_proof(props, last, boot_id) -> bool:
     return bool(props.get('proof') and last and last.get('boot_id') and boot_id and last['boot_id'] != boot_id)
 
 
+def host_boot(olds, news) -> str | None:
+    """The host's boot as this run knows it: its status resource's (read after this run's own reboot, or by the
+    refresh), else what the unit's last read found. Unknown in a preview where the status is read again."""
+    boot = news.get('host_boot_id')
+    if isinstance(boot, str) and boot and boot != rpc.UNKNOWN:
+        return boot
+    return (olds.get('runtime_facts') or {}).get('boot_id')
+
+
 def first_figure(proof, last, out) -> dict | None:
     """The all-reduce's first recorded figure for this group of GPUs (the reference every later proof is shown
     against, and what to set gpuhost:sglang.proof.min_busbw_gbps from): the last proof's while the GPUs, the group
@@ -327,8 +337,7 @@ def proof_reason(olds, news) -> str | None:
         return 'they were never proven'
     if last.get('gpus') != proof['gpus']:
         return 'the container\'s GPUs changed'
-    boot = (olds.get('runtime_facts') or {}).get('boot_id')
-    if rebooted_since_proof(news, last, boot):
+    if rebooted_since_proof(news, last, host_boot(olds, news)):
         return 'the host rebooted since they were proven (%s), and SGLang started at boot on them unproven - `up` ' \
                'stops it for the proof and starts it again' % last.get('at')
     return None
@@ -521,7 +530,8 @@ class SglangUnitProvider(ObservedProvider):
         switching = switching or bool(old_model) or bool(
             restart == 'yes' and previous and previous.get('unit') and
             (previous['unit'] != props['unit'] or installed))
-        proven = previous_proof = (previous or {}).get('proven')
+        # With the proof off, no result stands for these GPUs (switched on again, the next start proves them).
+        proven = previous_proof = (previous or {}).get('proven') if props.get('proof') else None
         # SGLang started at boot on GPUs nobody proved since: the window is made here - stopped, proven, started.
         rebooted = rebooted_since_proof(props, previous_proof, facts.get('boot_id'))
         stopped_at_boot = rebooted and restart == 'no' and before['active']
@@ -659,8 +669,7 @@ class SglangUnitProvider(ObservedProvider):
             info('sglang-unit: %s of an earlier revision could not be removed after the new one served; `up` tries '
                  'again (no restart)' % ', '.join(d['dir'] for d in olds['pending_cleanup']))
             result = DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        if not result.changes and rebooted_since_proof(news, olds.get('proven'),
-                                                       (olds.get('runtime_facts') or {}).get('boot_id')):
+        if not result.changes and rebooted_since_proof(news, olds.get('proven'), host_boot(olds, news)):
             result = DiffResult(changes=True, replaces=[], delete_before_replace=None)   # proof_reason says why
         confirmed = olds.get('confirmed')
         if not result.changes and confirmed and isinstance(news.get('unit'), str) and \
@@ -860,10 +869,11 @@ class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
     def __init__(self, name, deployment, connection, container, opts=None, rollout=None, fleet_host=None,
-                 runtime_files=None, model=None, model_files=None):
+                 runtime_files=None, model=None, model_files=None, host_boot_id=None):
         """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password).
         model: the ModelWeights resource (components/model.py) the unit depends on; model_files: what load_stack
-        read for gpuhost:model (checksums)."""
+        read for gpuhost:model (checksums). host_boot_id: the host's boot as its status last read it (after this
+        run's own reboot, the new one): a boot the GPUs were not proven in is proven again."""
         super().__init__('gpuhost:index:SglangService', name, None, opts)
         d = deployment
         s = d.sglang
@@ -884,6 +894,7 @@ class SglangService(pulumi.ComponentResource):
                      adopt=d.container.adopt,
                      cuda_home=s.cuda_home, runtime=runtime.declared(d), env=self.env,
                      proof=proof_inputs(d, self.env),
+                     host_boot_id=host_boot_id if d.sglang.proof.enabled else None,
                      install=runtime.install_inputs(d, runtime_files),
                      model=model_mod.declared(d), model_check=model_mod.unit_check(d, model_files),
                      # Reaches pip only as a root-only netrc file in the container (ct_env_build.py).

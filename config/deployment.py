@@ -214,6 +214,11 @@ class Deployment(Model):
                        'false once done' % (self.container.vmid, self.model.mount, self.model.mp))
         out.extend(sglang_flags.warnings(self.sglang.version, self.launch_args(), self.sglang.environment,
                                          bool(self.sglang.speculative)))
+        if not self.sglang.proof.enabled:
+            out.append('gpuhost:sglang.proof.enabled: false - SGLang starts on GPUs nobody proved: a GPU that did not '
+                       'come up after a reboot, a user space that does not match the host module or an NCCL transport '
+                       'that hangs under the IOMMU shows only as SGLang hanging at start-up or in its first '
+                       'all-reduce (docs/gpu-proof.md). Set it back to true')
         for key in ('nvidia', 'cuda'):
             part = getattr(self.runtime, key) if self.runtime else None
             if part is not None and part.sha256 == PLACEHOLDER_SHA256:

@@ -43,8 +43,9 @@ class Proof(Model):
     """The GPU proof (components/scripts/gpu_proof.py, docs/gpu-proof.md): run in the container with the service's own
     environment in the window where SGLang is stopped anyway - before the restart onto a new NVIDIA user space, CUDA
     or Python environment, and before its first start - and the start refused when it fails."""
-    enabled: bool = Field(False, description='Run the GPU proof before SGLang starts on new ground (off until the '
-                                             'program runs it at every case the issue names; docs/gpu-proof.md)')
+    enabled: bool = Field(True, description='Run the GPU proof before SGLang starts on new ground, its first start '
+                                            'and after a host reboot (docs/gpu-proof.md); false: SGLang starts on '
+                                            'GPUs nobody checked, said in every preview')
     time_limit_s: int = Field(60, ge=10, le=600, description='The whole proof ends within this: a hang is killed and '
                                                              'is a failure')
     min_busbw_gbps: Optional[float] = Field(

@@ -43,6 +43,8 @@ case "$pbt" in
     ;;
 esac
 echo "running${tab}$(oneline < /proc/cmdline)"
+rd bootid /proc/sys/kernel/random/boot_id ''
+echo "boot_id${tab}${bootid}"
 # The nvidia kernel module the host runs: what the containers' NVIDIA user space must equal.
 if [ -r /sys/module/nvidia/version ]; then echo "nvidia_module${tab}$(head -n 1 /sys/module/nvidia/version | oneline)"; fi
 for dev in /sys/bus/pci/devices/*; do

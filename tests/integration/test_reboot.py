@@ -23,16 +23,22 @@ def test_when_required_reboots_once_and_ends_with_nothing_pending(lab):
 
 def test_a_reboot_with_the_service_deployed_ends_with_sglang_serving(lab):
     """A later change that needs a reboot: the host goes down (SSH dropped, guests stopped), comes back,
-    starts the onboot container, and the run ends only when SGLang answers /health again."""
+    starts the onboot container, and the run ends only when SGLang answers /health again - on GPUs proven in
+    the new boot (the GPU proof, on by default)."""
     import urllib.request
     cfg = lab.stack_config()
     cfg['gpuhost:host']['reboot'] = 'when-required'
     cfg['gpuhost:iommu'] = {'domain': 'DMA'}
     lab.write_stack(STACK, cfg)
     reboots, starts = len(lab.reboots()), lab.unit_starts()
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    proven = lab.outputs(STACK)['gpu_proof']
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert len(lab.reboots()) == reboots + 1
-    assert lab.unit_starts() == starts + 1
+    # SGLang started at boot (once), then the same run stopped it, proved the GPUs of the new boot and started it.
+    assert 'the host rebooted since they were proven (%s)' % proven['at'] in res.stdout, res.stdout[-3000:]
+    assert 'GPU proof passed: 4 GPUs ok' in res.stdout, res.stdout[-3000:]
+    assert lab.unit_starts() == starts + 2
+    assert lab.outputs(STACK)['gpu_proof']['boot_id'] == lab.boot_id() != proven['boot_id']
     with urllib.request.urlopen('http://%s:30000/health' % lab.spec['addresses']['container'], timeout=5) as r:
         assert r.status == 200
     out = lab.outputs(STACK)
@@ -41,5 +47,5 @@ def test_a_reboot_with_the_service_deployed_ends_with_sglang_serving(lab):
     # The rebooting run already waited for SGLang after the host came back: the next run, having read
     # the host and the container again, finds nothing to do and restarts nothing.
     res = lab.pulumi('up', '--yes', '--refresh', '--skip-preview', '--expect-no-changes', stack=STACK)
-    assert lab.unit_starts() == starts + 1, res.stdout[-2000:]
+    assert lab.unit_starts() == starts + 2, res.stdout[-2000:]
     lab.pulumi('preview', '--refresh', '--expect-no-changes', stack=STACK)

@@ -188,6 +188,8 @@ def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(
     res = lab.pulumi('preview', stack=STACK)
     assert 'the first `up` of container 200 installs, where the container lacks them: the NVIDIA user space ' \
         '580.95.05 (the host downloads http://' in res.stdout, res.stdout[-3000:]
+    gpus = cfg['gpuhost:container']['gpus']
+    assert 'the first `up` proves the GPUs (%s) before SGLang\'s first start' % ', '.join(gpus) in res.stdout
     # 1. The driver's download cut in the middle (the mirror goes down once 8 kB of 66 kB are on the host).
     with open(lab.control('mirror-throttle.json'), 'w') as f:
         json.dump({'files': {nv_name: 4096}}, f)
@@ -227,13 +229,18 @@ def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(
     assert sum(g['bytes'] for g in gets) == nv_size, gets
     assert lab.on_host('sha256sum %s/%s' % (INSTALLERS, nv_name)).stdout.split()[0] == \
         cfg['gpuhost:runtime']['nvidia']['sha256']
-    # 3. The right sha256: it serves; the driver's installer is not downloaded again.
+    # 3. The right sha256: it serves; the driver's installer is not downloaded again. The GPU proof (on by default)
+    # ran before SGLang's first start - the fresh container's unit not loaded yet, nothing to stop.
     cfg['gpuhost:runtime']['cuda']['sha256'] = right
     lab.write_stack(STACK, cfg)
-    lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert len(mirror_gets(lab, nv_name)) == len(gets)
     assert health(lab) == 200 and server_version(lab) == OLD
     assert lab.unit_starts() == 1
+    assert 'GPU proof passed: 4 GPUs ok (%s)' % ', '.join(gpus) in res.stdout and 'The first figure for these GPUs: ' \
+        'set gpuhost:sglang.proof.min_busbw_gbps below it' in res.stdout, res.stdout[-3000:]
+    proven = lab.outputs(STACK)['gpu_proof']
+    assert proven['ok'] and proven['first']['busbw'] == proven['busbw'] > 0 and proven['first']['transport'] == 'SHM'
     # The NVIDIA user space of the host module's version, CUDA at cuda_home, the environment under its id.
     assert os.path.realpath(root + '/usr/lib/x86_64-linux-gnu/libcuda.so.1').endswith('libcuda.so.580.95.05')
     assert lab.ct_exec(['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader']).stdout.split() == \
@@ -553,7 +560,7 @@ def test_a_cuda_reinstall_sglang_refuses_is_rolled_back_to_the_toolkit_that_serv
 
 def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_stops_that_start(lab, base):
     """Issue 48 (gpuhost:sglang.proof): with the unit stopped for a restart onto new ground - here its first start
-    with the proof on - the GPUs are proven in the container with the service's own Python and environment (the
+    with the proof switched on again - the GPUs are proven in the container with the service's own Python and environment (the
     lab's simulated torch answers for the container's simulated GPUs). A GPU that computes wrong, and an all-reduce
     that hangs (killed within the limit), each stop that start, named, and the unit that served is put back. Once
     proven, a restart on the same ground does not prove again."""
@@ -564,8 +571,17 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
     version = server_version(lab)
     with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
         unit = f.read()
+    # Switched off, the proof leaves no result standing; a restart runs none, and every preview warns.
+    cfg['gpuhost:sglang']['proof'] = {'enabled': False}
+    cfg['gpuhost:sglang'].setdefault('environment', {})['LAB_PROOF_STEP'] = '0'
+    lab.write_stack(STACK, cfg)
+    res = lab.pulumi('up', '--yes', stack=STACK)
+    assert 'gpuhost:sglang.proof.enabled: false - SGLang starts on GPUs nobody proved' in res.stdout + res.stderr
+    assert 'proving the GPUs' not in res.stdout and lab.outputs(STACK).get('gpu_proof') is None
+    with open(os.path.join(lab.ct_root(), UNIT), 'rb') as f:
+        unit = f.read()
     cfg['gpuhost:sglang']['proof'] = {'enabled': True, 'time_limit_s': 12, 'min_busbw_gbps': 5}
-    cfg['gpuhost:sglang'].setdefault('environment', {})['LAB_PROOF_STEP'] = '1'
+    cfg['gpuhost:sglang']['environment']['LAB_PROOF_STEP'] = '1'
     lab.write_stack(STACK, cfg)
     res = lab.pulumi('preview', stack=STACK)
     assert '`up` proves the GPUs (%s) before SGLang starts: they were never proven' % ', '.join(gpus) in res.stdout, \
@@ -576,7 +592,7 @@ def test_the_gpu_proof_runs_before_sglang_starts_on_new_ground_and_a_failure_sto
                         ({'hang': 'stop'}, 'the all-reduce across GPUs %s did not finish within the 12 s limit' %
                          ', '.join(gpus)),
                         # A slow transport: 2 GB/s against the stack's floor of 5 (gpuhost:sglang.proof.min_busbw_gbps).
-                        ({'busbw_gbps': 2}, 'the all-reduce across GPUs %s reached a bus bandwidth of 1.' %
+                        ({'busbw_gbps': 2}, 'the all-reduce across GPUs %s reached a bus bandwidth of ' %
                          ', '.join(gpus))):
         with open(faults, 'w') as f:
             json.dump(fault, f)

@@ -20,6 +20,16 @@ def test_a_host_that_booted_since_the_last_proof_is_proven_again():
     assert not sglang.rebooted_since_proof(props, LAST, None)
 
 
+def test_the_hosts_boot_comes_from_its_status_unless_unknown_in_a_preview():
+    from pulumi.runtime import rpc
+    olds = {'runtime_facts': {'boot_id': 'boot-a'}}
+    # The program's own reboot earlier in this run: the status resource read the new boot after it.
+    assert sglang.host_boot(olds, {'host_boot_id': 'boot-b'}) == 'boot-b'
+    # A preview where the status is read again (unknown), or a stack without it: what the unit's last read found.
+    assert sglang.host_boot(olds, {'host_boot_id': rpc.UNKNOWN}) == 'boot-a'
+    assert sglang.host_boot(olds, {}) == 'boot-a' and sglang.host_boot({}, {}) is None
+
+
 def test_the_preview_says_why_the_proof_runs():
     olds = {'proven': LAST, 'runtime_facts': {'boot_id': 'boot-b'}, 'runtime': {'nvidia': '580.95.05'}}
     news = {'proof': PROOF, 'runtime': {'nvidia': '580.95.05'}}

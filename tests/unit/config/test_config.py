@@ -138,6 +138,10 @@ def test_warnings():
     assert 'extra_buffer mamba cache' in text
     assert 'SGLANG_ENABLE_SPEC_V2 is ignored from SGLang 0.5.22' in text
     assert not any('extra_buffer mamba' in w for w in parse(sglang__mamba_radix_cache_strategy='extra_buffer_lazy').warnings)
+    # The GPU proof is on by default; switched off, every preview says so.
+    assert not any('proof' in w for w in parse().warnings)
+    assert any(w.startswith('gpuhost:sglang.proof.enabled: false - SGLang starts on GPUs nobody proved')
+               for w in parse(sglang__proof={'enabled': False}).warnings)
 
 
 def test_schema_lists_every_section():
