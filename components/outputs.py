@@ -38,7 +38,8 @@ OUTPUTS = (
      'environment the unit runs from), `env` (its id), `declared_env`, `lock_sha256` (the sha256 of its lock\'s '
      'canonical text)'),
     (('gpu_proof',),
-     'with `gpuhost:sglang.proof.enabled`: the last GPU proof before SGLang started on new ground (null: never run): '
+     'the last GPU proof before SGLang started on new ground (`gpuhost:sglang.proof`; null: never run, or the proof '
+     'is off): '
      '`ok`, `at` (UTC), `message` (one line), `gpus`, `tp`, `per_gpu` (`bus_id`, `ok`, `tflops`, `memory_total`), '
      '`allreduce_bytes`, `busbw` (bytes/s, nccl-tests\' bus bandwidth), `transport` (what NCCL chose), `floor_gbps` '
      '(`gpuhost:sglang.proof.min_busbw_gbps`), `first` (the first figure for these GPUs: `busbw`, `bytes`, '

@@ -318,6 +318,8 @@ def proof_textfile(target, props, out) -> None:
                  'bus bandwidth (gpuhost:sglang.proof.min_busbw_gbps): below it the proof fails.',
                  [(vmid, floor * 1e9)])
     try:
+        # A first deployment's proof runs before the host's metrics file made node_exporter's directory.
+        remote.run(target, 'ensure_dir.sh', [exposition.TEXTFILE_DIR, '0755'])
         remote.put_file(target, posixpath.join(exposition.TEXTFILE_DIR, PROOF_TEXTFILE), t.text(), '0644', 'any')
     except remote.RemoteError as e:
         warn('sglang-unit: the GPU proof\'s result could not be written for node_exporter (%s): %s' % (

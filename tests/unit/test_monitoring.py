@@ -324,10 +324,13 @@ def test_the_gpu_proofs_textfile_passes_promtool_for_a_pass_and_a_failure(monkey
     from components import remote, sglang
     written = {}
     monkeypatch.setattr(remote, 'put_file', lambda target, path, text, mode, expected: written.update({path: text}))
+    monkeypatch.setattr(remote, 'run', lambda target, script, args, **kw: written.update({script: args}))
     out = {'ok': True, 'per_gpu': [{'bus_id': '0000:01:00.0', 'ok': True}, {'bus_id': '0000:11:00.0', 'ok': True}],
            'busbw': 21.5e9, 'allreduce_bytes': 134217728, 'transport': 'SHM'}
     sglang.proof_textfile(None, {'vmid': 200}, out)
     text = written['/var/lib/prometheus/node-exporter/gpuhost-gpu-proof.prom']
+    # Its directory made first: a first deployment proves before the host's metrics file is written.
+    assert written['ensure_dir.sh'] == ['/var/lib/prometheus/node-exporter', '0755']
     assert check_metrics(text) == (0, '')
     got = samples(text)
     assert got['gpuhost_gpu_proof_ok{vmid="200"}'] == 1
