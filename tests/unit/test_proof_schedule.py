@@ -60,3 +60,31 @@ def test_the_first_figure_is_kept_while_the_group_stays_and_starts_again_when_it
     # A failed first proof is no reference; one GPU's all-reduce has no bandwidth.
     assert sglang.first_figure(PROOF, None, dict(out, ok=False)) is None
     assert sglang.first_figure(dict(PROOF, tp=1), None, out) is None
+
+
+def test_a_failed_proof_says_what_became_of_sglang(monkeypatch):
+    """Before a restart SGLang was not started on the GPUs; after a reboot, where it had started at boot, it was
+    stopped for the proof and stays stopped - and the way to start it is said."""
+    import json
+    import pytest
+    from components import remote
+    doc = {'ok': False, 'message': 'GPU 0000:11:00.0: the bf16 matmul is wrong', 'gpus': [], 'allreduce': {}}
+    calls = []
+
+    def run(target, script, args, **kw):
+        calls.append(script)
+        return remote.Result(json.dumps(doc), '', 1)
+    monkeypatch.setattr(remote, 'run', run)
+    monkeypatch.setattr(remote, 'put_file', lambda *a, **kw: True)
+    props = {'vmid': 200, 'unit_name': 'sglang-qwen.service',
+             'proof': dict(PROOF, python='/opt/sglang/venv/bin/python', environment={'NCCL_P2P_DISABLE': '1'})}
+    with pytest.raises(sglang.ServiceError) as e:
+        sglang.prove(None, props, LAST, 'boot-b')
+    assert str(e.value) == ('the GPU proof failed in container 200: GPU 0000:11:00.0: the bf16 matmul is wrong. SGLang '
+                            'was not started on them (run the proof by hand: docs/gpu-proof.md)')
+    with pytest.raises(sglang.ServiceError) as e:
+        sglang.prove(None, props, LAST, 'boot-b', stopped_at_boot=True)
+    assert 'SGLang, started at boot on them, was stopped for the proof and stays stopped: fix the GPUs, then `up` ' \
+        'proves them again and starts it (or start it by hand: pct exec 200 -- systemctl start ' \
+        'sglang-qwen.service)' in str(e.value)
+    assert calls.count('ct_gpu_proof.sh') == 2 and 'ensure_dir.sh' in calls
