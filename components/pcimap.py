@@ -30,11 +30,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
-
 from components import remote
 from components.host import read_facts
 from components.pve import IMPORTED, api_call, client
+from components.resource import CheckResult, CreateResult, DiffResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, warn
 from grammar.gpu import BDF_RE
 from grammar.pve import RECORDED, map_entry, parse_map_entry, split_props

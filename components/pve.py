@@ -30,9 +30,8 @@ import threading
 import time
 import uuid
 
-from pulumi.dynamic import CheckResult, CreateResult, UpdateResult
-
 from components import remote, state
+from components.resource import CheckResult, CreateResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
 

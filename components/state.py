@@ -17,7 +17,8 @@ import threading
 from typing import Iterable
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+
+from components.resource import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 
 class OperatorError(RuntimeError):
@@ -369,6 +370,9 @@ _wrap(ObservedProvider)
 # SIGPIPE) left the process waiting for ever. Started here, every provider process watches from its
 # first call on. (Before that call the host runs no code of this program: pulumi/dynamic/__main__.py.)
 if in_dynamic_provider_host():
+    # The host configures each provider it unpickles (pulumi.dynamic's ResourceProvider.configure): a stack of
+    # 0.1.0 is read through it until its first `up` moves it onto the plugin.
+    ObservedProvider.configure = lambda self, _request: None
     exit_with_engine()
 
 
