@@ -1,6 +1,6 @@
 """What a custom resource of this project is, for the gpuhost provider plugin that serves it (provider/__main__.py):
-a base class with the six calls the plugin makes - check, diff, create, read, update, delete - and the results
-each returns. The plugin turns the results into the engine's gRPC responses; nothing here knows gRPC.
+its type token, a base class with the six calls the plugin makes - check, diff, create, read, update, delete - and
+the results each returns. The plugin turns the results into the engine's gRPC responses; nothing here knows gRPC.
 
 Standard library only: the plugin (provider/) imports this, the program's components import this, and this imports
 neither.
@@ -13,6 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
+
+PACKAGE = 'gpuhost'
+# The type each resource had as a dynamic resource, before the plugin (release 0.1.0): the alias that moves a stack
+# deployed then onto the plugin without replacing anything (components/state.py GpuhostResource).
+DYNAMIC_PREFIX = 'pulumi-python:dynamic/gpuhost:'
+
+
+def token(name: str) -> str:
+    """The resource's type token: gpuhost:index:<Name>."""
+    return '%s:index:%s' % (PACKAGE, name)
+
+
+def dynamic_type(name: str) -> str:
+    """The type the resource had as a dynamic resource: pulumi-python:dynamic/gpuhost:<Name>."""
+    return DYNAMIC_PREFIX + name
 
 
 @dataclass

@@ -18,7 +18,8 @@ from typing import Iterable
 
 import pulumi
 
-from components.resource import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from components.resource import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, \
+    dynamic_type, token
 
 
 class OperatorError(RuntimeError):
@@ -324,10 +325,9 @@ class GpuhostResource(pulumi.CustomResource):
             cls.TYPE_NAME = name
 
     def __init__(self, name, props, opts=None):
-        from provider import registry
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-            aliases=[pulumi.Alias(type_=registry.dynamic_type(self.TYPE_NAME))]))
-        super().__init__(registry.token(self.TYPE_NAME), name, props, opts)
+            aliases=[pulumi.Alias(type_=dynamic_type(self.TYPE_NAME))]))
+        super().__init__(token(self.TYPE_NAME), name, props, opts)
 
 
 

@@ -3,7 +3,8 @@ plugin did - what the engine then sees for it is unchanged."""
 
 import pytest
 
-from components.resource import CheckResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from components.resource import CheckResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, dynamic_type, \
+    token
 
 
 def test_a_class_that_leaves_a_call_out_gets_the_dynamic_providers_default():
@@ -16,3 +17,7 @@ def test_a_class_that_leaves_a_call_out_gets_the_dynamic_providers_default():
     with pytest.raises(NotImplementedError, match='ResourceProvider serves no create'):
         p.create(news)
 
+
+def test_a_type_is_named_as_the_plugin_serves_it_and_as_the_dynamic_resource_it_was():
+    assert token('HostFile') == 'gpuhost:index:HostFile'
+    assert dynamic_type('HostFile') == 'pulumi-python:dynamic/gpuhost:HostFile'
