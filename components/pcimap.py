@@ -448,7 +448,7 @@ def last_written(olds, mid) -> Optional[str]:
 
 
 def declared_before(olds) -> set:
-    """The mapping ids the last run declared. Not from olds' `mappings` alone: the engine hands a dynamic
+    """The mapping ids the last run declared. Not from olds' `mappings` alone: the engine hands a
     provider its old state without the keys whose value is None, and a mapping a refresh found deleted is
     exactly that; `hostpci` and `checks` (strings) keep every declared id."""
     olds = olds or {}

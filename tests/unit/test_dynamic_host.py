@@ -1,4 +1,4 @@
-"""The upgrade path from 0.1.0: until a stack's first `up` moves its dynamic
+"""The upgrade path from 0.1.0 (components/state.py, "The upgrade path"): until a stack's first `up` moves its dynamic
 resources onto the plugin, Pulumi's dynamic-provider host serves them - that up's refresh reads each through it - with
 the provider it unpickles from the state: the class the plugin serves. Here a read goes through the real host, as the
 engine sends it."""
@@ -14,7 +14,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2 as proto, provider_pb2_grpc
 
-from components.state import ObservedProvider, OperatorError
+from components.state import Failed, ObservedProvider, OperatorError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 URN = 'urn:pulumi:upgrade::gpuhost::pulumi-python:dynamic/gpuhost:HostFile::host-file'
@@ -70,3 +70,5 @@ def test_a_failing_read_reaches_the_engine_as_the_plugin_says_it_one_line_no_fra
         read(host, gone=True)
     assert e.value.details() == ('gpuhost: host pve-lab: /etc/modprobe.d/x.conf cannot be read (No such file or '
                                  'directory); run `pulumi up` to write it again\n')
+    # Dressed there only: here, in the plugin's place, Failed is itself.
+    assert (Failed.__module__, Failed.__name__) == ('components.state', 'Failed')
