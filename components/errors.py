@@ -165,8 +165,8 @@ def describe_unexpected(e: BaseException) -> str:
     foresee): its type and text, without frames or secrets, plus where the full traceback went."""
     import traceback
     try:
-        # An explicit limit: the providers run with sys.tracebacklimit = 0, which format_exception honours when it
-        # is given none (the file then held one line, no frames).
+        # An explicit limit: format_exception given none honours sys.tracebacklimit, whatever the process set it to
+        # (0 left the file one line, no frames).
         path = keep_traceback(''.join(traceback.format_exception(type(e), e, e.__traceback__, limit=64)))
         where = ' (Python traceback in %s)' % path
     except OSError as err:

@@ -24,13 +24,13 @@ import re
 import time
 
 import pulumi
-from pulumi.dynamic import CheckResult
 
 from components import remote, state
 from components.host_state import assignment, reboot_reasons
 from grammar import cmdline
 from grammar.gpu import BLACKWELL_IDS
 from components.sglang import changed_lines, service_props
+from components.resource import CheckResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 
 GRUB_FILE = '/etc/default/grub'

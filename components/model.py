@@ -23,10 +23,10 @@ import json
 import os
 
 import pulumi
-from pulumi.dynamic import CreateResult, UpdateResult
 
 from components import jobs, remote
 from components.exposition import TEXTFILE_DIR
+from components.resource import CreateResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, utc_now, warn
 
 CACHE_DIR = '/var/lib/gpuhost/model-verify'

@@ -30,11 +30,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
-
 from components import remote
 from components.host import read_facts
 from components.pve import IMPORTED, api_call, client
+from components.resource import CheckResult, CreateResult, DiffResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, warn
 from grammar.gpu import BDF_RE
 from grammar.pve import RECORDED, map_entry, parse_map_entry, split_props
@@ -449,7 +448,7 @@ def last_written(olds, mid) -> Optional[str]:
 
 
 def declared_before(olds) -> set:
-    """The mapping ids the last run declared. Not from olds' `mappings` alone: the engine hands a dynamic
+    """The mapping ids the last run declared. Not from olds' `mappings` alone: the engine hands a
     provider its old state without the keys whose value is None, and a mapping a refresh found deleted is
     exactly that; `hostpci` and `checks` (strings) keep every declared id."""
     olds = olds or {}

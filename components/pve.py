@@ -1,4 +1,4 @@
-"""Proxmox guests (LXC containers and QEMU VMs) through the API with proxmoxer, as a dynamic resource
+"""Proxmox guests (LXC containers and QEMU VMs) through the API with proxmoxer, as a custom resource
 with a real read(): `pulumi refresh` sees out-of-band config changes, and `up` sends only the keys
 that differ (with the config digest, so a concurrent edit fails instead of being overwritten).
 
@@ -16,8 +16,9 @@ Adoption (gpuhost:container.adopt / gpuhost:vm.adopt): a guest that already runs
 is taken into the stack by create() instead of being made - read, refused if it is not the declared guest
 (absent, another name) or differs in what only a new guest could change, then brought to the declared
 state by update(). check() says at preview what that means - adoption is the one case in which a preview
-reads the host, and only for what the stack does not hold yet. (Pulumi's `import` option cannot serve: the
-engine's Read on import carries no properties, so the dynamic-provider host cannot load the provider.)
+reads the host, and only for what the stack does not hold yet. (Adoption predates the plugin: Pulumi's `import`
+could not serve a dynamic provider, whose Read on import carries no properties to load it from. The plugin reads by
+id: `pulumi import` and the import_ option take a guest over too, check_import() deciding.)
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ import threading
 import time
 import uuid
 
-from pulumi.dynamic import CheckResult, CreateResult, UpdateResult
-
 from components import remote, state
+from components.resource import CheckResult, CreateResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
 
@@ -590,9 +590,9 @@ class PveGuestProvider(ObservedProvider):
 
     def check(self, olds, news):
         """At preview and up, for a guest the stack does not hold yet with adopt set: read it and say what
-        adopting it means - or refuse, before anything runs. Pulumi's own `import` cannot do this for a
-        dynamic provider (the engine's Read on import carries no properties, so the provider host cannot
-        even load this class: pulumi/pulumi#16175); create() does the adoption instead."""
+        adopting it means - or refuse, before anything runs; create() does the adoption. (Before the plugin,
+        Pulumi's own `import` could not do this for a dynamic provider: its Read on import carries no
+        properties, so the provider host could not even load this class: pulumi/pulumi#16175.)"""
         if olds.get(IMPORTED):
             # `pulumi import` / import_: olds are the guest as read() found it by its id. Taken over only if it is
             # the guest the config describes.

@@ -2,7 +2,7 @@
 
 Why not pulumi-command's remote.Command: its provider binary is not on PyPI, and the Go module that
 builds it (github.com/pulumi/pulumi-command/provider) is refused by the Go module proxy our machines
-reach (see docs/architecture.md, its remote actions table). Our dynamic resources call `run()` instead, with the
+reach (see docs/architecture.md, its remote actions table). Our own resources call `run()` instead, with the
 same contract remote.Command has - scripts from files, every value a quoted positional argument,
 content on stdin, host key pinned - plus what it lacks: a real read() for `pulumi refresh`.
 

@@ -18,12 +18,12 @@ import urllib.request
 
 import pulumi
 from pulumi.runtime import rpc
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, UpdateResult
 
 from components import exposition, model as model_mod, remote, runtime, state
 from grammar import systemd
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
+from components.resource import CheckResult, CreateResult, DiffResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, utc_now, warn
 from components.state import info as note   # where apply's `info` is SGLang's /server_info
 

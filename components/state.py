@@ -17,7 +17,9 @@ import threading
 from typing import Iterable
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+
+from components.resource import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, \
+    dynamic_type, token
 
 
 class OperatorError(RuntimeError):
@@ -79,13 +81,9 @@ def pause(seconds: float, who: str, waiting_for: str, then: str) -> None:
 
 
 class Failed(Exception):
-    """What a provider entry point raises to the engine: the message alone. The Python dynamic-provider
-    host formats every exception with traceback.format_exc(); with sys.tracebacklimit = 0 that is
-    just "gpuhost: <message>", no frames (see _normalising)."""
-
-
-Failed.__module__ = 'builtins'
-Failed.__qualname__ = Failed.__name__ = 'gpuhost'
+    """What a provider entry point raises: the message alone, complete for the operator (see _normalising). The
+    plugin hands it to the engine as it is, after "gpuhost: " (provider/__main__.py one_line); so does Pulumi's
+    dynamic-provider host on the upgrade path (serve_the_dynamic_provider_host)."""
 
 
 def describe_unexpected(e: BaseException) -> str:
@@ -161,12 +159,6 @@ def exit_with_engine() -> None:
     threading.Thread(target=loop, name='gpuhost-engine-watch', daemon=True).start()
 
 
-def in_dynamic_provider_host() -> bool:
-    """True in the process `python -m pulumi.dynamic` that serves this program's providers."""
-    import sys
-    return getattr(getattr(sys.modules.get('__main__'), '__spec__', None), 'name', None) == 'pulumi.dynamic.__main__'
-
-
 def warn(message: str) -> None:
     log(message, 'WARNING')
 
@@ -176,7 +168,7 @@ def info(message: str) -> None:
 
 
 def log(message: str, severity: str = 'WARNING') -> None:
-    """A message in the CLI's output (preview, up, refresh) from a dynamic-provider process.
+    """A message in the CLI's output (preview, up, refresh) from the provider plugin's process.
 
     The engine starts every provider plugin with its own address as the first argument; its Log
     service shows the message like a program's pulumi.log.warn. Outside a provider (unit tests) the
@@ -213,17 +205,14 @@ def numbers(value):
 def _normalising(fn, positions):
     @functools.wraps(fn)
     def wrapper(self, *args):
-        import sys
         args = [numbers(a) if i in positions else a for i, a in enumerate(args)]
         try:
             return fn(self, *args)
         except Failed:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never frames
-            # The engine prints the traceback of whatever a dynamic provider raises; an OperatorError's
-            # message is the whole story, so it goes out alone; anything else as one line. A create or
-            # update that is a step of a fleet's rollout says where the rollout stopped.
-            sys.tracebacklimit = 0
+            # An OperatorError's message is the whole story, so it goes out alone; anything else as one
+            # line. A create or update that is a step of a fleet's rollout says where the rollout stopped.
             text = str(e) if isinstance(e, OperatorError) else describe_unexpected(e)
             if fn.__name__ in ('create', 'update'):
                 text = rollout_note(args[-1], getattr(self, 'ROLLOUT_STEP', None)) + text
@@ -323,10 +312,9 @@ class GpuhostResource(pulumi.CustomResource):
             cls.TYPE_NAME = name
 
     def __init__(self, name, props, opts=None):
-        from provider import registry
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-            aliases=[pulumi.Alias(type_=registry.dynamic_type(self.TYPE_NAME))]))
-        super().__init__(registry.token(self.TYPE_NAME), name, props, opts)
+            aliases=[pulumi.Alias(type_=dynamic_type(self.TYPE_NAME))]))
+        super().__init__(token(self.TYPE_NAME), name, props, opts)
 
 
 
@@ -363,13 +351,37 @@ def _wrap(cls):
 
 _wrap(ObservedProvider)
 
-# The dynamic-provider host imports this module when it unpickles a provider, on the engine's first call
-# (a Check, as a rule). A preview of resources to create makes no other call - no create, diff or read -
-# so a watch started in those entry points never ran, and a CLI killed mid-preview (`make preview | head`,
-# SIGPIPE) left the process waiting for ever. Started here, every provider process watches from its
-# first call on. (Before that call the host runs no code of this program: pulumi/dynamic/__main__.py.)
-if in_dynamic_provider_host():
+
+# -- The upgrade path: Pulumi's dynamic-provider host ---------------------------------------------------------------
+# A stack deployed by release 0.1.0 holds each resource as a dynamic resource, its provider pickled in its state, until
+# the first `up` after the upgrade moves it onto the plugin by its alias (GpuhostResource). Until then - that up's own
+# refresh, a `pulumi refresh`, a `destroy` - the engine sends the resource's calls to Pulumi's dynamic-provider host
+# (`python -m pulumi.dynamic`), which unpickles the provider: an instance of the class of that name here, the one the
+# plugin serves. The host imports this module as it unpickles, on its first call; what it needs beyond the plugin's
+# calls is done then, in that process only:
+#   * it calls configure(request) on each provider it unpickles: nothing to configure;
+#   * it sends the engine traceback.format_exc() of whatever a call raises: with no frames (sys.tracebacklimit 0) and
+#     Failed named as the builtin `gpuhost`, that reads "gpuhost: <message>", as the plugin's one_line says it;
+#   * a CLI killed mid-run leaves it waiting for ever: it watches the engine from its first call on.
+# tests/unit/test_dynamic_host.py serves reads through the host.
+
+def in_dynamic_provider_host() -> bool:
+    """True in the process `python -m pulumi.dynamic` that serves a stack's dynamic resources."""
+    import sys
+    return getattr(getattr(sys.modules.get('__main__'), '__spec__', None), 'name', None) == 'pulumi.dynamic.__main__'
+
+
+def serve_the_dynamic_provider_host() -> None:
+    import sys
+    sys.tracebacklimit = 0
+    Failed.__module__ = 'builtins'
+    Failed.__qualname__ = Failed.__name__ = 'gpuhost'
+    ObservedProvider.configure = lambda self, _request: None
     exit_with_engine()
+
+
+if in_dynamic_provider_host():
+    serve_the_dynamic_provider_host()
 
 
 def utc_now() -> str:

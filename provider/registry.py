@@ -1,13 +1,12 @@
-"""Which class serves each of the plugin's resource types (gpuhost:index:<Name>), and the type each had as a
-dynamic resource (pulumi-python:dynamic/gpuhost:<Name>: the alias that moves a stack deployed before the plugin
-onto it without replacing anything)."""
+"""Which class serves each of the plugin's resource types (gpuhost:index:<Name>). The tokens, and the type each had as
+a dynamic resource (pulumi-python:dynamic/gpuhost:<Name>: the alias that moves a stack deployed before the plugin
+onto it without replacing anything), are the resources' own (components/resource.py): the program declares them
+without importing the plugin."""
 
 import importlib
 
+from components.resource import PACKAGE, token
 from components.state import OperatorError
-
-PACKAGE = 'gpuhost'
-DYNAMIC_PREFIX = 'pulumi-python:dynamic/gpuhost:'
 
 # name -> (module, class); ProxmoxGuest picks by its `kind` input (lxc: the container's checks on top).
 CLASSES = {
@@ -23,14 +22,6 @@ CLASSES = {
     'ProxmoxGuest': ('components.pve', 'PveGuestProvider'),
 }
 GUEST_KINDS = {'lxc': ('components.container', 'ContainerProvider'), 'qemu': ('components.pve', 'PveGuestProvider')}
-
-
-def token(name: str) -> str:
-    return '%s:index:%s' % (PACKAGE, name)
-
-
-def dynamic_type(name: str) -> str:
-    return DYNAMIC_PREFIX + name
 
 
 def name_of(type_token: str) -> str:
