@@ -69,6 +69,17 @@ SECRET_INPUTS = ('connection', 'api', 'token', 'api_key', 'index_password', 'ins
 OPTIONAL_INPUTS = {'ModelWeights': ('token',), 'SglangUnit': ('api_key', 'index_password', 'installer_tokens')}
 
 
+def serving_classes(name: str) -> list:
+    """The classes that serve a resource type: one, or one per kind (ProxmoxGuest). Their INPUTS and OUTPUTS declare
+    its properties (components/fields.py)."""
+    out = []
+    for module, cls in [CLASSES[name]] + (list(GUEST_KINDS.values()) if name == 'ProxmoxGuest' else []):
+        found = getattr(importlib.import_module(module), cls)
+        if found not in out:
+            out.append(found)
+    return out
+
+
 def describe(name: str) -> str:
     """The first paragraph of the serving class's docstring: the resource's description in the schema."""
     cls = getattr(importlib.import_module(CLASSES[name][0]), CLASSES[name][1])
