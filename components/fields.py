@@ -9,8 +9,8 @@ package, gpuhost:index:Name). An input is required unless optional(); secret() m
 a Pulumi secret (the engine keeps the output of the same name secret). A class's REPLACE keys are its
 replaceOnChanges.
 
-tests/unit/test_provider_schema.py runs the program under mocks and checks every input it registers against them
-(problems())."""
+tools/provider_schema.py writes provider/schema.json from these; tests/unit/test_provider_schema.py runs the
+program under mocks and checks every input it registers against them (problems())."""
 
 from __future__ import annotations
 

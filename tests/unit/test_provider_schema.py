@@ -2,15 +2,17 @@
 what the program registers: the program run under mocks for the lab stack, a two-host fleet and the lab with what
 it leaves out set (an API key, the GPU proof, a model source with its token and checksums, an installer from a
 mirror with its login) - every input it hands over declared by the class that serves it, of the declared type,
-secret where declared secret, and every required one set."""
+secret where declared secret, and every required one set. Also what provider/schema.json makes of them."""
 
 import copy
+import json
 
 import pytest
 
 from components import fields
 from components.fields import ANY, B, I, N, S, arr, mapof, obj, optional, secret
 from provider import registry
+from tools import provider_schema
 
 
 def runs():
@@ -87,3 +89,39 @@ def test_what_is_checked_fails_on_a_broken_case():
         'env.A: string expected, got float',
         'token: declared secret, handed over in plain text',
     ]
+
+
+def test_the_schema_types_every_property_and_states_required_secret_and_replace_on_changes():
+    with open(provider_schema.PATH) as f:
+        schema = json.load(f)
+    for name in registry.CLASSES:
+        res, classes = schema['resources'][registry.token(name)], registry.serving_classes(name)
+        assert set(res['inputProperties']) == {k for c in classes for k in c.INPUTS}, name
+        assert set(res['properties']) == set(res['inputProperties']) | {k for c in classes for k in c.OUTPUTS}, name
+        replace = {k for k, p in res['inputProperties'].items() if p.get('replaceOnChanges')}
+        assert replace == {k for c in classes for k in c.REPLACE}, name
+        assert all(res['properties'][k].get('replaceOnChanges') for k in replace), name
+        assert set(res['requiredInputs']) <= set(res['inputProperties']), name
+    guest = schema['resources']['gpuhost:index:ProxmoxGuest']
+    # A property one kind of guest has (a container's service, a VM's GPU binding) is required of neither.
+    assert {'node', 'vmid', 'config'} <= set(guest['requiredInputs']) and not {
+        'service', 'gpu_devices', 'gpu_binding', 'guard_gpus'} & set(guest['requiredInputs'])
+    assert guest['inputProperties']['service'] == {'$ref': '#/types/gpuhost:index:Service'}
+    assert schema['types']['gpuhost:index:Service']['properties']['vmid'] == {'type': 'integer'}
+    secrets = {(token, k) for token, res in schema['resources'].items() for k, p in res['inputProperties'].items()
+               if p.get('secret')}
+    assert secrets == {('gpuhost:index:ModelWeights', 'token'), ('gpuhost:index:SglangUnit', 'api_key'),
+                       ('gpuhost:index:SglangUnit', 'index_password'),
+                       ('gpuhost:index:SglangUnit', 'installer_tokens')}
+    # The output of a secret input is secret too (the engine keeps it so: provider/__main__.py).
+    assert all(schema['resources'][token]['properties'][k].get('secret') for token, k in secrets)
+    refs = {ref for ref in json.dumps(schema).split('"$ref": "')[1:]}
+    assert {r.split('"')[0] for r in refs} - {'pulumi.json#/Any'} == {
+        '#/types/' + t for t in schema['types']}, 'an object type named but not defined, or defined and unused'
+
+
+def test_two_declarations_of_one_object_type_must_agree(monkeypatch):
+    from components.host import HostFileProvider
+    monkeypatch.setattr(HostFileProvider, 'INPUTS', dict(HostFileProvider.INPUTS, service=obj('Service', vmid=S)))
+    with pytest.raises(provider_schema.Conflict, match='object type gpuhost:index:Service is declared twice'):
+        provider_schema.schema()
