@@ -15,6 +15,7 @@ import hashlib
 import json
 
 from components import pve, remote
+from components.fields import ROLLOUT, SERVICE, S, mapof, optional
 from grammar.pve import split_props
 from components.sglang import service_props
 
@@ -22,6 +23,10 @@ from components.sglang import service_props
 class ContainerProvider(pve.PveGuestProvider):
     """PveGuest for LXC, plus checks Proxmox does not make: every devN node exists on the host, and
     each container GPU really is the /dev/nvidiaN its entry names (the driver numbers GPUs itself)."""
+
+    # gpu_devices: {PCI address: the /dev/nvidiaN its devN entry names}; service: the SGLang service the container
+    # runs, checked when this run starts the container; rollout: a fleet's (GpuContainer).
+    INPUTS = dict(pve.GUEST_INPUTS, gpu_devices=mapof(S), service=SERVICE, rollout=optional(ROLLOUT))
 
     def check_devices(self, props):
         target = remote.Target.from_inputs(props['connection'])

@@ -27,6 +27,7 @@ import pulumi
 
 from components import remote, state
 from components.host_state import assignment, reboot_reasons
+from components.fields import B, I, ROLLOUT, S, SERVICE, arr, mapof, obj, optional
 from grammar import cmdline
 from grammar.gpu import BLACKWELL_IDS
 from components.sglang import changed_lines, service_props
@@ -215,13 +216,21 @@ def adopting(olds, news) -> bool:
 
 # ------------------------------------------------------------------- providers
 
+# One of gpuhost:host.gpus: what every host resource checks the host against before it writes (check_inventory),
+# with the Blackwell IDs of the program, and whether the deployment is being adopted (never compared).
+INVENTORY_GPU = obj('InventoryGpu', address=S, id=S, numa=I)
+HOST_CHECKS = {'inventory': arr(INVENTORY_GPU), 'blackwell_ids': arr(S), 'adopt': B}
+KERNEL_POLICY = obj('KernelPolicy', vfio=B, blackwell=B, snp=B)
+
+
 class KernelCmdlineProvider(ObservedProvider):
     """The configured command line (what the next boot uses) carries every `ensure_args` parameter
     with its value and no dangerous parameter (grammar/cmdline.py, in any spelling the kernel
     accepts). Observed: which ensured parameters are in effect, which dangerous ones are present."""
     ID = 'kernel-cmdline'
     DESIRED = ('ensure_args', 'dangerous_args')
-    OUTPUTS = ('boot', 'configured', 'running', 'applied')
+    INPUTS = {'ensure_args': arr(S), 'dangerous_args': arr(S), 'policy': KERNEL_POLICY, **HOST_CHECKS}
+    OUTPUTS = {'boot': S, 'configured': S, 'running': S, 'applied': S}
 
     def observe(self, facts, props):
         configured = cmdline.split(facts.configured)
@@ -302,7 +311,8 @@ class HostFileProvider(ObservedProvider):
     """A whole file on the host; `post` (initramfs, boot-systemd, boot-grub) runs when it changes."""
     DESIRED = ('path', 'content', 'mode', 'post')
     REPLACE = ('path',)
-    OUTPUTS = ('sha256', 'applied')
+    INPUTS = {'path': S, 'content': S, 'mode': S, 'post': S, **HOST_CHECKS}
+    OUTPUTS = {'sha256': S, 'applied': S}
 
     def observe(self, target, props):
         res = remote.run(target, 'read_file.sh', [props['path']], check=False)
@@ -362,7 +372,9 @@ class VfioProvider(ObservedProvider):
     survives reboots), the container's on nvidia with no override. A VM GPU elsewhere is re-bound (and
     said so); a container GPU on vfio-pci stops the run with the steps to recover."""
     DESIRED = ('driver', 'devices', 'container_devices', 'modprobe_conflicts')
-    OUTPUTS = ('overrides', 'bound', 'applied')
+    INPUTS = {'driver': S, 'devices': arr(S), 'container_devices': arr(S), 'modprobe_conflicts': arr(S),
+              'container_vmid': I, 'dma_remap_peer_mmio': I, 'fleet_host': optional(S), **HOST_CHECKS}
+    OUTPUTS = {'overrides': mapof(S), 'bound': mapof(S), 'applied': S}
 
     def observe(self, facts, props):
         ok = [b for b in props['devices'] if facts.overrides.get(b) == props['driver']
@@ -430,9 +442,16 @@ class HostStatusProvider(ObservedProvider):
     ID = 'status'
     DESIRED = ('expect', 'observed')
     ROLLOUT_STEP = 'its host status and reboot'   # with host.reboot: when-required it gates the rollout
-    # boot_id: the host's boot (/proc/sys/kernel/random/boot_id) - the SGLang unit proves its GPUs again after a new one.
-    OUTPUTS = ('gpus', 'iommu_domain_types', 'boot', 'running_cmdline', 'reboot_required', 'reboot_reasons',
-               'nvidia_params', 'boot_id')
+    # expect: host_expect(); observed: the host resources' `applied` tokens; reboot: gpuhost:host.reboot.
+    INPUTS = {'expect': obj('HostExpect', ensure_args=arr(S), policy=KERNEL_POLICY, domain=S, nvidia_params=mapof(S),
+                            vfio_devices=arr(S), container_devices=arr(S)),
+              'observed': arr(S), 'reboot': S, 'service': SERVICE, 'rollout': optional(ROLLOUT)}
+    OUTPUTS = {'gpus': mapof(obj('HostGpu', assigned_to=S, id=S, numa=I, driver=optional(S), iommu_group=optional(I),
+                                 iommu_group_type=optional(S), minor=optional(I))),
+               'iommu_domain_types': arr(S), 'boot': S, 'running_cmdline': S, 'reboot_required': B,
+               'reboot_reasons': arr(S), 'nvidia_params': mapof(S),
+               # the host's boot (/proc/sys/kernel/random/boot_id): the SGLang unit proves its GPUs again after a new one
+               'boot_id': optional(S)}
 
     def goes_down(self, props) -> bool:
         """Whether an update may stop the host's SGLang (provider/rollout.py): only a reboot does."""

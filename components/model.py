@@ -25,6 +25,7 @@ import os
 import pulumi
 
 from components import jobs, remote
+from components.fields import ANY, B, I, N, S, mapof, optional, secret
 from components.exposition import TEXTFILE_DIR
 from components.resource import CreateResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, utc_now, warn
@@ -161,7 +162,13 @@ class ModelProvider(ObservedProvider):
     # What is declared: the model, its revision, its directory on the host, its checksums - and that it is
     # verified. The report's facts are outputs.
     DESIRED = ('id', 'revision', 'dir', 'checksums', 'verified')
-    OUTPUTS = ('report', 'verified_at', 'shards', 'bytes', 'summary')
+    # source: where the job fetches missing shards from (None: only verified), with the hub's token; checksums:
+    # {file: sha256} (None: none declared); the job's limits (gpuhost:model).
+    INPUTS = {'id': S, 'revision': S, 'dir': S, 'storage': S, 'checksums': optional(mapof(S)), 'verified': B,
+              'source': optional(S), 'token': secret(optional(S)), 'textfile': S, 'timeout_s': optional(N),
+              'stall_timeout_s': N, 'rehash_days': optional(N), 'connections': I, 'max_bytes_per_s': optional(I)}
+    # report: the verification job's counts and file lists, as it reports them.
+    OUTPUTS = {'report': ANY, 'verified_at': S, 'shards': I, 'bytes': I, 'summary': S}
 
     def observed(self, props, rep) -> dict:
         return {'verified': bool(rep['verified']), 'report': {k: rep.get(k) for k in (

@@ -29,6 +29,7 @@ import re
 import pulumi
 
 from components import exposition, host_state, remote
+from components.fields import S, arr, mapof, obj
 from components.runtime import declared as runtime_declared
 from components.sglang import expected_speculation
 from components.state import GpuhostResource, ObservedProvider, OperatorError, numbers
@@ -150,7 +151,8 @@ class MetricsFileProvider(ObservedProvider):
     Removed on destroy: metrics about a deployment that is gone would mislead."""
     DESIRED = ('path', 'content', 'mode', 'upstream')
     REPLACE = ('path',)
-    OUTPUTS = ('sha256',)
+    INPUTS = {'path': S, 'content': S, 'mode': S, 'upstream': S}
+    OUTPUTS = {'sha256': S}
 
     def observe(self, target, props):
         res = remote.run(target, 'read_file.sh', [props['path']], check=False)
@@ -347,6 +349,11 @@ class CollectorProvider(ObservedProvider):
     destroy with its textfile and state: metrics of a collector that is gone would mislead."""
     ID = 'gpuhost-collector'
     DESIRED = ('files', 'timer')
+    # files: {path: content} (and their modes), the script and the units among them; what the collector writes
+    # itself and its directories, removed with it.
+    INPUTS = {'files': mapof(S), 'modes': mapof(S), 'timer': obj('TimerState', enabled=S, active=S), 'script': S,
+              'config': S, 'service_unit': S, 'timer_unit': S, 'textfile_dir': S, 'generated': arr(S),
+              'dirs': arr(S)}
     TIMER_ON = {'enabled': 'enabled', 'active': 'active'}
 
     def observe(self, target, props):

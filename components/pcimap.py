@@ -32,6 +32,7 @@ from typing import Optional
 
 from components import remote
 from components.host import read_facts
+from components.fields import I, S, arr, mapof, obj, optional
 from components.pve import IMPORTED, api_call, client
 from components.resource import CheckResult, CreateResult, DiffResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, warn
@@ -192,7 +193,10 @@ class PciMappingProvider(ObservedProvider):
 
     DESIRED = ('mappings', 'checks')
     CONNECTION = ('api', 'connection')
-    OUTPUTS = ('entries', 'written')
+    INPUTS = {'node': S, 'vmid': I, 'mappings': mapof(obj('PciMappingSpec', path=S, id=S)), 'checks': mapof(S),
+              'hostpci': mapof(S), 'guard': obj('GpuGuard', gpus=arr(S), numa=I), 'vm_numa': I,
+              'fleet_host': optional(S)}
+    OUTPUTS = {'entries': mapof(mapof(S)), 'written': mapof(S)}
 
     @staticmethod
     def label(props) -> str:

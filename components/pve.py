@@ -35,6 +35,7 @@ from components import remote, state
 from components.resource import CheckResult, CreateResult, UpdateResult
 from components.state import GpuhostResource, ObservedProvider, OperatorError, info, warn
 from grammar.pve import parse_map_entry, parse_raw, same_value, scalar, split_props, with_raw
+from components.fields import ANY, B, I, S, arr, mapof, obj, optional
 
 
 class PveError(OperatorError):
@@ -441,6 +442,15 @@ def show(value) -> str:
 
 # --------------------------------------------------------------------- provider
 
+# What every guest declares (a container's own inputs: components/container.py). config: the Proxmox config keys
+# the program manages (strings and integers, as the API takes them); create: the create-only ones (a container's
+# template, root disk and unprivileged).
+GUEST_INPUTS = {'node': S, 'kind': S, 'vmid': I,
+                'create': obj('GuestCreate', ostemplate=optional(S), rootfs=optional(S), unprivileged=optional(I)),
+                'config': mapof(ANY), 'start': B, 'raw_lxc': mapof(S), 'protect': B, 'adopt': B,
+                'fleet_host': optional(S)}
+
+
 class PveGuestProvider(ObservedProvider):
     """inputs: api, connection (LXC: for raw lines), node, kind (lxc|qemu), vmid, create, config, start,
     raw_lxc. outputs: the same as observed, plus status, pending, uid (new on every creation)."""
@@ -450,7 +460,9 @@ class PveGuestProvider(ObservedProvider):
     CONNECTION = ('api', 'connection')
     # mounts: every mpN the container has (the program's and others'), so that a preview from the state can
     # tell a declared mount point that would replace one the program did not set.
-    OUTPUTS = ('status', 'pending', 'uid', 'pid', 'mounts')
+    OUTPUTS = {'status': S, 'pending': arr(S), 'uid': S, 'pid': I, 'mounts': mapof(S)}
+    # A VM's own (components/vm.py): the container's GPUs it must never get, and how its GPUs are passed.
+    INPUTS = dict(GUEST_INPUTS, guard_gpus=arr(S), gpu_binding=S)
 
     # What each create-only input is called in the stack config, for the refusal below.
     REPLACE_KEYS = {'node': 'gpuhost:host.node', 'vmid': 'gpuhost:{side}.vmid', 'kind': 'gpuhost:{side}',

@@ -21,6 +21,7 @@ from pulumi.runtime import rpc
 
 from components import exposition, model as model_mod, remote, runtime, state
 from grammar import systemd
+from components.fields import ANY, B, I, N, ROLLOUT, S, arr, mapof, obj, optional, secret
 from grammar.sglang_flags import API_KEY_VAR
 from components.render import exec_start, render
 from components.resource import CheckResult, CreateResult, DiffResult, UpdateResult
@@ -399,6 +400,11 @@ def prove(target, props, last=None, boot_id=None, stopped_at_boot=False) -> dict
     return out
 
 
+# An installer of gpuhost:runtime (runtime.install_inputs): where it is on the host, its sha256, where the host fetches
+# it from (None: uploaded by the operator).
+INSTALLER = obj('Installer', installer=S, sha256=S, source=optional(S))
+
+
 class SglangUnitProvider(ObservedProvider):
     """SGLang's systemd unit in the container, with what it stands on (NVIDIA user space, CUDA, its Python
     environment): written, restarted and checked (/health, /server_info), rolled back when the check fails."""
@@ -411,6 +417,37 @@ class SglangUnitProvider(ObservedProvider):
     # model: the weights it serves ({id, revision}, gpuhost:model; None: not managed) - a new revision restarts it.
     DESIRED = ('unit', 'version', 'container_uid', 'active', 'enabled', 'unit_name', 'vmid', 'api_key', 'dropins',
                'runtime', 'env', 'model')
+    # What the service is (service_props), what /server_info must report (expect), the unit's flags one element a
+    # flag (launch_args: what a preview's diff shows), and what it stands on: the declared runtime and environment
+    # (runtime.declared, runtime.environment), how to install them (install, not compared), the GPU proof, the model
+    # and what is verified of it before a restart (model_check) - each None when the stack does not manage it.
+    INPUTS = {'vmid': I, 'unit_name': S, 'unit_path': S, 'venv': S, 'version': S, 'endpoint': S, 'health_timeout': N,
+              'expect': obj('ServingExpect', speculative_algorithm=optional(S), speculative_num_steps=optional(I),
+                            speculative_eagle_topk=optional(I), speculative_num_draft_tokens=optional(I),
+                            model_path=optional(S)),
+              'api_key': secret(optional(S)), 'container_uid': S, 'unit': S, 'launch_args': arr(S), 'active': B,
+              'enabled': B, 'dropins': arr(S), 'adopt': B, 'cuda_home': S,
+              'runtime': optional(obj('Runtime', nvidia=optional(S), cuda=optional(S))),
+              # venv_link, modified: what a read saw of the environment in the container (outputs only).
+              'env': optional(obj('PythonEnv', id=S, path=S, python=S, lock_sha256=S, packages=mapof(S),
+                                  patches=arr(obj('PatchRef', name=S, sha256=S)), sglang=S,
+                                  venv_link=optional(S), modified=optional(S))),
+              'proof': optional(obj('GpuProof', gpus=arr(S), tp=I, time_limit_s=N, min_busbw_gbps=optional(N),
+                                    python=S, environment=mapof(S))),
+              # host_boot_id: the host's boot as its status resource read it (a new one: the GPUs are proven again).
+              'host_boot_id': optional(S),
+              'install': optional(obj(
+                  'Install', timeout=N, stall=N, nvidia=optional(INSTALLER), cuda=optional(INSTALLER),
+                  python=optional(obj('InstallPython', lock_path=S, lock=S, patches=arr(obj('Patch', name=S, text=S)),
+                                      keep=I, envs_dir=S, index=optional(obj('PackageIndex', url=S, username=S)),
+                                      wheelhouse=optional(S))))),
+              'model': optional(obj('ModelRef', id=S, revision=S)),
+              'model_check': optional(obj('ModelCheck', id=S, revision=S, dir=S, storage=S, timeout_s=optional(N),
+                                          stall_timeout_s=N, rehash_days=optional(N),
+                                          checksums=optional(mapof(S)))),
+              'index_password': secret(optional(S)),
+              'installer_tokens': secret(optional(mapof(obj('InstallerLogin', token=S)))),
+              'rollout': optional(ROLLOUT), 'fleet_host': optional(S)}
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it. confirmed_unit:
     # its text, which a failed switch to a new environment puts back; confirmed_envs: the environments
@@ -421,8 +458,12 @@ class SglangUnitProvider(ObservedProvider):
     # pending_cleanup: previous revisions' directories whose removal failed after the new one served ([{storage,
     # dir, revision}]): retried by every `up` until they go; never a reason to fail a run that served.
     # proven: the last GPU proof's result (gpuhost:sglang.proof; None: never run) - per GPU, the all-reduce, when.
-    OUTPUTS = ('resolved', 'invocation_id', 'restarted', 'confirmed', 'observed_at', 'runtime_facts', 'confirmed_unit',
-               'confirmed_envs', 'pending_cleanup', 'proven')
+    OUTPUTS = {'resolved': ANY, 'invocation_id': S, 'restarted': B, 'confirmed': S, 'observed_at': S,
+               'runtime_facts': obj('RuntimeFacts', host_driver=optional(S), boot_id=optional(S),
+                                    container_driver=optional(S), cuda=optional(S), sglang=optional(S), env=optional(S),
+                                    lock_sha256=optional(S), venv_link=optional(S)),
+               'confirmed_unit': S, 'confirmed_envs': arr(S),
+               'pending_cleanup': arr(obj('RevisionDir', storage=S, dir=S, revision=S)), 'proven': ANY}
     ROLLOUT_STEP = 'its SGLang unit'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
 
     def facts(self, target, props) -> dict:

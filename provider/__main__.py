@@ -1,11 +1,13 @@
 """The gpuhost provider plugin's gRPC server (the Pulumi CLI starts it through provider/pulumi-resource-gpuhost).
 
 Each resource type is served by the class that served it as a dynamic resource (provider/registry.py): the same
-check, diff, create, read, update and delete, the same messages and preview diffs. What changes is the plumbing:
+check, diff, create, read, update and delete, the same messages. What changes is the plumbing:
   * no provider code in state: a resource's state holds its properties only (a `__provider` left by a dynamic
     resource is dropped on the way in, and is gone from the state after the resource's next refresh or update);
   * no cap of four calls at a time: the engine's --parallel decides how many steps run at once;
-  * a version (provider/VERSION) and a schema (provider/schema.json, tools/provider_schema.py writes it).
+  * a version (provider/VERSION) and a schema (provider/schema.json, tools/provider_schema.py writes it from the
+    classes' declarations, components/fields.py);
+  * a preview's diff property by property, each one that replaces the resource said so (Diff, detailed_diff).
 Like the dynamic-provider host it replaces, the plugin tells the engine it takes no secrets and no previews of
 creates: the engine unwraps secret inputs on the way in and marks the outputs of secret inputs secret on the way
 out, and a preview of a resource to create makes no call into the plugin's create."""
@@ -105,6 +107,45 @@ def wire(props: dict):
 
 class Unserializable(TypeError):
     pass
+
+
+def detailed_diff(served, olds: dict, news: dict, old_inputs: dict, new_inputs: dict, result) -> dict:
+    """What a preview shows of an update or a replacement, property by property (DiffResponse.detailedDiff):
+
+      * each key the class compares (its DESIRED) whose declared value is not the one it has seen (the old outputs:
+        a drift shows as the value found), by the class's own comparison (its same()) - ADD, DELETE or UPDATE, the
+        _REPLACE kind for a key the result replaces on;
+      * and, as the engine showed them before the plugin said anything, the other inputs whose value differs from
+        the last run's (inputDiff) - the SGLang unit's flags one by one (launch_args), what it verifies and installs.
+
+    Empty when no property has changed (an update for a reason of the class's own: a cleanup to retry, a proof
+    after a reboot; or a resource taken in by `import`, compared on what its import found): the engine then shows
+    its own view of the inputs, as it did before."""
+    from components.pve import IMPORTED
+    from components.state import numbers
+    if olds.get(IMPORTED):
+        return {}
+    # As the class compared them (its entry points see integral numbers as ints: components/state.py numbers).
+    olds, news = numbers(olds), numbers(news)
+    kinds = proto.PropertyDiff
+    replaces = set(result.replaces or ())
+    out = {}
+    for key in served.DESIRED:
+        old, new = olds.get(key), news.get(key)
+        if key not in replaces and served.same(key, old, new):
+            continue
+        kind = kinds.ADD if old is None else kinds.DELETE if new is None else kinds.UPDATE
+        if key in replaces:
+            kind = {kinds.ADD: kinds.ADD_REPLACE, kinds.DELETE: kinds.DELETE_REPLACE}.get(kind, kinds.UPDATE_REPLACE)
+        out[key] = kinds(kind=kind)
+    if old_inputs is None:
+        return out
+    for key in sorted(set(old_inputs) | set(new_inputs)):
+        if key in out or key in served.DESIRED or old_inputs.get(key) == new_inputs.get(key):
+            continue
+        kind = kinds.ADD if key not in old_inputs else kinds.DELETE if key not in new_inputs else kinds.UPDATE
+        out[key] = kinds(kind=kind, inputDiff=True)
+    return out
 
 
 def one_line(e: BaseException) -> str:
@@ -234,7 +275,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
 
     @_one_line_errors
     def Diff(self, request, context):
-        olds, news = self.host(plain(request.olds, True)), self.host(plain(request.news, True))
+        new_inputs = plain(request.news, True)
+        olds, news = self.host(plain(request.olds, True)), self.host(new_inputs)
         served = registry.provider_for(type_of(request.urn), news)
         with self.step(request.urn, news):
             result = served.diff(request.id, olds, news)
@@ -248,6 +290,11 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
             fields['replaces'] = result.replaces
         if result.delete_before_replace is not None:
             fields['deleteBeforeReplace'] = result.delete_before_replace
+        # (an engine older than the old inputs in a DiffRequest: the compared keys alone)
+        old_inputs = plain(request.old_inputs, True) if request.HasField('old_inputs') else None
+        detailed = detailed_diff(served, olds, news, old_inputs, new_inputs, result) if result.changes else {}
+        if detailed:
+            fields.update(detailedDiff=detailed, hasDetailedDiff=True, diffs=sorted(detailed))
         return proto.DiffResponse(**fields)
 
     @_one_line_errors

@@ -53,11 +53,15 @@ def provider_for(type_token: str, props: dict):
     return obj
 
 
-# Inputs the program hands over as Pulumi secrets (the host's SSH connection and Proxmox API login, the model hub
-# token, SGLang's API key, the package index password, the installers' mirror logins): marked secret in the schema.
-SECRET_INPUTS = ('connection', 'api', 'token', 'api_key', 'index_password', 'installer_tokens')
-# Inputs the program leaves out when the stack does not set them (so a run of the program need not show them).
-OPTIONAL_INPUTS = {'ModelWeights': ('token',), 'SglangUnit': ('api_key', 'index_password', 'installer_tokens')}
+def serving_classes(name: str) -> list:
+    """The classes that serve a resource type: one, or one per kind (ProxmoxGuest). Their INPUTS and OUTPUTS declare
+    its properties (components/fields.py)."""
+    out = []
+    for module, cls in [CLASSES[name]] + (list(GUEST_KINDS.values()) if name == 'ProxmoxGuest' else []):
+        found = getattr(importlib.import_module(module), cls)
+        if found not in out:
+            out.append(found)
+    return out
 
 
 def describe(name: str) -> str:

@@ -119,6 +119,12 @@ def test_unprotected_wrong_node_stops_at_preflight_before_anything_is_deleted(la
 def test_unprotected_replacement_with_a_missing_template_stops_at_preflight(lab, deployed):
     cfg = with_changes(deployed, ((C, 'ostemplate'), 'local:vztmpl/debian-13-standard_13.1-1_amd64.tar.zst'),
                        ((C, 'protect'), False))
+    # The preview (it contacts no host) says what replaces the container: its create-only key, property by property.
+    lab.write_stack(STACK, cfg)
+    ct = [s for s in lab.preview_json(STACK)['steps'] if s['urn'].endswith('::container-lxc') and s.get('detailedDiff')]
+    assert [s['op'] for s in ct] == ['replace'] and ct[0]['replaceReasons'] == ['create'], ct
+    assert ct[0]['detailedDiff'] == {'create': {'kind': 'update-replace', 'inputDiff': False},
+                                     'protect': {'kind': 'update', 'inputDiff': True}}, ct[0]['detailedDiff']
     out = refused(lab, cfg, ('up', '--yes', '--skip-preview'))
     assert 'gpuhost:container.ostemplate: local:vztmpl/debian-13-standard_13.1-1_amd64.tar.zst is not on storage local' \
         in out, out[-3000:]

@@ -17,6 +17,9 @@ class Mocks(pulumi.runtime.Mocks):
     def new_resource(self, args):
         CREATED.append(args)
         state = dict(args.inputs)
+        if args.typ == 'gpuhost:index:HostStatus' and state.get('boot_id') is None:
+            # The boot its apply read on the host (the SGLang unit's host_boot_id).
+            state['boot_id'] = '00000000-0000-4000-8000-000000000001'
         if args.typ == 'command:remote:Command':
             # A command's outputs after it ran (what the program reads of the smoke test).
             state.setdefault('stdout', '')
@@ -33,15 +36,17 @@ CONN = {'host': 'h', 'port': 22, 'user': 'root', 'private_key': 'k', 'host_key':
 API = {'host': 'h', 'port': 8006, 'user': 'root@pam', 'password': 'p', 'ca_cert': 'pem', 'timeout': 5}
 
 
-def run_program(fleet, runtime_files) -> dict:
+def run_program(fleet, runtime_files, model_files=None) -> dict:
     """__main__.py as the engine runs it, for `fleet` (config.parse_fleet of a stack's gpuhost keys), to the end of
     every registration: {'resources': [MockResourceArgs, ...], 'exports': {name: value}}. Only what needs the lab
     is replaced: the files the config names (config.load_stack: the connection, `runtime_files` as
-    runtime_inputs(), no model checksums), the preflight's host checks (components/preflight.py run) and the SSH
-    agent a key kept in a file reaches the smoke test through (components/agent.py start)."""
+    runtime_inputs(), `model_files` as the model's checksums and token - none by default), the preflight's host
+    checks (components/preflight.py run) and the SSH agent a key kept in a file reaches the smoke test through
+    (components/agent.py start)."""
     import config
     from components import agent, preflight
-    inputs = [(CONN, API, runtime_files, {'checksums': None, 'token': None}) for _ in fleet.hosts]
+    model_files = model_files or {'checksums': None, 'token': None}
+    inputs = [(CONN, API, runtime_files, model_files) for _ in fleet.hosts]
     exports = {}
 
     @pulumi.runtime.test

@@ -123,6 +123,43 @@ def test_a_resource_moved_from_a_dynamic_provider_diffs_as_before_and_its_pickle
     assert edited.changes == proto.DiffResponse.DIFF_SOME and not edited.replaces
 
 
+def kinds(diff) -> dict:
+    return {k: (proto.PropertyDiff.Kind.Name(v.kind), v.inputDiff) for k, v in diff.detailedDiff.items()}
+
+
+def test_a_preview_names_each_property_that_changes_and_replace_for_a_create_only_one(plugin):
+    """What `preview --diff` shows of an update is what Diff details: each property that changes, and whether its
+    change replaces the resource (the class's REPLACE: a host file's path, a guest's create-only keys)."""
+    stub, _ = plugin
+    file = {'path': '/etc/modprobe.d/gpuhost-nvidia.conf', 'mode': '0644', 'post': 'initramfs', 'adopt': False,
+            'content': 'options nvidia NVreg_DmaRemapPeerMmio=1\n', 'inventory': [], 'blackwell_ids': ['10de:2bb5']}
+    held = dict(file, sha256='x', applied='t')   # the state after the last `up`: the inputs as observed, the facts
+
+    def diff(news, olds=held, urn=URN, old_inputs=file):
+        return stub.Diff(proto.DiffRequest(urn=urn, id='x', olds=props(olds), old_inputs=props(old_inputs),
+                                           news=props(news)))
+    moved = diff(dict(file, path='/etc/modprobe.d/gpuhost.conf'))
+    assert moved.changes == proto.DiffResponse.DIFF_SOME and list(moved.replaces) == ['path'], moved
+    assert moved.hasDetailedDiff and kinds(moved) == {'path': ('UPDATE_REPLACE', False)} and moved.diffs == ['path']
+    # In place: a compared key against what the host had, an input not compared against the last run's.
+    edited = diff(dict(file, content='options nvidia NVreg_DmaRemapPeerMmio=0\n', blackwell_ids=['10de:2bb1']))
+    assert not edited.replaces and kinds(edited) == {'content': ('UPDATE', False), 'blackwell_ids': ('UPDATE', True)}
+    # Drift: the last refresh found the file gone - it is written again.
+    assert kinds(diff(file, {k: v for k, v in held.items() if k != 'content'})) == {'content': ('ADD', False)}
+    # Nothing for the host: no update, and nothing detailed.
+    same = diff(dict(file, blackwell_ids=['10de:2bb1']))
+    assert same.changes == proto.DiffResponse.DIFF_NONE and not same.hasDetailedDiff and not same.detailedDiff
+    # A container's create-only key (unprotected: a protected one is refused with the way out, test_pve.py).
+    guest = {'node': 'pve-lab', 'kind': 'lxc', 'vmid': 200, 'config': {'cores': 32}, 'start': True, 'raw_lxc': {},
+             'create': {'ostemplate': 'local:vztmpl/debian-12.tar.zst', 'rootfs': 'local-lvm:200', 'unprivileged': 1},
+             'protect': False, 'adopt': False}
+    urn = 'urn:pulumi:lab::gpuhost::gpuhost:index:GpuContainer$gpuhost:index:ProxmoxGuest::container-lxc'
+    replaced = diff(dict(guest, create=dict(guest['create'], unprivileged=0), config={'cores': 16}),
+                    dict(guest, status='running'), urn, guest)
+    assert list(replaced.replaces) == ['create'] and replaced.deleteBeforeReplace, replaced
+    assert kinds(replaced) == {'create': ('UPDATE_REPLACE', False), 'config': ('UPDATE', False)}
+
+
 def test_an_error_reaches_the_engine_as_one_line_without_python_frames(plugin):
     stub, proc = plugin
     with pytest.raises(grpc.RpcError) as e:
