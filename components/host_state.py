@@ -48,7 +48,6 @@ class HostFacts:
     iommu_groups: Optional[int] = None                         # entries of /sys/kernel/iommu_groups (0: IOMMU off)
     kvm_amd: dict = dataclasses.field(default_factory=dict)    # /sys/module/kvm_amd/parameters: sev, sev_snp -> Y/N
     devnodes: dict = dataclasses.field(default_factory=dict)   # /dev path asked for -> is a character device
-    boot_id: Optional[str] = None                              # /proc/sys/kernel/random/boot_id: which boot this is
 
     def running_args(self):
         return [w for w in cmdline.split(self.running) if not w.startswith(('BOOT_IMAGE=', 'initrd='))]

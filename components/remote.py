@@ -469,7 +469,14 @@ def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644
 
 # The facts' types live in components/host_state.py (shared with the collector on the host); parse_facts()
 # fills them from host_facts.sh's output.
-Gpu, HostFacts = host_state.Gpu, host_state.HostFacts
+Gpu = host_state.Gpu
+
+
+@dataclasses.dataclass
+class HostFacts(host_state.HostFacts):
+    """The facts as the program reads them: the collector's (host_state.py, which its script carries: a field there
+    changes the collector's files on every host) and which boot this is (/proc/sys/kernel/random/boot_id)."""
+    boot_id: Optional[str] = None
 
 
 @dataclasses.dataclass

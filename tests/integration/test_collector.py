@@ -85,7 +85,8 @@ def test_installed_as_the_program_renders_it_on_its_schedule_and_promtool_accept
     assert check.returncode == 0 and check.stdout + check.stderr == '', check.stdout + check.stderr
     state = json.loads(on_host(lab, 'cat %s' % monitoring.COLLECTOR_STATE))
     assert state['boot_id'] == lab.boot_id() and state['cursor']
-    assert on_host(lab, 'ls %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-collector.prom', 'gpuhost-model.prom', 'gpuhost.prom']
+    assert on_host(lab, 'ls %s' % monitoring.TEXTFILE_DIR).split() == [
+        'gpuhost-collector.prom', 'gpuhost-gpu-proof.prom', 'gpuhost-model.prom', 'gpuhost.prom']
     # A second up changes nothing, and writes nothing.
     stat = 'stat -c %Y.%i ' + ' '.join(sorted(monitoring.collector_files(d)))
     before = on_host(lab, stat)
@@ -183,7 +184,9 @@ def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
     assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''
     # /var/lib/gpuhost stays while the model's verification cache and its job's record (not the collector's) are in it.
     assert on_host(lab, 'ls -A %s 2>/dev/null; true' % monitoring.COLLECTOR_STATE_DIR).split() == ['jobs', 'model-verify']
-    assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == ['gpuhost-model.prom', 'gpuhost.prom']
+    # (the GPU proof's goes with the SGLang unit, the model's with the weights)
+    assert on_host(lab, 'ls -A %s' % monitoring.TEXTFILE_DIR).split() == [
+        'gpuhost-gpu-proof.prom', 'gpuhost-model.prom', 'gpuhost.prom']
     # The timer is gone from the host's systemd (unloaded: nothing can start the collector again), and no run
     # started after the destroy.
     assert lab.host_unit(monitoring.COLLECTOR_TIMER, 'LoadState', 'ActiveState') == {'LoadState': 'not-found',

@@ -191,9 +191,10 @@ def test_out_of_band_drift_is_seen_by_refresh_and_repaired_by_up(lab, stack):
     olds, news = ct_step['oldState']['inputs'], ct_step['newState']['inputs']
     assert {k for k in set(olds) | set(news) if olds.get(k) != news.get(k)} == {'config'}
     unit_olds, unit_news = steps(plan)['sglang-unit']['oldState']['inputs'], steps(plan)['sglang-unit']['newState']['inputs']
-    # (container_uid/pid are unknown during preview while the container itself is being updated)
+    # (container_uid/pid are unknown during preview while the container itself is being updated, host_boot_id
+    # while the host's status is)
     assert {k for k in set(unit_olds) | set(unit_news) if unit_olds.get(k) != unit_news.get(k)} - \
-        {'container_uid', 'container_pid'} == {'unit'}
+        {'container_uid', 'container_pid', 'host_boot_id'} == {'unit'}
 
     starts = lab.unit_starts()
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)

@@ -44,6 +44,12 @@ def test_no_vm_no_mtp_strict_iommu(lab):
     prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-collector.prom').stdout
     assert 'gpuhost_reboot_required 0\n' in prom and 'gpuhost_iommu_declared_domain_info{domain="DMA"} 1\n' in prom
     assert 'gpuhost_nvidia_module_parameter{name="DmaRemapPeerMmio",side="running"} 0\n' in prom
+    # SGLang started at boot on GPUs nobody proved since: the one thing `up` does is stop it, prove them, start it.
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'the host rebooted since they were proven' in res.stdout and 'GPU proof passed' in res.stdout, \
+        res.stdout[-3000:]
+    assert lab.unit_starts() == starts + 1
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
