@@ -223,7 +223,12 @@ def test_reboot_clears_reboot_required(lab, stack):
     lab.start_host_unit('gpuhost-collector.service')
     prom = lab.on_host('cat /var/lib/prometheus/node-exporter/gpuhost-collector.prom').stdout
     assert 'gpuhost_reboot_required 0\n' in prom and 'gpuhost_reboot_reasons{kind="kernel_cmdline_missing"} 0\n' in prom
-    assert changed(lab.preview_json(STACK)) == {}
+    # SGLang started at boot on GPUs nobody proved since: its unit is the one thing `up` changes (and the metrics
+    # file written from the unit's outputs) - it stops SGLang, proves the GPUs and starts it again, once.
+    assert changed(lab.preview_json(STACK)) == {'sglang-unit': 'update', 'host-metrics': 'update'}
+    starts = lab.unit_starts()
+    res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert 'GPU proof passed' in res.stdout and lab.unit_starts() == starts + 1, res.stdout[-3000:]
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
 
 
