@@ -42,20 +42,17 @@ def fleet_program():
     return run_program(config.parse_fleet(data), FILES)
 
 
-def test_the_outputs_tables_are_the_generated_ones():
-    text = read('docs', 'monitoring.md')
-    start, stop = docs.between(text, docs.OUTPUTS_BEGIN, docs.OUTPUTS_END, 'docs/monitoring.md')
-    assert text[start:stop] == docs.outputs_block(), ("docs/monitoring.md's outputs tables differ from "
-                                                      "components/outputs.py OUTPUTS/FLEET_OUTPUTS: run "
-                                                      "python -m tools.docs outputs")
-
-
-def test_the_configuration_reference_is_the_generated_one():
-    text = read('docs', 'configuration.md')
-    start, stop = docs.between(text, docs.CONFIG_BEGIN, docs.CONFIG_END, 'docs/configuration.md')
-    assert text[start:stop] == docs.config_block(), ("docs/configuration.md's table of every key differs from the "
-                                                     "config schema (the models in config/): run "
-                                                     "python -m tools.docs config")
+@pytest.mark.parametrize('page, begin, end, block, source, part', [
+    ('monitoring.md', 'OUTPUTS_BEGIN', 'OUTPUTS_END', 'outputs_block', 'components/outputs.py OUTPUTS/FLEET_OUTPUTS',
+     'outputs'),
+    ('configuration.md', 'CONFIG_BEGIN', 'CONFIG_END', 'config_block', 'the config schema (the models in config/)',
+     'config'),
+])
+def test_the_generated_parts_of_the_docs_are_current(page, begin, end, block, source, part):
+    text = read('docs', page)
+    start, stop = docs.between(text, getattr(docs, begin), getattr(docs, end), 'docs/' + page)
+    assert text[start:stop] == getattr(docs, block)(), ('docs/%s\'s generated part differs from %s: run python -m '
+                                                        'tools.docs %s' % (page, source, part))
 
 
 def test_the_configuration_reference_has_a_row_for_every_key_of_the_schema_file():
