@@ -428,7 +428,11 @@ class Runner(object):
                 '--extra-inputs', 'ignore_eos:true', '--use-server-token-count',
                 '--concurrency', str(concurrency), '--request-count', str(requests_for(concurrency, a.requests)),
                 '--warmup-request-count', str(max(1, concurrency) if a.warmup is None else a.warmup),
-                '--random-seed', '1', '--artifact-dir', artifact_dir, '--ui-type', 'none']
+                '--random-seed', '1', '--artifact-dir', artifact_dir, '--ui-type', 'none',
+                # The report reads SGLang's /metrics itself, once before and once after a level (accept_stats);
+                # AIPerf's own collectors (a service scraping /metrics all along, one polling DCGM) feed nothing
+                # of it and cost as much CPU as the load itself (lab, concurrency 1: 63 -> 29 CPU-s a level).
+                '--no-server-metrics', '--no-gpu-telemetry']
 
     def level(self, target, concurrency, artifact_dir, draft_tokens):
         os.makedirs(artifact_dir, exist_ok=True)
