@@ -84,11 +84,13 @@ PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components
 # The provider plugin as main had it before issue 44 (provider 0.2.0, unreleased: CHANGELOG.md): the host's SSH key
 # and Proxmox password in its provider's configuration, also where the stack keeps them in files.
 PLUGIN_RELEASE = '649cadb'
-PLUGIN_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates', 'provider')   # its tree
+# The project's files in the tree those releases had (before transport/, resources/ and hostscripts/: issue 49).
+PLUGIN_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates', 'provider')
 
 # The provider plugin as main had it before issues 45 and 46 (provider 0.2.0, unreleased): one plugin process per
 # host and pass, and each host's resources depending on the SGLang unit of the host before it in its rollout lane.
 PER_HOST_RELEASE = '8a9d5b0'
+PER_HOST_FILES = PLUGIN_FILES
 
 
 class previous_release:
