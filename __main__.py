@@ -5,16 +5,15 @@ import os
 import pulumi
 
 import config
-from transport import agent
-from components import monitoring
-from components import outputs, preflight
+from components import monitoring, outputs, preflight
 from components.container import GpuContainer
 from components.host import ProxmoxHost
 from components.model import model_weights
 from components.sglang import SglangService
-from resources.state import end_quietly, host_provider
-from transport.operator import OperatorError
 from components.vm import SevSnpVm
+from resources.state import end_quietly, host_provider
+from transport import agent
+from transport.operator import OperatorError
 
 
 # Ctrl-C and a run the engine ended: the program stops quietly, never with a traceback (resources/state.py).

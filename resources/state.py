@@ -224,9 +224,9 @@ _wrap(ObservedProvider)
 # A stack deployed by release 0.1.0 holds each resource as a dynamic resource, its provider pickled in its state, until
 # the first `up` after the upgrade moves it onto the plugin by its alias (GpuhostResource). Until then - that up's own
 # refresh, a `pulumi refresh`, a `destroy` - the engine sends the resource's calls to Pulumi's dynamic-provider host
-# (`python -m pulumi.dynamic`), which unpickles the provider: an instance of the class of that name here, the one the
-# plugin serves. The host imports this module as it unpickles, on its first call; what it needs beyond the plugin's
-# calls is done then, in that process only:
+# (`python -m pulumi.dynamic`), which unpickles the provider by the name 0.1.0 gave its class (RELEASE_0_1_0 below):
+# an instance of the class the plugin serves. The host imports this module as it unpickles, on its first call; what it
+# needs beyond the plugin's calls is done then, in that process only:
 #   * it calls configure(request) on each provider it unpickles: nothing to configure;
 #   * it sends the engine traceback.format_exc() of whatever a call raises: with no frames (sys.tracebacklimit 0) and
 #     Failed named as the builtin `gpuhost`, that reads "gpuhost: <message>", as the plugin's one_line says it;
