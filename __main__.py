@@ -5,16 +5,18 @@ import os
 import pulumi
 
 import config
-from components import agent, monitoring, outputs, preflight
+from components import monitoring, outputs, preflight
 from components.container import GpuContainer
 from components.host import ProxmoxHost
 from components.model import model_weights
 from components.sglang import SglangService
-from components.state import OperatorError, end_quietly, host_provider
 from components.vm import SevSnpVm
+from resources.state import end_quietly, host_provider
+from transport import agent
+from transport.operator import OperatorError
 
 
-# Ctrl-C and a run the engine ended: the program stops quietly, never with a traceback (components/state.py).
+# Ctrl-C and a run the engine ended: the program stops quietly, never with a traceback (resources/state.py).
 end_quietly()
 
 
@@ -22,7 +24,7 @@ def _preflight_all(fleet, inputs):
     """Every host's preflight at once (one thread and one SSH connection each); all refusals are
     reported together, each naming its host."""
     from concurrent.futures import ThreadPoolExecutor
-    from components.state import describe_unexpected
+    from transport.operator import describe_unexpected
 
     def one(h):
         connection, api = inputs[h.index][:2]
@@ -44,8 +46,8 @@ def _preflight_all(fleet, inputs):
 
 try:
     fleet, inputs, warnings = config.load_stack(os.getcwd())
-    # The credentials the stack holds, read: no message of the program's may carry one (components/errors.py).
-    from components.errors import remember
+    # The credentials the stack holds, read: no message of the program's may carry one (transport/errors.py).
+    from transport.errors import remember
     remember(inputs)
     # ... and those only the models hold (sglang.api_key, host.api.token_secret).
     remember([h.deployment.model_dump() for h in fleet.hosts])
@@ -56,17 +58,17 @@ try:
         # before any step can delete, replace or write anything on any host.
         _preflight_all(fleet, inputs)
     # A credential the stack keeps in a file stays there: the provider's configuration names the file (the plugin
-    # reads it) and the smoke test reaches the host through an SSH agent (components/agent.py).
+    # reads it) and the smoke test reaches the host through an SSH agent (transport/agent.py).
     stack = '%s/%s' % (pulumi.get_project(), pulumi.get_stack())
     provided = {h.index: config.provider_access(h.deployment, os.getcwd(), *inputs[h.index][:2]) for h in fleet.hosts}
     smoke = {h.index: agent.smoke_connection(stack, h.deployment, inputs[h.index][0], os.getcwd(),
                                              start_agent=not pulumi.runtime.is_dry_run()) for h in fleet.hosts}
 except (config.ConfigError, OperatorError) as e:
     # RunError: shown as the reason the update failed, without a Python traceback.
-    from components.errors import scrub
+    from transport.errors import scrub
     raise pulumi.RunError(scrub(str(e))) from None
 except Exception as e:  # noqa: BLE001 - never frames for the operator; the traceback goes to a file
-    from components.state import describe_unexpected
+    from transport.operator import describe_unexpected
     raise pulumi.RunError(describe_unexpected(e)) from None
 
 built = []

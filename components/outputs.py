@@ -6,8 +6,9 @@ import hashlib
 
 import pulumi
 
-from components.monitoring import file_sd
-from components.sglang import expected_speculation, smoke_summary
+from resources.monitoring import file_sd
+from resources.sglang import expected_speculation
+from components.sglang import smoke_summary
 
 
 # (names, what an operator reads there) for every output of a one-host stack, in docs/monitoring.md's order. Add a
@@ -83,7 +84,7 @@ def host_outputs(d, host, container, vm, service, weights=None) -> dict:
         'health_url': base + '/health',
         'server_info_url': base + '/server_info',
         'metrics_url': base + '/metrics',
-        # SGLang's /metrics and the host's node_exporter (components/monitoring.py): write it to a file
+        # SGLang's /metrics and the host's node_exporter (resources/monitoring.py): write it to a file
         # Prometheus' file_sd_configs reads (`pulumi stack output prometheus_file_sd --json > ...`).
         'prometheus_file_sd': file_sd(d),
         'gpu_assignment': host.gpus,
@@ -110,7 +111,7 @@ def host_outputs(d, host, container, vm, service, weights=None) -> dict:
                       'gpus': list(d.container.gpus)},
     }
     if weights is not None:
-        # The weights as the last run (or refresh) verified them on the host (components/model.py).
+        # The weights as the last run (or refresh) verified them on the host (resources/model.py).
         out['model'] = {'id': d.model.id, 'revision': d.model.revision, 'path': d.sglang.model_path,
                         'host_dir': d.model.host_dir(d.sglang.model_path), 'shards': weights.shards,
                         'bytes': weights.bytes, 'verified': weights.verified, 'verified_at': weights.verified_at,

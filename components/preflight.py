@@ -3,7 +3,7 @@ any resource step runs - so before anything is deleted, replaced or written:
 
   * the host is the one the config describes: every GPU of the inventory at its address, with its
     vendor:device ID and NUMA node (also when no host-level setting changed);
-  * the VM's PCI resource mappings still match the devices at their addresses (components/pcimap.py:
+  * the VM's PCI resource mappings still match the devices at their addresses (resources/pcimap.py:
     what Proxmox checks at VM start; a container GPU or a non-GPU device at a VM address is DANGER);
   * no Blackwell GPU sits in an identity IOMMU domain, and no container GPU is bound to vfio-pci
     (both mean the host is in a state where changing anything may brick or misassign a GPU);
@@ -40,10 +40,11 @@ import re
 import threading
 from typing import Callable, Optional
 
-from components import host as host_mod
-from components import pcimap, pve, remote, runtime
-from components.sglang import service_props
-from components.state import OperatorError, describe_unexpected
+from resources import host as host_mod
+from resources import pcimap, pve, runtime
+from transport import remote
+from resources.sglang import service_props
+from transport.operator import OperatorError, describe_unexpected
 from grammar.gpu import BLACKWELL_IDS
 
 
@@ -318,7 +319,7 @@ def _model_storage(ctx):
 def _model_weights(ctx):
     """Without a source to download them from, the weights must be on the host already: a quick look (sizes and
     the sums cached by earlier verifications; no shard is read) finds what is missing, cut short or known bad."""
-    from components import model
+    from resources import model
     d = ctx.d
     if d.model.base_url():
         return None
@@ -435,10 +436,10 @@ CHECKS = (
 
 def _read_ahead(ctx) -> None:
     """The host's read-only reads of the checks, side by side: they go out as one SSH command and the checks find
-    them read (components/hostreads.py, inside remote.reading()). A read the host answers with a failure is left
+    them read (transport/hostreads.py, inside remote.reading()). A read the host answers with a failure is left
     to its check, which says what it means; a connection that fails (lost, refused, a wrong host key) stops the
     preflight here, as it would at the check's own read."""
-    from components import model
+    from resources import model
     target = remote.Target.from_inputs(ctx.connection)
     reads = [('host_facts.sh', ctx.facts_args(), None), ('ct_unit_owner.sh', _unit_owner_args(ctx), None)] + (
         [('check_dir.sh', [ctx.d.model.storage], None)] if ctx.d.model else []) + (

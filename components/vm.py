@@ -6,7 +6,7 @@ host node of the GPUs, affinity to that node's CPUs).
 
 The GPUs reach the VM through Proxmox PCI resource mappings by default (gpuhost:vm.gpu_binding: mapping):
 `hostpciN: mapping=<id>,pcie=1`, each mapping recording the device's IDs and IOMMU group
-(components/pcimap.py), so Proxmox itself refuses to start the VM with a device that is not the one
+(resources/pcimap.py), so Proxmox itself refuses to start the VM with a device that is not the one
 recorded - after a renumbered bus, the address may hold one of the container's identical GPUs. With
 gpu_binding: address they are raw `hostpciN: <address>,pcie=1`. Either way the GPUs are bound to vfio-pci
 by ProxmoxHost first, so Proxmox's own new_id binding at VM start cannot grab a container GPU with the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pulumi
 
-from components import pcimap, pve
+from resources import pcimap, pve
 from grammar.pve import hostpci_address, hostpci_mapping
 
 

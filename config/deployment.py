@@ -280,7 +280,7 @@ class Deployment(Model):
 
     def service_environment(self, python_prefix=None):
         """The unit's environment. python_prefix: the environment SGLang runs from (a managed one's own
-        directory, components/runtime.py), else gpuhost:sglang.venv."""
+        directory, resources/runtime.py), else gpuhost:sglang.venv."""
         s = self.sglang
         env = {'CUDA_HOME': s.cuda_home, 'PATH': '%s/bin:%s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:'
                                                  '/sbin:/bin' % (python_prefix or s.venv, s.cuda_home)}

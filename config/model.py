@@ -2,7 +2,7 @@
 mountpoint), how the container sees them (a Proxmox bind mount point, mpN, read-only), and which model and
 revision they are - verified against the model's own files (config.json, model.safetensors.index.json and
 every shard it names, with sizes; sha256 from a checksum file kept in the repository) before every start
-(components/model.py).
+(resources/model.py).
 
 Optional: without gpuhost:model the operator provides gpuhost:sglang.model_path in the container by hand."""
 
@@ -200,7 +200,7 @@ class ModelWeights(Model):
         return self.source
 
     def download_options(self) -> dict:
-        """The download's job keys for components/scripts/model_verify.py ("connections", "max_bytes_per_s")."""
+        """The download's job keys for hostscripts/model_verify.py ("connections", "max_bytes_per_s")."""
         return {'connections': self.connections, 'max_bytes_per_s': self.max_bytes_per_s}
 
     def mount_entry(self) -> str:

@@ -100,7 +100,7 @@ def index_url(value: str) -> str:
 
 
 # Installers declared by `source` are downloaded by the host into this directory of the program's own, one file
-# per name, and kept there for the next container (components/runtime.py fetch_installers).
+# per name, and kept there for the next container (resources/runtime.py fetch_installers).
 INSTALLERS_DIR = '/var/lib/gpuhost/installers'
 
 

@@ -40,7 +40,7 @@ class Speculative(Model):
 
 
 class Proof(Model):
-    """The GPU proof (components/scripts/gpu_proof.py, docs/gpu-proof.md): run in the container with the service's own
+    """The GPU proof (hostscripts/gpu_proof.py, docs/gpu-proof.md): run in the container with the service's own
     environment in the window where SGLang is stopped anyway - before the restart onto a new NVIDIA user space, CUDA
     or Python environment, and before its first start - and the start refused when it fails."""
     enabled: bool = Field(True, description='Run the GPU proof before SGLang starts on new ground, its first start '

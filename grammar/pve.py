@@ -1,8 +1,8 @@
 """Proxmox's value grammars: property strings (`virtio,bridge=vmbr0,firewall=1`, `/dev/nvidia0,mode=0666`,
 `0000:81:00.0,pcie=1`, `mapping=gpuhost-300-gpu0,pcie=1`) read and compared the way Proxmox writes them
 back, the node entries of a PCI resource mapping (`node=pve,path=0000:81:00.0,id=10de:2bb5,...`), and the
-raw `lxc.*` lines of a guest's config file. Stdlib only; used by the program (components/pve.py,
-components/pcimap.py), the config and the policy pack.
+raw `lxc.*` lines of a guest's config file. Stdlib only; used by the program (resources/pve.py,
+resources/pcimap.py), the config and the policy pack.
 """
 
 from __future__ import annotations

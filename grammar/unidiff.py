@@ -4,7 +4,7 @@ another line where they match exactly; never with fuzz), and a patch applies who
 
 Used twice: at preview, to check a declared patch (a text diff of relative paths that stay inside the
 tree it is applied to, no binary parts, no renames); and inside the container, where the environment
-builder (components/scripts/ct_env_build.py, sent along with this module's source) applies the patches
+builder (hostscripts/ct_env_build.py, sent along with this module's source) applies the patches
 to the installed packages - a debian-12-standard container has neither `patch` nor `git`.
 
 Stdlib only and no `from __future__` import: this source is sent ahead of the builder's in one program.

@@ -238,7 +238,7 @@ UsePAM no
 StrictModes no
 MaxStartups 64:30:128
 # OpenSSH's default, as on a real host: a client that opens more sessions at once on one connection is refused
-# (the program keeps to components/remote.py MAX_CHANNELS).
+# (the program keeps to transport/remote.py MAX_CHANNELS).
 MaxSessions 10
 Subsystem sftp internal-sftp
 LogLevel VERBOSE

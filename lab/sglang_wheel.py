@@ -5,7 +5,7 @@
 The wheel is built from lab/fakesglang with pip (setuptools), named `sglang` at the requested version, and
 cached under ~/.cache/gpuhost/lab-sglang by the hash of its sources. It is reproducible (SOURCE_DATE_EPOCH
 fixed, files in a fixed order and mode), so its sha256 - the one the lab's lock pins - is the same wherever it
-is built from the same sources with the same build tools (the project's .venv). The program installs it (components/runtime.py) as it
+is built from the same sources with the same build tools (the project's .venv). The program installs it (resources/runtime.py) as it
 installs the real one: from a package index, by a lock with hashes, into a virtualenv in the container.
 """
 

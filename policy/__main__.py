@@ -89,7 +89,7 @@ def plain(value):
 
 def inputs(args) -> dict:
     """A resource's inputs as the rules read them: a gpuhost resource's with its host's `connection` and `api`,
-    which its provider instance's configuration holds (components/state.py host_provider) - the way a dynamic
+    which its provider instance's configuration holds (resources/state.py host_provider) - the way a dynamic
     resource of an older release carried them itself. They are what the plugin uses for every call (its Check
     drops a resource's own `connection`/`api` input), so they are what the rules judge."""
     props = plain(args.props)

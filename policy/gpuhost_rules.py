@@ -423,7 +423,7 @@ def _read_unit(text, version, name) -> UnitFlags:
 
 
 def unit_problem(res: Res, flags: UnitFlags, what: str) -> list:
-    return ['%s: %s cannot be checked: %s. Fix: render the unit with components/sglang.py (ExecStart= '
+    return ['%s: %s cannot be checked: %s. Fix: render the unit with resources/sglang.py (ExecStart= '
             '<venv>/bin/python -m sglang.launch_server with flags SGLang %s accepts)' % (
                 res.name, what, flags.problem, show(res.get('version')))]
 
@@ -653,7 +653,7 @@ def p2p_off(res: Res, reg: Registry, cfg: dict) -> list:
             value = None
         if value != '1':
             return ['%s: the unit %s; GPU peer-to-peer DMA does not work under the translating IOMMU, so NCCL must '
-                    'not try it. Fix: Environment="NCCL_P2P_DISABLE=1" in the unit (components/sglang.py renders it; '
+                    'not try it. Fix: Environment="NCCL_P2P_DISABLE=1" in the unit (resources/sglang.py renders it; '
                     'do not override it in gpuhost:sglang.environment)' % (
                         res.name, 'does not set NCCL_P2P_DISABLE' if value is None and
                         'NCCL_P2P_DISABLE' not in flags.unset else 'unsets NCCL_P2P_DISABLE' if value is None

@@ -6,7 +6,7 @@ check, diff, create, read, update and delete, the same messages. What changes is
     resource is dropped on the way in, and is gone from the state after the resource's next refresh or update);
   * no cap of four calls at a time: the engine's --parallel decides how many steps run at once;
   * a version (provider/VERSION) and a schema (provider/schema.json, tools/provider_schema.py writes it from the
-    classes' declarations, components/fields.py);
+    classes' declarations, resources/fields.py);
   * a preview's diff property by property, each one that replaces the resource said so (Diff, detailed_diff).
 Like the dynamic-provider host it replaces, the plugin tells the engine it takes no secrets and no previews of
 creates: the engine unwraps secret inputs on the way in and marks the outputs of secret inputs secret on the way
@@ -32,7 +32,7 @@ from pulumi.runtime.proto import provider_pb2_grpc  # noqa: E402
 from provider import registry, rollout  # noqa: E402
 
 DYNAMIC_KEY = '__provider'   # what a dynamic resource kept in its state: a pickled provider, never read here
-# The provider instance's configuration (one instance per host, components/state.py host_provider): the host's SSH
+# The provider instance's configuration (one instance per host, resources/state.py host_provider): the host's SSH
 # connection and its Proxmox API login. Every call gets them as the resource's `connection` / `api` properties, the
 # way the serving classes read them; they never go back into a resource's inputs or outputs (a stack deployed before
 # the configuration held them in every resource: gone from each at its next refresh or update).
@@ -53,7 +53,7 @@ def type_of(urn: str) -> str:
 
 
 def plain(struct, keep_unknowns=False) -> dict:
-    from components.errors import remember
+    from transport.errors import remember
     props = rpc.deserialize_properties(struct, keep_unknowns) if struct is not None else {}
     props.pop(DYNAMIC_KEY, None)
     remember(props)
@@ -67,8 +67,8 @@ def without_host(props: dict) -> dict:
 def configuration(struct) -> dict:
     """The provider's configuration as plain values (its secrets unwrapped: they reach only the serving classes,
     as the dynamic resources' secret inputs did)."""
-    from components.errors import remember
-    from components.state import numbers
+    from transport.errors import remember
+    from resources.state import numbers
     args = rpc.deserialize_properties(struct, True) if struct is not None else {}
     config = {k: numbers(unwrapped(v)) for k, v in args.items()}
     remember(config)
@@ -121,11 +121,11 @@ def detailed_diff(served, olds: dict, news: dict, old_inputs: dict, new_inputs: 
     Empty when no property has changed (an update for a reason of the class's own: a cleanup to retry, a proof
     after a reboot; or a resource taken in by `import`, compared on what its import found): the engine then shows
     its own view of the inputs, as it did before."""
-    from components.pve import IMPORTED
-    from components.state import numbers
+    from resources.pve import IMPORTED
+    from resources.state import numbers
     if olds.get(IMPORTED):
         return {}
-    # As the class compared them (its entry points see integral numbers as ints: components/state.py numbers).
+    # As the class compared them (its entry points see integral numbers as ints: resources/state.py numbers).
     olds, news = numbers(olds), numbers(news)
     kinds = proto.PropertyDiff
     replaces = set(result.replaces or ())
@@ -150,18 +150,19 @@ def detailed_diff(served, olds: dict, news: dict, old_inputs: dict, new_inputs: 
 
 def one_line(e: BaseException) -> str:
     """What the engine gets for an exception: "gpuhost: <message>", one line for anything unforeseen, never a Python
-    frame, no secret the process holds (components/errors.py)."""
-    from components.errors import scrub
-    from components.state import Failed, OperatorError, describe_unexpected
+    frame, no secret the process holds (transport/errors.py)."""
+    from transport.errors import scrub
+    from resources.state import Failed
+    from transport.operator import OperatorError, describe_unexpected
     text = str(e) if isinstance(e, (Failed, OperatorError)) else describe_unexpected(e)
     return 'gpuhost: ' + scrub(text)
 
 
 def _one_line_errors(fn):
     """Every entry point's errors reach the engine as one_line() makes them, from the process's first call on:
-    a serving class's error (components/state.py Failed) and the plugin's own alike."""
+    a serving class's error (resources/state.py Failed) and the plugin's own alike."""
     def wrapper(self, request, context):
-        from components.state import CANCELLED
+        from transport.operator import CANCELLED
         token = CANCELLED.serving(self.cancelled)
         try:
             with rollout.busy():
@@ -178,7 +179,7 @@ def _one_line_errors(fn):
 class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     def __init__(self):
         self.config = {}
-        # This instance's Ctrl-C (components/state.py CANCELLED): the serving process serves other instances too.
+        # This instance's Ctrl-C (transport/operator.py CANCELLED): the serving process serves other instances too.
         self.cancelled = threading.Event()
 
     @_one_line_errors
@@ -256,9 +257,9 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
     def Cancel(self, request, context):
         # The operator's first Ctrl-C (the engine signals every provider and waits for the steps in flight): a
         # wait - a job followed, SGLang loading, a host rebooting - ends at once with one line saying what goes on
-        # by itself (components/state.py CANCELLED, Interrupted).
-        from components import state
-        state.CANCELLED.set()
+        # by itself (transport/operator.py CANCELLED, Interrupted).
+        from transport import operator
+        operator.CANCELLED.set()
         return empty_pb2.Empty()
 
     @_one_line_errors
@@ -311,8 +312,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         # by `import_` keeps the outputs its import read, which lack what only the program declares); on an
         # import, only the id.
         # The host's read-only scripts of the Reads that arrive together go out as one command, each read once
-        # (components/hostreads.py).
-        from components import remote
+        # (transport/hostreads.py).
+        from transport import remote
         props = self.host(dict(plain(request.inputs), **plain(request.properties)))
         with remote.reading():
             result = registry.provider_for(type_of(request.urn), props).read(request.id, props)
@@ -349,9 +350,9 @@ def instance():
 
 
 def main():
-    from components import state
+    from transport import operator
     # A killed CLI leaves a provider's gRPC server waiting for ever: exit when the engine stops answering.
-    state.exit_with_engine()
+    operator.exit_with_engine()
     if '--serve' in sys.argv:
         return serve()
     server, port = instance()

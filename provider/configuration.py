@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
-from components.errors import scrub
-from components.state import OperatorError
+from transport.errors import scrub
+from transport.operator import OperatorError
 from config.values import ConfigError, HostName, Model, PosixUser, PveUser, check_api_password, check_ca, \
     check_private_key, parse_host_key, show
 
@@ -111,7 +111,7 @@ def resolved(config: dict) -> dict:
                 'put the file back there, or - moved for good - set %s to its new path and run `pulumi up` once '
                 'without --refresh' % (e, where))) from None
         config[part] = dict(section, **{key: text.strip() if key == 'password' else text})
-    from components.errors import remember
+    from transport.errors import remember
     remember(config)
     return config
 

@@ -1,27 +1,27 @@
 """Which class serves each of the plugin's resource types (gpuhost:index:<Name>). The tokens, and the type each had as
 a dynamic resource (pulumi-python:dynamic/gpuhost:<Name>: the alias that moves a stack deployed before the plugin
-onto it without replacing anything), are the resources' own (components/resource.py): the program declares them
+onto it without replacing anything), are the resources' own (resources/resource.py): the program declares them
 without importing the plugin."""
 
 import importlib
 
-from components.resource import PACKAGE, token
-from components.state import OperatorError
+from resources.resource import PACKAGE, token
+from transport.operator import OperatorError
 
 # name -> (module, class); ProxmoxGuest picks by its `kind` input (lxc: the container's checks on top).
 CLASSES = {
-    'KernelCmdline': ('components.host', 'KernelCmdlineProvider'),
-    'HostFile': ('components.host', 'HostFileProvider'),
-    'VfioBinding': ('components.host', 'VfioProvider'),
-    'HostStatus': ('components.host', 'HostStatusProvider'),
-    'ModelWeights': ('components.model', 'ModelProvider'),
-    'MetricsFile': ('components.monitoring', 'MetricsFileProvider'),
-    'HostCollector': ('components.monitoring', 'CollectorProvider'),
-    'PciMappings': ('components.pcimap', 'PciMappingProvider'),
-    'SglangUnit': ('components.sglang', 'SglangUnitProvider'),
-    'ProxmoxGuest': ('components.pve', 'PveGuestProvider'),
+    'KernelCmdline': ('resources.host', 'KernelCmdlineProvider'),
+    'HostFile': ('resources.host', 'HostFileProvider'),
+    'VfioBinding': ('resources.host', 'VfioProvider'),
+    'HostStatus': ('resources.host', 'HostStatusProvider'),
+    'ModelWeights': ('resources.model', 'ModelProvider'),
+    'MetricsFile': ('resources.monitoring', 'MetricsFileProvider'),
+    'HostCollector': ('resources.monitoring', 'CollectorProvider'),
+    'PciMappings': ('resources.pcimap', 'PciMappingProvider'),
+    'SglangUnit': ('resources.sglang', 'SglangUnitProvider'),
+    'ProxmoxGuest': ('resources.pve', 'PveGuestProvider'),
 }
-GUEST_KINDS = {'lxc': ('components.container', 'ContainerProvider'), 'qemu': ('components.pve', 'PveGuestProvider')}
+GUEST_KINDS = {'lxc': ('resources.container', 'ContainerProvider'), 'qemu': ('resources.pve', 'PveGuestProvider')}
 
 
 def name_of(type_token: str) -> str:
@@ -55,7 +55,7 @@ def provider_for(type_token: str, props: dict):
 
 def serving_classes(name: str) -> list:
     """The classes that serve a resource type: one, or one per kind (ProxmoxGuest). Their INPUTS and OUTPUTS declare
-    its properties (components/fields.py)."""
+    its properties (resources/fields.py)."""
     out = []
     for module, cls in [CLASSES[name]] + (list(GUEST_KINDS.values()) if name == 'ProxmoxGuest' else []):
         found = getattr(importlib.import_module(module), cls)

@@ -162,7 +162,7 @@ def _idle():
 def wait_for_lane(rollout: dict, step: str, stall_s: Optional[float] = None) -> None:
     """Before `step` (what may stop this host's SGLang) of host rollout['host']: wait until the host ahead of it in
     its lane serves again in this pass. Raises OperatorError (the step not started) when it will not."""
-    from components.state import OperatorError, pause
+    from transport.operator import OperatorError, pause
     host = rollout['host']
     before = rollout.get('before') or []
     if not before:

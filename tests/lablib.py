@@ -72,7 +72,8 @@ fi
 printf '%s\n' "$msg" | sed "s|{unit}|$unit|g" >&2
 exit 1
 '''
-PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates', 'provider')
+PROJECT_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'transport', 'resources', 'components', 'hostscripts',
+                 'templates', 'provider')
 
 
 # Release 0.1.0 (CHANGELOG.md; tag v0.1.0 where tags were kept): the program as that release deployed it.
@@ -83,11 +84,13 @@ PREVIOUS_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components
 # The provider plugin as main had it before issue 44 (provider 0.2.0, unreleased: CHANGELOG.md): the host's SSH key
 # and Proxmox password in its provider's configuration, also where the stack keeps them in files.
 PLUGIN_RELEASE = '649cadb'
-PLUGIN_FILES = PROJECT_FILES
+# The project's files in the tree those releases had (before transport/, resources/ and hostscripts/: issue 49).
+PLUGIN_FILES = ('Pulumi.yaml', '__main__.py', 'config', 'grammar', 'components', 'templates', 'provider')
 
 # The provider plugin as main had it before issues 45 and 46 (provider 0.2.0, unreleased): one plugin process per
 # host and pass, and each host's resources depending on the SGLang unit of the host before it in its rollout lane.
 PER_HOST_RELEASE = '8a9d5b0'
+PER_HOST_FILES = PLUGIN_FILES
 
 
 class previous_release:
@@ -507,7 +510,7 @@ class Lab(object):
         without an exit status (a drop)."""
         import base64
         import paramiko
-        from components import remote
+        from transport import remote
         s = self.info['ssh']
         keytype, b64 = s['host_key'].split()[:2]
         client = paramiko.SSHClient()
@@ -526,7 +529,7 @@ class Lab(object):
                 except (OSError, EOFError):
                     pass
             try:
-                remote.send_eof(chan)   # not shutdown_write(): paramiko's race (components/remote.py send_eof)
+                remote.send_eof(chan)   # not shutdown_write(): paramiko's race (transport/remote.py send_eof)
             except (OSError, EOFError):
                 pass
             out, err = [], []

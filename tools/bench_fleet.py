@@ -304,9 +304,9 @@ def main():
                   rolling, restarted, down_max, '' if down_max == 1 else 's', outage, roll_conns, roll_cmds), '',
               'SSH connections: the program opens one per host for the preflight of an `up` (never at preview); '
               'the host\'s gpuhost provider instance one per host, shared by every resource of that host '
-              '(components/remote.py pooled(), at most 8 commands at once), when a resource reads or changes it; '
+              '(transport/remote.py pooled(), at most 8 commands at once), when a resource reads or changes it; '
               'pulumi-command one per smoke test (only when a unit or container changed). A refresh\'s reads of a '
-              'host that arrive together go out as one command (components/hostreads.py), the preflight\'s too. '
+              'host that arrive together go out as one command (transport/hostreads.py), the preflight\'s too. '
               'Each host has its own provider instance (`pulumi:providers:gpuhost`), and all of them are served by '
               'one plugin process per engine pass (provider/stub.py: the engine starts a stub of a few milliseconds '
               'per instance; "plugin serving processes per run" counts the serving processes - an `up` has two '

@@ -4,7 +4,7 @@
 - A model of >= 2 GB of real safetensors shards (random data), generated once and cached under
   ~/.cache/gpuhost/bench-model/ with its checksum file.
 - Served by the lab's mirror (lab/mirror.py, aiohttp, in a process of its own) on 127.0.0.1; downloaded by
-  components/scripts/model_verify.py as the host runs it (Debian's python3, a job in argv) with 1 and with 8
+  hostscripts/model_verify.py as the host runs it (Debian's python3, a job in argv) with 1 and with 8
   connections - unlimited (loopback: what the two processes' CPU allows) and with the mirror holding each connection
   to a fixed rate (what a CDN or a long link does to one TCP connection).
 - Hashing: model_verify.py's hasher (1 and min(4, CPUs) threads) against `sha256sum` on the same files, warm page
@@ -37,7 +37,7 @@ SHARDS = int(os.environ.get('BENCH_MODEL_SHARDS', '8'))
 SHARD_BYTES = int(os.environ.get('BENCH_MODEL_SHARD_MB', '256')) << 20
 PER_CONN = int(os.environ.get('BENCH_MODEL_PER_CONN_MBS', '50')) * 1000 * 1000
 CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'gpuhost', 'bench-model')
-SCRIPT = os.path.join(ROOT, 'components', 'scripts', 'model_verify.py')
+SCRIPT = os.path.join(ROOT, 'hostscripts', 'model_verify.py')
 PYTHON = '/usr/bin/python3' if os.path.exists('/usr/bin/python3') else sys.executable
 MODEL = 'BenchModel'
 BEGIN, END = '<!-- bench-model: begin (tools/bench_model.py) -->', '<!-- bench-model: end -->'
@@ -256,7 +256,7 @@ def write_doc(total, nfiles, dl, h, workers, load):
              'Measured by tools/bench_model.py on %s: %s, %d cores%s, Python %s (model_verify.py runs under %s, as '
              'on the host). The model: %d safetensors shards of %d MiB of random data (%.2f GB), generated once '
              'under ~/.cache/gpuhost/bench-model; served by the lab mirror (lab/mirror.py, aiohttp, its own process) '
-             'on 127.0.0.1; downloaded by components/scripts/model_verify.py as the host runs it (a job in argv, '
+             'on 127.0.0.1; downloaded by hostscripts/model_verify.py as the host runs it (a job in argv, '
              'into a staging directory, sha256 computed from the bytes as they arrive, then moved into place and '
              'verified). Server and client share the same %d cores, so the unlimited loopback numbers are what '
              'the CPU allows, not a network; "client CPU s" is model_verify.py\'s own (user + system, all its '

@@ -25,7 +25,7 @@ if ROOT not in sys.path:
 
 import config  # noqa: E402
 from components import preflight  # noqa: E402
-from components.state import OperatorError, describe_unexpected  # noqa: E402
+from transport.operator import OperatorError, describe_unexpected  # noqa: E402
 
 OK, BAD, SKIP = '\u2713', '\u2717', '-'
 

@@ -14,7 +14,7 @@ revision of a model, from the source's own metadata rather than from a copy some
 
 The token (a gated or private repo): env HF_TOKEN, or the file --token-file names - never the command line, where
 `ps` and the shell's history would keep it. It is sent only to the source's own origin; the CDN the hub redirects
-to never sees it (the same rule as the host's download, components/scripts/model_verify.py, whose HTTP code this
+to never sees it (the same rule as the host's download, hostscripts/model_verify.py, whose HTTP code this
 uses).
 
 Examples:
@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 from config.model import HF_RE, revision as check_revision  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location('model_verify', os.path.join(ROOT, 'components', 'scripts',
+_spec = importlib.util.spec_from_file_location('model_verify', os.path.join(ROOT, 'hostscripts',
                                                                              'model_verify.py'))
 mv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mv)

@@ -10,7 +10,7 @@ writes
                              ${DS_PROMETHEUS} input)
     prometheus.yml           a scrape config that reads the stack's prometheus_file_sd output and these rules
 
-Selectors use the labels of the prometheus_file_sd output (components/monitoring.py file_sd):
+Selectors use the labels of the prometheus_file_sd output (resources/monitoring.py file_sd):
 `id` ("lxc/<vmid>" for SGLang, "node/<node>" for node_exporter) and `node`; never `job`, which the
 operator's scrape config names.
 """
@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import config  # noqa: E402
-from components import collector, monitoring  # noqa: E402
+from components import collector  # noqa: E402
+from resources import monitoring  # noqa: E402
 
 RULES = 'gpuhost.rules.yml'
 DASHBOARD = 'gpuhost-dashboard.json'

@@ -1,7 +1,7 @@
 """python -m tools.provider_schema: provider/schema.json, the gpuhost plugin's Pulumi package schema (what
 `pulumi package get-schema ./provider` prints and an SDK would be generated from).
 
-Every custom resource the plugin serves, from the declarations of the class that serves it (components/fields.py):
+Every custom resource the plugin serves, from the declarations of the class that serves it (resources/fields.py):
 its input properties with their types, which are required and which secret, replaceOnChanges from its REPLACE, and
 as output properties the inputs plus the facts it reports (its OUTPUTS); the object types they name under `types`.
 A ProxmoxGuest is served by one class per kind (provider/registry.py GUEST_KINDS): its properties are theirs

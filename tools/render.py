@@ -17,9 +17,9 @@ sys.path.insert(0, ROOT)
 
 import config  # noqa: E402
 from grammar import cmdline  # noqa: E402
-from components.host import modprobe_content  # noqa: E402
+from resources.host import modprobe_content  # noqa: E402
 from components.monitoring import collector_files  # noqa: E402
-from components.sglang import unit_text  # noqa: E402
+from resources.sglang import unit_text  # noqa: E402
 
 
 def load_fleet(stack: str, project: str = ROOT) -> config.Fleet:
@@ -56,7 +56,7 @@ def strip_secure(value):
 def files(d: config.Deployment, runtime_files=None) -> dict:
     """relative path under OUT -> content. runtime_files: config.runtime_inputs() of a stack that manages
     the Python environment (the unit runs from its directory)."""
-    from components.runtime import environment
+    from resources.runtime import environment
     from components.container import raw_lxc_lines
     from components.vm import vm_config
     args = d.iommu.kernel_args()
@@ -92,7 +92,7 @@ def files(d: config.Deployment, runtime_files=None) -> dict:
     out['host/etc/pve/lxc/%d.conf.devices' % ct.vmid] = ''.join(
         '%s: %s\n' % kv for kv in sorted(d.container_devices().items(), key=lambda kv: int(kv[0][3:])))
     out['launch_args.json'] = json.dumps(d.launch_args(), indent=2) + '\n'
-    # The collector: its script, its declared state, its service and timer (components/monitoring.py).
+    # The collector: its script, its declared state, its service and timer (resources/monitoring.py).
     for path, (content, _mode) in collector_files(d).items():
         out['host' + path] = content
     return out

@@ -30,7 +30,7 @@ deps() {
   # providers, the lab's tools are Python too, and where PYTHONDONTWRITEBYTECODE is set (CI machines) each
   # interpreter would compile them from source again (0.1-0.2 s of CPU each). A .pyc older than its source
   # is not used.
-  python -m compileall -q -j 0 components config grammar lab policy tools tests __main__.py >/dev/null || true
+  python -m compileall -q -j 0 components resources transport hostscripts config grammar lab policy provider tools tests __main__.py >/dev/null || true
 }
 
 stack_env() {
@@ -49,7 +49,7 @@ stack_env() {
 
 # The engine runs at most PULUMI_PARALLEL resource operations at once; the CLI's default is 4 per CPU (8 on a
 # 2-core machine), so a fleet's hosts would take turns at it - a refresh of 8 hosts reads them 8 resources at a
-# time. What one host gets at once is the program's cap (components/remote.py MAX_CHANNELS, one SSH connection a
+# time. What one host gets at once is the program's cap (transport/remote.py MAX_CHANNELS, one SSH connection a
 # host), so this only has to let every host work at once. An operator's own PULUMI_PARALLEL (or --parallel) wins.
 engine_parallel() {
   export PULUMI_PARALLEL=${PULUMI_PARALLEL:-64}

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from components import monitoring
+from components import monitoring as program_monitoring
+from resources import monitoring
 from tests.integration import promlab
 from tests.integration.promlab import SCRAPE_S, wait
 
@@ -65,7 +66,7 @@ def xid79(prom):
 
 def test_installed_as_the_program_renders_it_on_its_schedule_and_promtool_accepts_what_it_writes(lab, env):
     d = env['deployment']
-    for path, (content, mode) in monitoring.collector_files(d).items():
+    for path, (content, mode) in program_monitoring.collector_files(d).items():
         assert on_host(lab, 'cat %s' % path) == content, path
         assert on_host(lab, 'stat -c %%a %s' % path).strip() == mode.lstrip('0'), path
     assert lab.ssh('systemctl is-enabled gpuhost-collector.timer').stdout.strip() == 'enabled'
@@ -88,7 +89,7 @@ def test_installed_as_the_program_renders_it_on_its_schedule_and_promtool_accept
     assert on_host(lab, 'ls %s' % monitoring.TEXTFILE_DIR).split() == [
         'gpuhost-collector.prom', 'gpuhost-gpu-proof.prom', 'gpuhost-model.prom', 'gpuhost.prom']
     # A second up changes nothing, and writes nothing.
-    stat = 'stat -c %Y.%i ' + ' '.join(sorted(monitoring.collector_files(d)))
+    stat = 'stat -c %Y.%i ' + ' '.join(sorted(program_monitoring.collector_files(d)))
     before = on_host(lab, stat)
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
     assert on_host(lab, stat) == before
@@ -178,7 +179,7 @@ def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):
     stopped = time.time()
     assert lab.ssh('systemctl is-enabled gpuhost-collector.timer').exit_code != 0
     assert lab.ssh('systemctl is-active gpuhost-collector.timer').stdout.strip() == 'inactive'
-    paths = sorted(monitoring.collector_files(env['deployment'])) + [
+    paths = sorted(program_monitoring.collector_files(env['deployment'])) + [
         TEXTFILE, monitoring.COLLECTOR_STATE, '/etc/systemd/system/timers.target.wants/gpuhost-collector.timer',
         '/etc/gpuhost']
     assert on_host(lab, 'for p in %s; do [ -e "$p" ] && echo "$p"; done; true' % ' '.join(paths)) == ''

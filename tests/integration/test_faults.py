@@ -150,7 +150,7 @@ def test_a_flag_change_sglang_rejects_is_rolled_back_to_the_unit_that_served(lab
 
 def test_a_slow_start_reports_progress_while_waiting(lab):
     """The real model loads for minutes: the wait for /health says where it is every ~15 s (a constant of
-    components/sglang.py). The lab's SGLang loads until the CLI has shown that line - at most 50 s, within
+    resources/sglang.py). The lab's SGLang loads until the CLI has shown that line - at most 50 s, within
     health_timeout_s - so the test waits only as long as the program takes to say it."""
     line = 'waiting for http://%s:30000/health - loading, last answer HTTP 503' % lab.spec['addresses']['container']
     loaded = os.path.join(lab.ct_root(), 'etc', 'lab-sglang-loaded')

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.lablib import (PER_HOST_RELEASE, PROJECT_FILES, REPO, FleetLab, claim_net, keep_logs, max_overlap,
+from tests.lablib import (PER_HOST_FILES, PER_HOST_RELEASE, REPO, FleetLab, claim_net, keep_logs, max_overlap,
                           previous_release)
 
 STACK = 'fleet'
@@ -125,7 +125,7 @@ def test_no_op_rerun_changes_nothing_on_any_host(fleet):
     """Also issue 46's upgrade test for a fleet stack: an `up` of main before issues 45 and 46 (a plugin process per
     host and pass, the rollout order as dependency edges), then this release plans nothing and changes nothing."""
     before = {n: snapshot(fleet.labs[n]) for n in ('gpu01', 'gpu02', 'gpu03')}
-    with previous_release(fleet, PER_HOST_RELEASE, PROJECT_FILES):
+    with previous_release(fleet, PER_HOST_RELEASE, PER_HOST_FILES):
         fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert {n: snapshot(fleet.labs[n]) for n in before} == before
     fleet.pulumi('preview', '--expect-no-changes', stack=STACK)

@@ -71,7 +71,7 @@ def test_a_namespace_typo_is_refused_and_the_vm_stays(lab, deployed):
 
 def ct_config(lab):
     """Container 200's config as its next start has it (pending values applied)."""
-    from components.pve import merge_pending
+    from resources.pve import merge_pending
     return merge_pending(lab.node().lxc(200).pending.get())[0]
 
 

@@ -1,4 +1,4 @@
-"""Long steps as durable jobs (components/jobs.py, components/scripts/job.sh): transient systemd units in the
+"""Long steps as durable jobs (transport/jobs.py, hostscripts/job.sh): transient systemd units in the
 container (its real systemd, through `pct exec`) and on the host, started over SSH and followed with short polls.
 What an operator relies on: a job outlives the SSH command, the connection and the follower; a second start
 re-attaches instead of starting a copy; a changed declaration stops the old one first; a limit and a stall
@@ -16,7 +16,7 @@ import pytest
 from tests.lablib import REPO
 
 sys.path.insert(0, REPO)
-from components import jobs, remote  # noqa: E402
+from transport import jobs, remote  # noqa: E402
 
 # A job that counts: one step a second, its progress file rewritten at each, its stdin's length reported.
 COUNTER = r'''

@@ -13,7 +13,7 @@ import hostsim
 PATHS = ('/etc/pve/lxc/200.conf', '/etc/kernel/cmdline', '/etc/modprobe.d/lab-test.conf',
          '/etc/driverctl.d/lab-test', '/etc/default/lab-test')
 
-# What the program does to replace a file (components/scripts/put_file.sh): temp file + mv. With
+# What the program does to replace a file (hostscripts/put_file.sh): temp file + mv. With
 # `show`, it first prints what the host sees there now.
 ATOMIC = '''set -euo pipefail
 path=$1

@@ -1,5 +1,5 @@
 """The model at full size, shown at the lab's size: the download and verification run as a job on the host's
-systemd (components/jobs.py), so they outlast the SSH command timeout - here 8 s (gpuhost:host.ssh.command_timeout)
+systemd (transport/jobs.py), so they outlast the SSH command timeout - here 8 s (gpuhost:host.ssh.command_timeout)
 against a mirror throttled so each download lasts several times that. `pulumi` killed with SIGKILL mid-download,
 an operator's Ctrl-C, an SSH drop mid-poll, a second `up` at the same time: the job keeps running, one copy of it,
 and no byte is fetched twice; a partial whose mirror file was replaced meanwhile is discarded, not spliced; a

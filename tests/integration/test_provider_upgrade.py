@@ -7,7 +7,7 @@ import json
 import glob
 import os
 
-from tests.lablib import PER_HOST_RELEASE, PLUGIN_FILES, PLUGIN_RELEASE, PROJECT_FILES, previous_release
+from tests.lablib import PER_HOST_FILES, PER_HOST_RELEASE, PLUGIN_FILES, PLUGIN_RELEASE, previous_release
 
 STACK = 'upgrade'
 
@@ -86,7 +86,7 @@ def test_a_stack_the_per_host_plugin_deployed_moves_onto_one_shared_process_with
     edges) deployed the stack; this release serves it from one process per pass and holds the order in the plugin.
     Nothing to plan, nothing changed on the host, SGLang not restarted - also through a refresh. (On the stack the
     tests above left.)"""
-    with previous_release(lab, PER_HOST_RELEASE, PROJECT_FILES):
+    with previous_release(lab, PER_HOST_RELEASE, PER_HOST_FILES):
         lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     starts, digest = lab.unit_starts(), lab.host_digest()
     lab.pulumi('preview', '--expect-no-changes', stack=STACK)

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from components import pve, remote
+from resources import pve
+from transport import remote
 
 # A directory on the lab host (root's home there: LAB/host/root on this machine).
 DIR = '/root/gpuhost-test-remote'
@@ -75,10 +76,10 @@ def test_tls_is_verified_against_the_given_ca(lab, tmp_path):
 
 def test_reads_of_a_refresh_share_one_command_and_a_write_forgets_them(lab, target, monkeypatch):
     """Inside a Read, the host's read-only scripts that arrive together go out as one SSH command
-    (components/hostreads.py); each one's result is what it gives alone - its output, a file that is missing
+    (transport/hostreads.py); each one's result is what it gives alone - its output, a file that is missing
     (exit 4) - and a write on the host is never followed by a read from before it."""
     import threading
-    from components import hostreads
+    from transport import hostreads
     missing = DIR + '/not-there.conf'
     asks = [('host_facts.sh', []), ('host_facts.sh', ['/etc/kernel/cmdline']), ('read_file.sh', [ODD]),
             ('read_file.sh', [missing]), ('host_facts.sh', [])]

@@ -268,7 +268,7 @@ def test_a_bare_container_is_brought_to_serving_and_a_second_up_changes_nothing(
 
     # What the preflight judges a lock's wheels against in a running container (ct_platform.sh): its own glibc and
     # python3 - the lab's container is Debian 12's, as debian-12-standard.
-    from components import remote
+    from transport import remote
     with open(lab.info['ssh']['key_file']) as f:
         target = remote.Target(host=lab.info['ssh']['host'], port=lab.info['ssh']['port'], user='root',
                                private_key=f.read(), host_key=lab.info['ssh']['host_key'])

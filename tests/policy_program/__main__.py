@@ -27,7 +27,7 @@ import config  # noqa: E402
 from components.container import GpuContainer  # noqa: E402
 from components.host import ProxmoxHost  # noqa: E402
 from components.sglang import SglangService  # noqa: E402
-from components.state import GpuhostResource, end_quietly, host_provider  # noqa: E402
+from resources.state import GpuhostResource, end_quietly, host_provider  # noqa: E402
 from components.vm import SevSnpVm  # noqa: E402
 
 CASE = json.loads(os.environ.get('GPUHOST_POLICY_CASE') or '{}')
@@ -112,7 +112,7 @@ api = pulumi.Output.secret(merge({'host': d.host.address, 'port': 8006, 'user': 
                                   'password': 'policy-test-password', 'ca_cert': ca_pem, 'timeout': 30},
                                  CASE.get('api') or {}))
 
-# The host's provider instance holds the connection and login, as the program's (components/state.py host_provider):
+# The host's provider instance holds the connection and login, as the program's (resources/state.py host_provider):
 # the pack reads a guest's api from it.
 served = pulumi.ResourceOptions(providers=[host_provider('gpuhost', connection, api)])
 host = ProxmoxHost('host', d, opts=served)

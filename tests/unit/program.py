@@ -42,9 +42,10 @@ def run_program(fleet, runtime_files, model_files=None) -> dict:
     is replaced: the files the config names (config.load_stack: the connection, `runtime_files` as
     runtime_inputs(), `model_files` as the model's checksums and token - none by default), the preflight's host
     checks (components/preflight.py run) and the SSH agent a key kept in a file reaches the smoke test through
-    (components/agent.py start)."""
+    (transport/agent.py start)."""
     import config
-    from components import agent, preflight
+    from transport import agent
+    from components import preflight
     model_files = model_files or {'checksums': None, 'token': None}
     inputs = [(CONN, API, runtime_files, model_files) for _ in fleet.hosts]
     exports = {}

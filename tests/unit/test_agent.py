@@ -1,4 +1,4 @@
-"""The SSH agent that carries a key kept in a file to the smoke test (components/agent.py): the key loaded from the
+"""The SSH agent that carries a key kept in a file to the smoke test (transport/agent.py): the key loaded from the
 text the program read, reached at the same path every run, and an earlier run's agent going away never takes the
 next run's socket with it."""
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from components import agent
+from transport import agent
 
 pytestmark = pytest.mark.skipif(shutil.which('ssh-agent') is None or shutil.which('ssh-keygen') is None,
                                 reason='openssh-client is not installed')

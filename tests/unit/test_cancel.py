@@ -8,15 +8,16 @@ import time
 
 import pytest
 
-from components import jobs, remote, state
+from transport import jobs, remote
+from transport import operator
 from provider.__main__ import GpuhostProvider
 
 
 @pytest.fixture(autouse=True)
 def fresh_cancel():
-    state.CANCELLED.clear()
+    operator.CANCELLED.clear()
     yield
-    state.CANCELLED.clear()
+    operator.CANCELLED.clear()
 
 
 def _target():
@@ -25,7 +26,7 @@ def _target():
 
 
 def test_after_the_plugins_cancel_a_reboot_wait_ends_at_once_and_remote_steps_still_run(monkeypatch):
-    from components import host
+    from resources import host
     calls = []
 
     def run(target, name, args=(), **kw):
@@ -35,12 +36,12 @@ def test_after_the_plugins_cancel_a_reboot_wait_ends_at_once_and_remote_steps_st
     plugin = GpuhostProvider()
     threading.Timer(0.3, plugin.Cancel, (None, None)).start()
     start = time.monotonic()
-    token = state.CANCELLED.serving(plugin.cancelled)   # the wait runs in a call of the instance the engine cancels
+    token = operator.CANCELLED.serving(plugin.cancelled)   # the wait runs in a call of the instance the engine cancels
     try:
-        with pytest.raises(state.Interrupted) as e:
+        with pytest.raises(operator.Interrupted) as e:
             host.reboot_and_wait(_target(), timeout=900)
     finally:
-        state.CANCELLED.reset(token)
+        operator.CANCELLED.reset(token)
     assert time.monotonic() - start < 5, 'the reboot wait went on after Cancel'
     assert str(e.value) == ('host pve1: interrupted (Ctrl-C) while waiting for it to come back from its reboot; it goes '
                             'on booting, and the next `pulumi up` carries on from there')
@@ -61,7 +62,7 @@ def test_a_followed_job_is_left_running_at_once_on_cancel(monkeypatch):
     monkeypatch.setattr(jobs, 'poll', poll)
     job = jobs.Job(name='gpuhost-model-0123456789ab', label='the model download of Qwen', spec='abc',
                    interpreter='bash', body='', limit_s=0, limit_key='')
-    threading.Timer(0.3, state.CANCELLED.set).start()
+    threading.Timer(0.3, operator.CANCELLED.set).start()
     start = time.monotonic()
     with pytest.raises(jobs.JobDetached) as e:
         # A poll every 30 s: the cancel must not wait for the next one.
@@ -75,10 +76,10 @@ def test_a_followed_job_is_left_running_at_once_on_cancel(monkeypatch):
 
 
 def test_a_wait_for_sglang_ends_on_cancel_with_what_goes_on(monkeypatch):
-    from components import sglang
-    threading.Timer(0.3, state.CANCELLED.set).start()
+    from resources import sglang
+    threading.Timer(0.3, operator.CANCELLED.set).start()
     start = time.monotonic()
-    with pytest.raises(state.Interrupted) as e:
+    with pytest.raises(operator.Interrupted) as e:
         # Nothing listens there: the wait would go on for its whole 600 s.
         sglang.wait_http('http://127.0.0.1:9/health', 600, 'sglang-unit: SGLang in container 200')
     assert time.monotonic() - start < 5
@@ -105,9 +106,9 @@ def test_after_cancel_a_host_that_does_not_answer_is_not_tried_again():
     def counted(self, *a, **kw):
         attempts.append(1)
         return real(self, *a, **kw)
-    state.CANCELLED.set()
+    operator.CANCELLED.set()
     start = time.monotonic()
-    with pytest.raises(state.Interrupted) as e:
+    with pytest.raises(operator.Interrupted) as e:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(paramiko.SSHClient, 'connect', counted)
             remote.connect(target)
@@ -126,15 +127,15 @@ def _key():
 
 def test_after_cancel_a_failed_proxmox_read_is_not_retried():
     import requests
-    from components import pve
+    from resources import pve
     calls = []
 
     def get():
         calls.append(1)
         raise requests.exceptions.ConnectionError('Connection refused')
-    state.CANCELLED.set()
+    operator.CANCELLED.set()
     start = time.monotonic()
-    with pytest.raises(state.Interrupted) as e:
+    with pytest.raises(operator.Interrupted) as e:
         pve.api_call('container 200: read config', get, read=True)
     assert calls == [1] and time.monotonic() - start < 0.5   # the first pause between attempts is 0.5 s
     assert str(e.value) == ('container 200: read config: failed (Connection refused) and the run was interrupted '
@@ -144,7 +145,7 @@ def test_after_cancel_a_failed_proxmox_read_is_not_retried():
 
 def test_after_cancel_a_proxmox_task_that_changes_a_guest_is_still_followed_to_its_end():
     # The task is the step's change (a guest created, started): the state records it only if the step completes.
-    from components import pve
+    from resources import pve
     answers = iter([{'status': 'running'}, {'status': 'running'}, {'status': 'stopped', 'exitstatus': 'OK'}])
 
     class Prox:
@@ -160,6 +161,6 @@ def test_after_cancel_a_proxmox_task_that_changes_a_guest_is_still_followed_to_i
 
         def get(self):
             return next(answers)
-    state.CANCELLED.set()
+    operator.CANCELLED.set()
     pve.wait_task(Prox(), 'pve1', 'UPID:pve1:1', 'container 200: create')
     assert next(answers, None) is None

@@ -1,5 +1,5 @@
 """The collector that runs on the host (components/collector.py) and the resource that installs it
-(components/monitoring.py): it reads the host as `pulumi up` reads it and decides as `pulumi up` decides,
+(resources/monitoring.py): it reads the host as `pulumi up` reads it and decides as `pulumi up` decides,
 counts Xid events and IOMMU page faults from the kernel log exactly once, writes a textfile promtool
 accepts, and the script the program installs is this very code."""
 
@@ -13,7 +13,11 @@ import sys
 
 import pytest
 
-from components import collector, host_state, monitoring, remote
+from components import collector
+from hostscripts import host_state
+from components import monitoring as program_monitoring
+from resources import monitoring
+from transport import remote
 from tests.unit.config.test_config import parse
 from tests.unit.grammar.test_systemd_unit import analyze
 from tools import render as render_tool
@@ -31,7 +35,7 @@ def lab_deployment():
 
 
 def config(tmp_path, d=None):
-    cfg = json.loads(monitoring.collector_config(d or lab_deployment()))
+    cfg = json.loads(program_monitoring.collector_config(d or lab_deployment()))
     cfg['textfile'] = str(tmp_path / 'textfile' / 'gpuhost-collector.prom')
     cfg['state'] = str(tmp_path / 'state' / 'collector-state.json')
     os.makedirs(os.path.dirname(cfg['textfile']), exist_ok=True)
@@ -84,13 +88,13 @@ def xid(text, bdf, code):
 # ------------------------------------------------------------ the same reading as host_facts.sh
 
 def host_facts_sh(h):
-    """components/scripts/host_facts.sh, unmodified, with the simulated host's sysfs and procfs files
+    """hostscripts/host_facts.sh, unmodified, with the simulated host's sysfs and procfs files
     bind-mounted over the real paths in a private mount namespace (as the lab host has them)."""
     if os.geteuid() != 0:
         pytest.fail('this test runs host_facts.sh in a mount namespace of its own, which needs root')
     ns = ('set -e\nfor p in sys/bus/pci sys/kernel/iommu_groups proc/cmdline proc/driver; do '
           'mount --bind "$1/$p" "/$p"; done\nexec bash -c "$SCRIPT" host_facts.sh\n')
-    with open(os.path.join(REPO, 'components', 'scripts', 'host_facts.sh')) as f:
+    with open(os.path.join(REPO, 'hostscripts', 'host_facts.sh')) as f:
         script = f.read()
     res = subprocess.run(['unshare', '-m', '--propagation', 'private', '--', 'sh', '-c', ns, 'ns', h.root],
                          capture_output=True, text=True, env=dict(os.environ, SCRIPT=script), timeout=60)
@@ -120,7 +124,7 @@ def test_collector_reads_the_host_as_host_facts_sh_and_decides_the_same(host, tr
     assert mine.params == program.params
     assert {a: dataclasses.asdict(g) for a, g in mine.gpus.items()} == \
         {a: dataclasses.asdict(g) for a, g in program.gpus.items()}
-    expect = json.loads(monitoring.collector_config(lab_deployment()))['expect']
+    expect = json.loads(program_monitoring.collector_config(lab_deployment()))['expect']
     reasons = host_state.reboot_reasons(program, expect)
     assert host_state.reboot_reasons(mine, expect) == reasons
     if trouble:
@@ -133,9 +137,9 @@ def test_collector_reads_the_host_as_host_facts_sh_and_decides_the_same(host, tr
 
 
 def test_the_config_carries_the_declared_state_host_status_uses():
-    from components.host import host_expect
+    from resources.host import host_expect
     d = lab_deployment()
-    doc = json.loads(monitoring.collector_config(d))
+    doc = json.loads(program_monitoring.collector_config(d))
     assert doc['expect'] == json.loads(json.dumps(host_expect(d)))
     assert doc['interval_s'] == 30 and doc['textfile'] == monitoring.COLLECTOR_TEXTFILE
     assert render_tool.load('lab').monitoring.collector_interval_s == 30
@@ -314,7 +318,7 @@ def test_identity_on_a_gpu_that_is_not_blackwell_is_a_reboot_reason_not_the_crit
     (lambda c: c.update(state='relative/state.json'), "state: 'relative/state.json' is not an absolute"),
 ])
 def test_a_config_it_refuses_names_the_key_the_value_and_what_to_do(tmp_path, capsys, edit, message):
-    cfg = json.loads(monitoring.collector_config(lab_deployment()))
+    cfg = json.loads(program_monitoring.collector_config(lab_deployment()))
     edit(cfg)
     path = tmp_path / 'collector.json'
     path.write_text(json.dumps(cfg))
@@ -326,13 +330,13 @@ def test_a_config_it_refuses_names_the_key_the_value_and_what_to_do(tmp_path, ca
 # ---------------------------------------------------------------------------- the installed script
 
 def test_the_installed_script_is_this_code_and_runs_as_the_module_does(host, tmp_path):
-    script = monitoring.collector_script()
-    for name, rel in monitoring.EMBEDDED:
+    script = program_monitoring.collector_script()
+    for name, _shipped_as, rel in program_monitoring.EMBEDDED:
         with open(os.path.join(REPO, rel)) as f:
             assert "_module(%r, r'''%s''')" % (name, f.read()) in script, rel
-    with open(os.path.join(REPO, monitoring.COLLECTOR_MAIN)) as f:
+    with open(os.path.join(REPO, program_monitoring.COLLECTOR_MAIN)) as f:
         assert script.endswith(f.read())
-    assert script == monitoring.collector_script(), 'the same program writes the same script'
+    assert script == program_monitoring.collector_script(), 'the same program writes the same script'
     path = tmp_path / 'gpuhost-collector'
     path.write_text(script)
     os.chmod(str(path), 0o755)
@@ -353,7 +357,7 @@ def test_the_installed_script_is_this_code_and_runs_as_the_module_does(host, tmp
 
 
 def test_units_load_in_systemd_and_run_the_script_on_the_interval():
-    units = monitoring.collector_units(parse(monitoring__collector_interval_s=15))
+    units = program_monitoring.collector_units(parse(monitoring__collector_interval_s=15))
     dumps, err = analyze(units)
     ours = [line for line in err.splitlines() if 'gpuhost-collector.' in line and ':' in line and
             re.search(r'gpuhost-collector\.(service|timer):\d+:', line)]
@@ -405,7 +409,7 @@ CONN = {'host': 'h', 'port': 22, 'user': 'root', 'private_key': 'k', 'host_key':
 
 
 def props():
-    files = monitoring.collector_files(lab_deployment())
+    files = program_monitoring.collector_files(lab_deployment())
     return {'connection': CONN, 'files': {p: c for p, (c, _) in files.items()},
             'modes': {p: m for p, (_, m) in files.items()}, 'timer': monitoring.CollectorProvider.TIMER_ON,
             'service_unit': monitoring.COLLECTOR_SERVICE, 'timer_unit': monitoring.COLLECTOR_TIMER,
@@ -435,7 +439,8 @@ def test_resource_installs_once_then_changes_only_what_differs_and_removes_every
     # Only the config differs (another interval): that file, no daemon-reload, one run to check it.
     d = parse(monitoring__collector_interval_s=60)
     host.calls.clear()
-    changed = dict(want, files=dict(want['files'], **{monitoring.COLLECTOR_CONFIG: monitoring.collector_config(d)}))
+    changed = dict(want, files=dict(want['files'], **{
+        monitoring.COLLECTOR_CONFIG: program_monitoring.collector_config(d)}))
     assert p.diff('id', out, changed).changes
     p.apply(changed)
     assert [c for c in host.calls if c[0] == 'put_file'] == [
@@ -467,7 +472,7 @@ def test_a_collector_that_cannot_run_fails_the_step_with_its_message(monkeypatch
 
 def test_render_writes_the_collector_files():
     files = render_tool.files(lab_deployment())
-    assert files['host/usr/local/sbin/gpuhost-collector'] == monitoring.collector_script()
+    assert files['host/usr/local/sbin/gpuhost-collector'] == program_monitoring.collector_script()
     assert json.loads(files['host/etc/gpuhost/collector.json'])['interval_s'] == 30
     assert 'OnUnitActiveSec=30s' in files['host/etc/systemd/system/gpuhost-collector.timer']
 
@@ -477,7 +482,7 @@ def test_a_config_bump_never_meets_a_script_that_cannot_read_it(tmp_path, monkey
     the new script on the old config - which it skips (exit 0, said why), never failing - and an older script
     never meets a newer config."""
     d = lab_deployment()
-    files = monitoring.collector_files(d)
+    files = program_monitoring.collector_files(d)
     props = {'connection': {}, 'files': {p: c for p, (c, _) in files.items()},
              'modes': {p: m for p, (_, m) in files.items()}, 'timer': monitoring.CollectorProvider.TIMER_ON,
              'service_unit': monitoring.COLLECTOR_SERVICE, 'timer_unit': monitoring.COLLECTOR_TIMER,
@@ -493,7 +498,7 @@ def test_a_config_bump_never_meets_a_script_that_cannot_read_it(tmp_path, monkey
     provider.apply(props)
     assert written.index(monitoring.COLLECTOR_SCRIPT) < written.index(monitoring.COLLECTOR_CONFIG), written
     # The new script on the config of the version before: the run is skipped, not failed.
-    cfg = json.loads(monitoring.collector_config(d))
+    cfg = json.loads(program_monitoring.collector_config(d))
     cfg.update(version=collector.CONFIG_VERSION - 1, textfile=str(tmp_path / 'x.prom'), state=str(tmp_path / 's.json'))
     path = tmp_path / 'collector.json'
     path.write_text(json.dumps(cfg))

@@ -15,8 +15,8 @@ from tests.lablib import REPO
 README_MAX_LINES = 200
 
 # Where the program and its tests live: the files searched for a section they cite (besides the documents).
-SOURCE_DIRS = ('components', 'config', 'provider', 'policy', 'tools', 'lab', 'tests', 'monitoring', 'templates',
-               'fleet-monitoring', 'grammar', 'runtime', 'docs', '.ci')
+SOURCE_DIRS = ('components', 'resources', 'transport', 'hostscripts', 'config', 'provider', 'policy', 'tools', 'lab',
+               'tests', 'monitoring', 'templates', 'fleet-monitoring', 'grammar', 'runtime', 'docs', '.ci')
 SOURCE_SKIP_DIRS = {'__pycache__', 'golden', 'node_modules'}
 
 
@@ -214,8 +214,8 @@ def test_every_section_the_program_cites_is_a_heading_of_that_page():
     assert wrong == [], 'sections cited where the page has no such heading (move the citation with the text)'
     # The checker found what is there: the program's messages and the tests' comments among them.
     where = {(f, page) for f, page, _ in found}
-    assert ('components/pve.py', 'docs/operator-guide.md') in where
-    assert ('components/sglang.py', 'docs/operator-guide.md') in where
+    assert ('transport/proxmox.py', 'docs/operator-guide.md') in where
+    assert ('resources/sglang.py', 'docs/operator-guide.md') in where
     assert ('templates/gpuhost.rules.yml.j2', 'docs/monitoring.md') in where
     assert ('tests/integration/test_fleet.py', 'docs/fleets.md') in where
     assert ('Pulumi.prod.yaml', 'README.md') in where

@@ -1,4 +1,4 @@
-"""The upgrade path from 0.1.0 (components/state.py, "The upgrade path"): until a stack's first `up` moves its dynamic
+"""The upgrade path from 0.1.0 (resources/state.py, "The upgrade path"): until a stack's first `up` moves its dynamic
 resources onto the plugin, Pulumi's dynamic-provider host serves them - that up's refresh reads each through it - with
 the provider it unpickles from the state: the class the plugin serves. Here a read goes through the real host, as the
 engine sends it."""
@@ -14,7 +14,8 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2 as proto, provider_pb2_grpc
 
-from components.state import Failed, ObservedProvider, OperatorError
+from resources.state import Failed, ObservedProvider
+from transport.operator import OperatorError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 URN = 'urn:pulumi:upgrade::gpuhost::pulumi-python:dynamic/gpuhost:HostFile::host-file'
@@ -71,4 +72,23 @@ def test_a_failing_read_reaches_the_engine_as_the_plugin_says_it_one_line_no_fra
     assert e.value.details() == ('gpuhost: host pve-lab: /etc/modprobe.d/x.conf cannot be read (No such file or '
                                  'directory); run `pulumi up` to write it again\n')
     # Dressed there only: here, in the plugin's place, Failed is itself.
-    assert (Failed.__module__, Failed.__name__) == ('components.state', 'Failed')
+    assert (Failed.__module__, Failed.__name__) == ('resources.state', 'Failed')
+
+
+def test_every_class_0_1_0_pickled_resolves_by_its_old_name_to_the_class_the_plugin_serves():
+    """A 0.1.0 stack's pickles name components.<module>.<Class> (git show 986fe9e:components/); the classes are
+    resources/'s now, and the old names answer with them - in a fresh process, as the dynamic-provider host
+    unpickles."""
+    import json
+    from resources.state import RELEASE_0_1_0
+    script = ('import importlib, json, sys\n'
+              'from resources.state import RELEASE_0_1_0\n'
+              'print(json.dumps([[old, name, getattr(importlib.import_module(old), name) is '
+              'getattr(importlib.import_module(new), name)] for old, (new, names) in RELEASE_0_1_0.items() '
+              'for name in names]))\n')
+    res = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert len(got) == 11 and all(same for _, _, same in got), got
+    assert sorted(RELEASE_0_1_0) == ['components.%s' % m for m in (
+        'container', 'host', 'model', 'monitoring', 'pcimap', 'pve', 'sglang')]

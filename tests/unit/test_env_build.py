@@ -1,4 +1,4 @@
-"""The environment builder (components/scripts/ct_env_build.py, run in the container by its python3), run here
+"""The environment builder (hostscripts/ct_env_build.py, run in the container by its python3), run here
 with the machine's Debian python3 against a wheelhouse of the lab's wheels: what it leaves - an environment
 under its final name only when whole - and how each failure ends (exit code, one line, nothing left)."""
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from components import runtime
+from resources import runtime
 from lab import pyindex, sglang_wheel
 
 PYTHON = '/usr/bin/python3'

@@ -1,4 +1,4 @@
-"""What an error tells the operator (components/errors.py): no secret the process holds, and the traceback of an
+"""What an error tells the operator (transport/errors.py): no secret the process holds, and the traceback of an
 unforeseen one in a private file of its own - never at a shared name a local user could plant a link at."""
 
 import os
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from components import errors
-from components.state import describe_unexpected
+from transport import errors
+from transport.operator import describe_unexpected
 
 # A private key as the lab makes them (the text itself is never parsed here) and an API password.
 KEY = ('-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n'

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from components import remote
-from components.host import HostStateError, check_inventory, reboot_reasons
+from transport import remote
+from resources.host import HostStateError, check_inventory, reboot_reasons
 
 GOLDEN = os.path.join(os.path.dirname(__file__), 'golden')
 INVENTORY = [{'address': a, 'numa': n, 'id': '10de:2bb5'} for a, n in (

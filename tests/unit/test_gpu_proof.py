@@ -1,4 +1,4 @@
-"""components/scripts/gpu_proof.py (issue 48) without a GPU or torch: its parsers on real lines (nvidia-smi's bus ids,
+"""hostscripts/gpu_proof.py (issue 48) without a GPU or torch: its parsers on real lines (nvidia-smi's bus ids,
 NCCL's INFO lines as NCCL's source prints them and as they appear in public reports and on the lent H100), the
 bandwidth nccl-tests defines, its messages, and the whole script against the lab's simulated torch
 (lab/fakesglang/torch): the checks pass and fail as they should, and a hang is killed within the time limit with no worker
@@ -19,7 +19,7 @@ import pytest
 
 from tests.lablib import REPO
 
-SCRIPT = os.path.join(REPO, 'components', 'scripts', 'gpu_proof.py')
+SCRIPT = os.path.join(REPO, 'hostscripts', 'gpu_proof.py')
 FAKE_TORCH = os.path.join(REPO, 'lab', 'fakesglang')   # its torch: the lab's simulated one
 spec = importlib.util.spec_from_file_location('gpu_proof', SCRIPT)
 gp = importlib.util.module_from_spec(spec)

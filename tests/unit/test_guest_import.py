@@ -6,8 +6,8 @@ only what the config declares."""
 import proxmoxer
 import pytest
 
-from components import pve
-from components.state import Failed
+from resources import pve
+from resources.state import Failed
 
 NODE = 'pve1'
 

@@ -1,11 +1,11 @@
-"""components/hostreads.py: the reads of a host that arrive together share one command, each asked once a pass,
+"""transport/hostreads.py: the reads of a host that arrive together share one command, each asked once a pass,
 and a command that changes the host forgets them; read_batch.sh's output read back byte for byte."""
 
 import threading
 
 import pytest
 
-from components import hostreads, remote
+from transport import hostreads, remote
 
 
 def test_batch_output_is_read_back_byte_for_byte():
@@ -126,8 +126,8 @@ def test_one_read_with_input_a_batch_gets_the_batchs_stdin():
 def test_read_batch_script_gives_its_stdin_to_that_request_alone():
     import os
     import subprocess
-    from components.remote import Result
-    script = os.path.join(os.path.dirname(remote.__file__), 'scripts', 'read_batch.sh')
+    from transport.remote import Result
+    script = os.path.join(remote.SCRIPTS, 'read_batch.sh')
     keys = [('first.sh', ('a',)), ('reader.sh', ('b',), b'the input'), ('first.sh', ('c d',))]
     bodies = {'first.sh': 'cat; echo "$0:$1"', 'reader.sh': 'echo "$0:$1:$(cat)"; exit 3'}
     out = subprocess.run(['bash', script, 'x'] + hostreads.batch_args(keys, bodies.get)[1:], input=b'the input',

@@ -3,7 +3,7 @@ placeholder sha256 refused before anything is downloaded or run."""
 
 import pytest
 
-from components import runtime
+from resources import runtime
 from grammar.installers import PLACEHOLDER_SHA256
 
 NV = 'https://us.download.nvidia.com/XFree86/Linux-x86_64/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run'

@@ -1,6 +1,6 @@
-"""components/jobs.py's reading of job.sh poll output, and the outcome line an operator reads."""
+"""transport/jobs.py's reading of job.sh poll output, and the outcome line an operator reads."""
 
-from components import jobs
+from transport import jobs
 
 
 RUNNING = ('state\tactive\nsub\trunning\ncpu\t123456789\nspec\tabc\nstarted\t1700000000\nnow\t1700000010\n'

@@ -1,6 +1,8 @@
-"""The arrows between the layers go one way: the plugin (provider/) imports the resources and components, they import
-config/, config/ imports grammar/ - never back. Read from the modules' imports (ast), every one, also those inside a
-function and those named to importlib.import_module, so a lazy import cannot slip a circle back in."""
+"""The arrows between the layers go one way: grammar/ -> config/ -> hostscripts/ (the Python the host runs, which the
+program reads too) -> transport/ (SSH, the Proxmox API, durable jobs) -> resources/ (the serving classes) -> components/
+(the program's ComponentResources) and provider/ (the plugin), siblings: neither imports the other - never back. Read
+from the modules' imports (ast), every one, also those inside a function and those named to importlib.import_module, so
+a lazy import cannot slip a circle back in."""
 
 import ast
 import json
@@ -11,8 +13,9 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Lowest first: a layer may import those before it, never those after it.
-LAYERS = ('grammar', 'config', 'components', 'provider')
+# Lowest first: a layer may import those before it, never those after it - except its SIBLINGS.
+LAYERS = ('grammar', 'config', 'hostscripts', 'transport', 'resources', 'components', 'provider')
+SIBLINGS = {'components': ('provider',), 'provider': ('components',)}
 # What no layer imports: the program's and the tools' sides, and the tests.
 OUTSIDE = ('tools', 'tests', 'policy', 'lab')
 
@@ -51,7 +54,7 @@ def modules(layer: str, root: str = REPO):
 
 def upward(layer: str, root: str = REPO) -> list:
     """'<file>: <module>' for each import of `layer`'s modules that reaches a layer above it or outside them."""
-    above = LAYERS[LAYERS.index(layer) + 1:] + OUTSIDE
+    above = LAYERS[LAYERS.index(layer) + 1:] + OUTSIDE + SIBLINGS.get(layer, ())
     return sorted('%s: %s' % (os.path.relpath(path, root), name) for path in modules(layer, root)
                   for name in imported(path, root) if name.split('.')[0] in above)
 
@@ -75,25 +78,22 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
         'components/m%d.py' % i for i in range(5)]
 
 
-def program_only() -> set:
-    """The modules under components/ whose classes are the program's ComponentResources and serve no resource type
-    (no provider class): the program's alone."""
-    found = set()
-    for path in modules('components'):
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
-        bases = {ast.unparse(b) for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for b in node.bases}
-        if any(b.endswith('ComponentResource') for b in bases) and not any(b.endswith('Provider') for b in bases):
-            found.add(os.path.relpath(path, REPO)[:-3].replace(os.sep, '.'))
-    return found
+def test_siblings_and_the_layers_below_them_are_kept_apart(tmp_path):
+    """The plugin never imports a component, and a serving class or the transport never reaches up to either."""
+    for layer, line in (('provider', 'from components import host'), ('resources', 'import components.host'),
+                        ('resources', 'from provider import registry'), ('transport', 'from resources import state'),
+                        ('hostscripts', 'from transport import remote')):
+        (tmp_path / layer).mkdir(exist_ok=True)
+        (tmp_path / layer / ('m%d.py' % len(list((tmp_path / layer).iterdir())))).write_text(line + '\n')
+    assert [line.split(': ')[1] for layer in ('provider', 'resources', 'transport', 'hostscripts')
+            for line in upward(layer, str(tmp_path))] == [
+        'components', 'components.host', 'components.host', 'provider', 'provider.registry', 'resources',
+        'resources.state', 'transport', 'transport.remote']
 
 
-def test_the_plugin_loads_no_module_of_the_program_alone():
-    """The plugin's process - its server and every class its registry serves, loaded - holds none of the program's
-    own modules, nor the tools' or the tests'. (The serving classes still share their modules with the components that
-    declare them: host.py, sglang.py, container.py; a later step parts them.)"""
-    alone = program_only()
-    assert 'components.vm' in alone, alone   # the check finds what it looks for
+def test_the_plugin_loads_no_module_of_the_program():
+    """The plugin's process - its server and every class its registry serves, loaded - holds no module of components/
+    (the program's ComponentResources), nor the tools' or the tests': the serving classes are resources/'s."""
     script = (
         'import importlib, importlib.util, json, sys\n'
         'spec = importlib.util.spec_from_file_location("gpuhost_plugin", "provider/__main__.py")\n'
@@ -105,6 +105,6 @@ def test_the_plugin_loads_no_module_of_the_program_alone():
     res = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     loaded = set(json.loads(res.stdout))
-    assert 'components.host' in loaded and 'provider.registry' in loaded, sorted(loaded)
-    assert sorted(loaded & alone) == []
+    assert 'resources.host' in loaded and 'provider.registry' in loaded, sorted(loaded)
+    assert sorted(m for m in loaded if m.split('.')[0] == 'components') == []
     assert not any(m.split('.')[0] in OUTSIDE for m in loaded), sorted(loaded)

@@ -10,8 +10,9 @@ import types
 import proxmoxer
 import pytest
 
-from components import pcimap, pve, remote
-from components.state import Failed
+from resources import pcimap, pve
+from transport import remote
+from resources.state import Failed
 from tests.unit.test_pcimap import FakePci
 
 NODE = 'pve1'

@@ -1,5 +1,5 @@
-"""components/scripts/model_verify.py on a real (tiny) model directory (lab/labmodel.py): what it finds, what it
-caches, the line a person reads (components/model.py) and the textfile it writes (promtool accepts it); and its
+"""hostscripts/model_verify.py on a real (tiny) model directory (lab/labmodel.py): what it finds, what it
+caches, the line a person reads (resources/model.py) and the textfile it writes (promtool accepts it); and its
 downloads from the lab's mirror (lab/mirror.py, in a thread: a plain mirror and the hub with its CDN on another
 loopback address) - parallel, rate-limited, resumed only onto the same version of a file, checked by sha256 (the
 checksum file's or the hub's X-Linked-Etag), with the progress file a job runner polls. The script runs as the host
@@ -17,14 +17,14 @@ import time
 
 import pytest
 
-from components.model import line
+from resources.model import line
 from tests.lablib import REPO
 
 sys.path.insert(0, os.path.join(REPO, 'lab'))
 import labmodel  # noqa: E402
 import mirror  # noqa: E402
 
-spec = importlib.util.spec_from_file_location('model_verify', os.path.join(REPO, 'components', 'scripts',
+spec = importlib.util.spec_from_file_location('model_verify', os.path.join(REPO, 'hostscripts',
                                                                            'model_verify.py'))
 mv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mv)
@@ -32,7 +32,7 @@ spec.loader.exec_module(mv)
 SHARD = 'model-00002-of-00003.safetensors'
 SHARDS = ['model-00001-of-00003.safetensors', SHARD, 'model-00003-of-00003.safetensors']
 SIZES = {SHARDS[0]: 91720, SHARD: 50496, SHARDS[2]: 142376}
-SCRIPT = os.path.join(REPO, 'components', 'scripts', 'model_verify.py')
+SCRIPT = os.path.join(REPO, 'hostscripts', 'model_verify.py')
 PYTHON = '/usr/bin/python3' if os.path.exists('/usr/bin/python3') else sys.executable   # the host's: stdlib only
 HUB_TOKEN = 'hf_lab_0123456789abcdef'
 

@@ -11,8 +11,12 @@ import subprocess
 import pytest
 import yaml
 
-from components import collector, host_state, monitoring, remote
-from components.host import reboot_reasons
+from components import collector
+from hostscripts import host_state
+from components import monitoring as program_monitoring
+from resources import monitoring
+from transport import remote
+from resources.host import reboot_reasons
 from tests.lablib import REPO
 from tests.unit.config.test_config import parse
 from tests.unit.test_facts import EXPECT, facts
@@ -70,7 +74,7 @@ def test_the_two_textfiles_never_share_a_family():
     """node_exporter serves both files of its directory: a family in both (with another HELP, other labels)
     would fail its scrape. The host's own state is the collector's alone, live."""
     ours = monitoring.textfile(monitoring.declared(parse()), RESOLVED, True, True)
-    cfg = json.loads(monitoring.collector_config(parse()))
+    cfg = json.loads(program_monitoring.collector_config(parse()))
     live = collector.render(cfg, facts('host_facts.lab-systemd-boot.txt'), '580.95.05', {}, collector.fresh_state('b'),
                             {'host': True})
     families = [{line.split()[2] for line in t.splitlines() if line.startswith('# TYPE')} for t in (ours, live)]
@@ -100,7 +104,7 @@ def test_reboot_reasons_become_bounded_kinds():
     f = facts('host_facts.lab-systemd-boot.txt')
     assert [monitoring.reason_kind(r) for r in reboot_reasons(f, EXPECT)] == ['kernel_cmdline_missing']
     # As the collector writes them, from the golden facts of a GRUB host booted with iommu=pt.
-    cfg = json.loads(monitoring.collector_config(parse()))
+    cfg = json.loads(program_monitoring.collector_config(parse()))
     text = collector.render(cfg, facts('host_facts.lab-grub-identity.txt'), None, {}, collector.fresh_state('b'),
                             {'host': True})
     assert check_metrics(text) == (0, '')
@@ -320,8 +324,9 @@ def test_committed_lab_example_is_what_make_monitoring_writes(tmp_path):
 
 
 def test_the_gpu_proofs_textfile_passes_promtool_for_a_pass_and_a_failure(monkeypatch):
-    """What the proof leaves for node_exporter (components/sglang.py proof_textfile), written even when it fails."""
-    from components import remote, sglang
+    """What the proof leaves for node_exporter (resources/sglang.py proof_textfile), written even when it fails."""
+    from transport import remote
+    from resources import sglang
     written = {}
     monkeypatch.setattr(remote, 'put_file', lambda target, path, text, mode, expected: written.update({path: text}))
     monkeypatch.setattr(remote, 'run', lambda target, script, args, **kw: written.update({script: args}))

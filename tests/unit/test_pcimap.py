@@ -1,10 +1,10 @@
-"""PCI resource mappings (components/pcimap.py): Proxmox's own check of an entry against the device at its
+"""PCI resource mappings (resources/pcimap.py): Proxmox's own check of an entry against the device at its
 address, what counts as DANGER, and the entries the program writes; host_facts.sh's `pci` records."""
 
 import pytest
 
-from components import remote
-from components.pcimap import (desired_entry, node_entries, observed_spec, other_entries, proxmox_refusal,
+from transport import remote
+from resources.pcimap import (desired_entry, node_entries, observed_spec, other_entries, proxmox_refusal,
                                stop_message, verify)
 from grammar.pve import CONFIGID_RE, map_entry, parse_map_entry
 
@@ -192,7 +192,7 @@ class FakePci(object):
 def fake(monkeypatch):
     import contextlib
     import types
-    from components import pcimap
+    from resources import pcimap
     state = types.SimpleNamespace(pci=FakePci(), facts=FACTS)
     prox = types.SimpleNamespace(cluster=types.SimpleNamespace(mapping=types.SimpleNamespace()))
 
@@ -215,7 +215,7 @@ def props(paths=('0000:81:00.0',)):
 
 
 def test_apply_creates_then_changes_nothing(fake):
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     out = PciMappingProvider().apply(props())
     assert fake.pci.writes == [('POST', MID, [map_entry(ENTRY)])]
     assert out['mappings'] == {MID: {'path': '0000:81:00.0', 'id': '10de:2bb5'}} and out['checks'] == {MID: ''}
@@ -225,7 +225,7 @@ def test_apply_creates_then_changes_nothing(fake):
 
 
 def test_apply_puts_back_an_edited_entry_keeps_other_nodes_and_reads_the_digest_again(fake, capsys):
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     other = 'node=pve-b,path=0000:01:00.0,id=10de:2bb5'
     fake.pci = FakePci({MID: [other, map_entry(dict(ENTRY, path=CT_GPU_PATH, iommugroup='21'))],
                         'gpuhost-300-gpu1': []})
@@ -240,7 +240,7 @@ def test_apply_puts_back_an_edited_entry_keeps_other_nodes_and_reads_the_digest_
 
 
 def test_apply_after_the_config_moved_a_gpu_rewrites_without_calling_it_out_of_band(fake, capsys):
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     fake.pci = FakePci({MID: [map_entry(dict(ENTRY, path='0000:82:00.0'))]})
     fake.facts = remote.parse_facts(PCI_FACTS.replace('0000:82:00.0\t10de:2bb5\t-\t0x030200\t1\t-\t-',
                                                       '0000:82:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t44'))
@@ -250,7 +250,7 @@ def test_apply_after_the_config_moved_a_gpu_rewrites_without_calling_it_out_of_b
 
 
 def test_apply_stops_before_any_write_when_a_device_no_longer_matches(fake):
-    from components.pcimap import MappingError, PciMappingProvider
+    from resources.pcimap import MappingError, PciMappingProvider
     fake.pci = FakePci({MID: [map_entry(ENTRY)]})
     fake.facts = remote.parse_facts(PCI_FACTS.replace('0000:81:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t40',
                                                       '0000:81:00.0\t10de:2bb5\t10de:204e\t0x030200\t0\tvfio-pci\t23')
@@ -266,7 +266,7 @@ def test_apply_stops_before_any_write_when_a_device_no_longer_matches(fake):
 def test_apply_names_a_mapping_deleted_out_of_band_as_recreated(fake, capsys):
     """The old state as the engine hands it after a refresh that found the mapping gone: the None value
     of its id is not there at all (pulumi.runtime.rpc drops None properties)."""
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     olds = {k: v for k, v in props().items() if k != 'entries'}
     olds['mappings'] = {}
     PciMappingProvider().apply(props(), olds)
@@ -275,7 +275,7 @@ def test_apply_names_a_mapping_deleted_out_of_band_as_recreated(fake, capsys):
 
 
 def test_apply_deletes_a_mapping_no_longer_declared(fake):
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     fake.pci = FakePci({MID: [map_entry(ENTRY)], 'gpuhost-300-gpu1': [map_entry(dict(ENTRY, path='0000:91:00.0'))]})
     fake.facts = remote.parse_facts(PCI_FACTS + 'pci\t0000:91:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t41\n')
     olds = props(('0000:81:00.0', '0000:91:00.0'))
@@ -286,7 +286,7 @@ def test_apply_deletes_a_mapping_no_longer_declared(fake):
 def test_apply_after_a_refresh_recorded_an_edit_still_calls_it_out_of_band(fake, capsys):
     """`up --refresh`: the old state's `mappings` is what the refresh saw (the edited entry); `written` is what
     the last run wrote, so the edit is still named as one."""
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     fake.pci = FakePci({MID: [map_entry(dict(ENTRY, path=CT_GPU_PATH, iommugroup='21'))]})
     olds = dict(props(), mappings={MID: {'path': CT_GPU_PATH, 'id': '10de:2bb5'}}, written={MID: '0000:81:00.0'})
     PciMappingProvider().apply(props(), olds)
@@ -300,7 +300,7 @@ OTHER_NODE = 'node=pve-b,path=0000:01:00.0,id=10de:2bb5'
 
 def test_apply_removes_only_this_nodes_entry_of_a_mapping_no_longer_declared(fake):
     """A mapping the cluster shares: the other node's entry stays, with the digest read right before the write."""
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     fake.pci = FakePci({MID: [map_entry(ENTRY)],
                         'gpuhost-300-gpu1': [OTHER_NODE, map_entry(dict(ENTRY, path='0000:91:00.0'))]})
     fake.facts = remote.parse_facts(PCI_FACTS + 'pci\t0000:91:00.0\t10de:2bb5\t10de:204e\t0x030200\t1\tvfio-pci\t41\n')
@@ -309,7 +309,7 @@ def test_apply_removes_only_this_nodes_entry_of_a_mapping_no_longer_declared(fak
 
 
 def test_delete_keeps_other_nodes_entries_and_deletes_a_mapping_left_empty(fake):
-    from components.pcimap import PciMappingProvider
+    from resources.pcimap import PciMappingProvider
     fake.pci = FakePci({MID: [OTHER_NODE, map_entry(ENTRY)],
                         'gpuhost-300-gpu1': [map_entry(dict(ENTRY, path='0000:91:00.0'))],
                         'gpuhost-300-gpu2': [OTHER_NODE]})

@@ -138,19 +138,19 @@ def test_a_process_per_instance_when_asked(engine):
 def test_a_cancel_reaches_the_waits_of_its_own_instance_only():
     """One process serves every instance of a pass: the engine's Cancel of one instance (a refresh's, closed before
     the update's of the same `up --refresh`) never ends a wait of another."""
-    from components import state
+    from transport import operator
     from provider.__main__ import GpuhostProvider
     a, b = GpuhostProvider(), GpuhostProvider()
     a.Cancel(empty_pb2.Empty(), None)
-    assert a.cancelled.is_set() and not b.cancelled.is_set() and not state.CANCELLED.is_set()
-    token = state.CANCELLED.serving(b.cancelled)
+    assert a.cancelled.is_set() and not b.cancelled.is_set() and not operator.CANCELLED.is_set()
+    token = operator.CANCELLED.serving(b.cancelled)
     try:
-        state.pause(0.01, 'host b', 'its job', 'it goes on')          # not interrupted
+        operator.pause(0.01, 'host b', 'its job', 'it goes on')          # not interrupted
     finally:
-        state.CANCELLED.reset(token)
-    token = state.CANCELLED.serving(a.cancelled)
+        operator.CANCELLED.reset(token)
+    token = operator.CANCELLED.serving(a.cancelled)
     try:
-        with pytest.raises(state.Interrupted, match='host a: interrupted'):
-            state.pause(5, 'host a', 'its job', 'it goes on')
+        with pytest.raises(operator.Interrupted, match='host a: interrupted'):
+            operator.pause(5, 'host a', 'its job', 'it goes on')
     finally:
-        state.CANCELLED.reset(token)
+        operator.CANCELLED.reset(token)

@@ -14,7 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, 'policy'))
 
 import gpuhost_rules as rules  # noqa: E402
-from components import host as host_mod, sglang, vm as vm_mod  # noqa: E402
+from resources import host as host_mod, sglang  # noqa: E402
+from components import vm as vm_mod  # noqa: E402
 
 D = parse()
 # The same host with the VM's GPUs as raw hostpci addresses (gpuhost:vm.gpu_binding: address).

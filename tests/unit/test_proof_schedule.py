@@ -1,7 +1,7 @@
-"""When an `up` proves the GPUs (components/sglang.py, issue 48): on new ground, after a host reboot, and the first
+"""When an `up` proves the GPUs (resources/sglang.py, issue 48): on new ground, after a host reboot, and the first
 all-reduce figure every later proof is shown against."""
 
-from components import sglang
+from resources import sglang
 
 GPUS = ['0000:01:00.0', '0000:11:00.0']
 PROOF = {'gpus': GPUS, 'tp': 2, 'time_limit_s': 60, 'min_busbw_gbps': None}
@@ -67,7 +67,7 @@ def test_a_failed_proof_says_what_became_of_sglang(monkeypatch):
     stopped for the proof and stays stopped - and the way to start it is said."""
     import json
     import pytest
-    from components import remote
+    from transport import remote
     doc = {'ok': False, 'message': 'GPU 0000:11:00.0: the bf16 matmul is wrong', 'gpus': [], 'allreduce': {}}
     calls = []
 

@@ -48,7 +48,7 @@ def test_every_custom_resource_of_the_program_is_served_by_the_plugin_and_secret
     assert 'password' not in api and api['password_file'].endswith('/.lab/secrets/pve-password'), api
     smoke = [r.inputs['connection']['value'] for r in lab_program['resources'] if r.typ == 'command:remote:Command']
     assert len(smoke) == 1 and 'privateKey' not in smoke[0], smoke
-    from components.agent import agent_dir
+    from transport.agent import agent_dir
     assert smoke[0]['agentSocketPath'].startswith(agent_dir() + '/'), smoke
     assert not [r.name for r in lab_program['resources'] if r.typ.startswith('gpuhost:index:') and r.custom
                 and {'api', 'connection'} & set(r.inputs)]
@@ -221,7 +221,7 @@ def test_the_first_call_of_a_fresh_plugin_with_a_property_that_does_not_deserial
 
 
 def test_a_secret_keyed_value_the_engine_cannot_take_is_named_by_key_and_type_only(tmp_path, monkeypatch):
-    from components.errors import remember
+    from transport.errors import remember
     from provider import __main__ as plugin_main
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     api_key = 'sk-9d1f3c7e-b2a6-q8x4'

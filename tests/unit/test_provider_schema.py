@@ -1,4 +1,4 @@
-"""The properties each resource type declares (its serving class's INPUTS and OUTPUTS, components/fields.py) against
+"""The properties each resource type declares (its serving class's INPUTS and OUTPUTS, resources/fields.py) against
 what the program registers: the program run under mocks for the lab stack, a two-host fleet and the lab with what
 it leaves out set (an API key, the GPU proof, a model source with its token and checksums, an installer from a
 mirror with its login) - every input it hands over declared by the class that serves it, of the declared type,
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from components import fields
-from components.fields import ANY, B, I, N, S, arr, mapof, obj, optional, secret
+from resources import fields
+from resources.fields import ANY, B, I, N, S, arr, mapof, obj, optional, secret
 from provider import registry
 from tools import provider_schema
 
@@ -121,7 +121,7 @@ def test_the_schema_types_every_property_and_states_required_secret_and_replace_
 
 
 def test_two_declarations_of_one_object_type_must_agree(monkeypatch):
-    from components.host import HostFileProvider
+    from resources.host import HostFileProvider
     monkeypatch.setattr(HostFileProvider, 'INPUTS', dict(HostFileProvider.INPUTS, service=obj('Service', vmid=S)))
     with pytest.raises(provider_schema.Conflict, match='object type gpuhost:index:Service is declared twice'):
         provider_schema.schema()

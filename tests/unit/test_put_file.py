@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'components', 'scripts', 'put_file.sh')
+SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'hostscripts', 'put_file.sh')
 
 # A proxmox-boot-tool whose first call hangs until released (30 s at most), then fails (killed); every later call
 # succeeds.

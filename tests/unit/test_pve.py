@@ -1,8 +1,8 @@
 """Proxmox value normalisation: what counts as a difference, and the smallest change."""
 
-from components import pve
+from transport import proxmox
 from tests.unit.inflight import InFlight
-from components.pve import changes, merge_pending, observed_config, parse_raw, same_value, with_raw
+from resources.pve import changes, merge_pending, observed_config, parse_raw, same_value, with_raw
 
 
 def test_proxmox_additions_are_not_differences():
@@ -57,13 +57,13 @@ RUNNING = {'hostname': 'sglang', 'unprivileged': 1, 'ostype': 'debian',
 
 
 def test_a_guest_as_declared_can_be_adopted():
-    from components.pve import refusals
+    from resources.pve import refusals
     assert refusals(CT, RUNNING) == []
     assert refusals(dict(CT, kind='qemu', config={'name': 'sev'}), {'name': 'sev'}) == []
 
 
 def test_each_difference_a_new_guest_would_need_is_named_with_its_key():
-    from components.pve import refusals
+    from resources.pve import refusals
     running = dict(RUNNING, hostname='web', unprivileged=0, ostype='ubuntu', rootfs='fast:vm-200-disk-0,size=8G')
     out = refusals(CT, running)
     assert len(out) == 5, out
@@ -79,7 +79,7 @@ def test_each_difference_a_new_guest_would_need_is_named_with_its_key():
 
 
 def test_sizes_and_templates_as_proxmox_writes_them():
-    from components.pve import size_gb, template_ostype
+    from resources.pve import size_gb, template_ostype
     assert [size_gb(s) for s in ('8G', '512M', '1T', '200', '', 'x')] == [8.0, 0.5, 1024.0, 200.0, None, None]
     assert template_ostype('local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst') == 'ubuntu'
     assert template_ostype('local:vztmpl/custom.tar.zst') is None
@@ -87,7 +87,7 @@ def test_sizes_and_templates_as_proxmox_writes_them():
 
 def test_a_guest_the_stack_holds_is_never_adopted_again():
     # Its check (no host contacted) turns adopt off: a later replacement creates, never takes over a guest.
-    from components.pve import PveGuestProvider
+    from resources.pve import PveGuestProvider
     olds = {'kind': 'lxc', 'vmid': 200, 'adopt': True}
     assert PveGuestProvider().check(olds, dict(olds, vmid=201)).inputs['adopt'] is False
 
@@ -101,8 +101,8 @@ HELD = dict(CT, node='pve1', config={'hostname': 'sglang', 'mp0': MODEL_MP}, sta
 def test_a_model_mount_point_the_container_has_of_its_own_is_refused_at_preview():
     """The preview's diff: the state (after the last up or refresh) recorded the container's mount points; mp1
     there, not set by the program, and the config now declares the model at mp1."""
-    from components.pve import PveGuestProvider
-    from components.state import Failed
+    from resources.pve import PveGuestProvider
+    from resources.state import Failed
     import pytest
     olds = dict(HELD, mounts={'mp0': MODEL_MP, 'mp1': THEIRS})
     news = dict(HELD, config={'hostname': 'sglang', 'mp1': MODEL_MP})
@@ -119,7 +119,7 @@ def test_a_model_mount_point_the_container_has_of_its_own_is_refused_at_preview(
 
 
 def test_adopting_a_container_whose_mount_point_the_model_would_replace_is_refused():
-    from components.pve import refusals
+    from resources.pve import refusals
     props = dict(CT, config={'hostname': 'sglang', 'mp1': MODEL_MP})
     out = refusals(props, dict(RUNNING, mp1=THEIRS))
     assert len(out) == 1 and out[0].startswith("gpuhost:model.mp: 1 would replace the container's own mp1 (%s)"
@@ -149,8 +149,8 @@ def test_up_never_overwrites_a_mount_point_the_program_did_not_set(monkeypatch):
     import contextlib
     import types
     import pytest
-    from components import pve
-    from components.state import Failed
+    from resources import pve
+    from resources.state import Failed
     ct = FakeGuest({'hostname': 'sglang', 'mp0': MODEL_MP, 'mp1': THEIRS})
     prox = types.SimpleNamespace(nodes=lambda node: types.SimpleNamespace(lxc=lambda vmid: ct))
     monkeypatch.setattr(pve, 'client', contextlib.contextmanager(lambda api: (yield prox)))
@@ -165,7 +165,7 @@ def test_up_never_overwrites_a_mount_point_the_program_did_not_set(monkeypatch):
 
 def test_a_replacement_is_not_held_up_by_the_old_containers_mount_points():
     """A new container (protect: false, a create-only key changed) has no mount point of its own."""
-    from components.pve import PveGuestProvider
+    from resources.pve import PveGuestProvider
     olds = dict(HELD, mounts={'mp0': MODEL_MP, 'mp1': THEIRS}, protect=False)
     news = dict(HELD, protect=False, config={'hostname': 'sglang', 'mp1': MODEL_MP},
                 create=dict(HELD['create'], unprivileged=0))
@@ -177,30 +177,29 @@ def test_the_api_ca_is_one_file_per_ca_in_the_cache_and_unused_ones_are_pruned(t
     # their exit handlers. The CA (public) is now kept once, by content, in the user's cache.
     import os
     import time
-    from components import pve
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-    first = pve._ca_file('-----BEGIN CERTIFICATE-----\nA\n')
-    assert pve._ca_file('-----BEGIN CERTIFICATE-----\nA\n') == first
+    first = proxmox._ca_file('-----BEGIN CERTIFICATE-----\nA\n')
+    assert proxmox._ca_file('-----BEGIN CERTIFICATE-----\nA\n') == first
     assert open(first).read() == '-----BEGIN CERTIFICATE-----\nA\n'
     folder = tmp_path / 'gpuhost' / 'ca'
     assert oct(folder.stat().st_mode & 0o777) == '0o700'
-    old = time.time() - (pve.CA_KEEP_DAYS + 1) * 86400
+    old = time.time() - (proxmox.CA_KEEP_DAYS + 1) * 86400
     os.utime(first, (old, old))
-    second = pve._ca_file('-----BEGIN CERTIFICATE-----\nB\n')
+    second = proxmox._ca_file('-----BEGIN CERTIFICATE-----\nB\n')
     assert sorted(os.listdir(folder)) == [os.path.basename(second)]
-    assert os.path.exists(pve._ca_file('-----BEGIN CERTIFICATE-----\nA\n'))
+    assert os.path.exists(proxmox._ca_file('-----BEGIN CERTIFICATE-----\nA\n'))
 
 
 def test_endpoints_log_in_at_the_same_time_and_one_endpoint_logs_in_once(monkeypatch):
     """pve.client(): a lock per endpoint around its login, none across endpoints (a fleet's hosts log in together;
     the resources of one host share its one ticket)."""
     login = InFlight(lambda _api: object())
-    monkeypatch.setattr(pve, '_login', login)
-    monkeypatch.setattr(pve, '_clients', {})
+    monkeypatch.setattr(proxmox, '_login', login)
+    monkeypatch.setattr(proxmox, '_clients', {})
     got = []
 
     def use(host):
-        with pve.client({'host': host, 'port': 8006, 'user': 'root@pam', 'password': 'p', 'ca_cert': 'c'}) as prox:
+        with proxmox.client({'host': host, 'port': 8006, 'user': 'root@pam', 'password': 'p', 'ca_cert': 'c'}) as prox:
             got.append(prox)
     login.run([lambda i=i: use('10.0.0.%d' % (i % 3)) for i in range(6)], at_once=3)
     assert login.most == 3, 'the endpoints logged in one after another'

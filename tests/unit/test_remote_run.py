@@ -1,4 +1,4 @@
-"""components/remote.run against an SSH server that sends a command's exit status before the last of its output,
+"""transport/remote.run against an SSH server that sends a command's exit status before the last of its output,
 as OpenSSH does when the process ends with output still in its pipe (it drains that after the status). A run
 that stopped reading at the exit status lost the tail: host_facts.sh's last lines, the PCI devices a refresh
 then called missing from a host that had them."""
@@ -9,7 +9,7 @@ import time
 
 import paramiko
 
-from components import remote
+from transport import remote
 from tests.unit.inflight import InFlight
 
 

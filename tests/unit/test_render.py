@@ -5,8 +5,8 @@ import shlex
 
 import pytest
 
-from components import render
-from components.sglang import unit_text
+from resources import render
+from resources.sglang import unit_text
 from tests.unit.config.test_config import parse
 
 GOLDEN = os.path.join(os.path.dirname(__file__), 'golden')

@@ -20,8 +20,8 @@ def test_lab_render_writes_the_same_unit_the_program_deploys(tmp_path):
     render.main(['lab', str(out)], project=str(project))
     d = render.load('lab', str(project))
     import config
-    from components.runtime import environment
-    from components.sglang import unit_text
+    from resources.runtime import environment
+    from resources.sglang import unit_text
     env = environment(d, config.runtime_inputs(d, str(project), read_secrets=False))
     unit = (out / 'container/etc/systemd/system/sglang-qwen.service').read_text()
     assert unit == unit_text(d, env)

@@ -1,9 +1,9 @@
-"""components/resource.py: a serving class that leaves a call out behaves as the dynamic provider it was before the
+"""resources/resource.py: a serving class that leaves a call out behaves as the dynamic provider it was before the
 plugin did - what the engine then sees for it is unchanged."""
 
 import pytest
 
-from components.resource import CheckResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, dynamic_type, \
+from resources.resource import CheckResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, dynamic_type, \
     token
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from components import state
-from components.state import Interrupted, OperatorError
+from transport import operator
+from transport.operator import Interrupted, OperatorError
 from provider import rollout
 
 ORDER = {'host': 'gpu03', 'before': ['gpu01', 'gpu02'], 'after': ['gpu04'], 'max_unavailable': 1,
@@ -23,7 +23,7 @@ def pass_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(rollout, 'POLL_S', 0.02)
     monkeypatch.setattr(rollout, '_beat', [])
     yield tmp_path
-    state.CANCELLED.clear()
+    operator.CANCELLED.clear()
 
 
 def later(seconds, fn, *args):
@@ -109,7 +109,7 @@ def test_host_ahead_left_out_of_the_pass_is_no_reason_to_wait():
 
 def test_ctrl_c_ends_the_wait_with_one_line():
     rollout.record('gpu02', 'SglangUnit', 'started')
-    later(0.2, state.CANCELLED.set)
+    later(0.2, operator.CANCELLED.set)
     with pytest.raises(Interrupted) as e:
         rollout.wait_for_lane(ORDER, 'its SGLang unit', stall_s=10)
     assert 'host gpu03: interrupted (Ctrl-C) while waiting for host gpu02 ahead of it in its rollout lane to ' \
@@ -175,7 +175,7 @@ def test_the_plugin_step_waits_records_and_stops_the_pass_on_failure():
 
 
 def test_a_host_status_without_reboots_never_waits():
-    from components.host import HostStatusProvider
+    from resources.host import HostStatusProvider
     from provider.__main__ import GpuhostProvider
     p = GpuhostProvider()
     rollout.record('gpu02', 'SglangUnit', 'started')   # gpu02 is restarting

@@ -1,4 +1,4 @@
-"""components/runtime.py's pure parts: the environment's id and description, the facts parser (golden lines
+"""resources/runtime.py's pure parts: the environment's id and description, the facts parser (golden lines
 as ct_unit_facts.sh prints them), the driver check."""
 
 import base64
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components import runtime
+from resources import runtime
 from tests.unit.config.test_config import parse
 
 H = 'a' * 64
@@ -113,7 +113,7 @@ def test_pruning_removes_only_the_programs_own_environments(tmp_path):
     old environments and its interrupted builds (their marker written before the packages) go."""
     import os
     import subprocess
-    from components import remote
+    from transport import remote
     bin_ = tmp_path / 'bin'
     bin_.mkdir()
     (bin_ / 'pct').write_text(PCT)
@@ -171,7 +171,7 @@ def test_a_cuda_reinstall_keeps_the_toolkit_before_it_and_puts_it_back_or_drops_
     import hashlib
     import os
     import subprocess
-    from components import remote
+    from transport import remote
     bin_ = tmp_path / 'bin'
     bin_.mkdir()
     (bin_ / 'pct').write_text(PCT)
@@ -220,7 +220,8 @@ def test_a_build_whose_following_detached_keeps_its_wheelhouse_and_one_that_ende
     """The wheelhouse copied into the container is what the running build installs from: a run that lost the
     build (the connection stayed down, or Ctrl-C) leaves it for the build; the run that sees the build end removes
     it."""
-    from components import jobs, remote, runtime
+    from transport import jobs, remote
+    from resources import runtime
     calls = []
     monkeypatch.setattr(runtime, 'build_jobs', lambda props, password, replace=False: ('stage', 'build'))
     monkeypatch.setattr(jobs, 'poll', lambda target, job: jobs.parse_poll('state\tinactive\nsub\tdead\n'))

@@ -97,7 +97,8 @@ def test_the_committed_lock_names_a_wheel_for_every_pin_that_runs_on_debian_12()
 def test_the_preflight_judges_the_wheels_against_the_running_containers_own_glibc_and_python(prod, monkeypatch):
     """An adopted container, or one made from a template the program does not know: its own glibc and Python (read in
     it by ct_platform.sh) decide. A container that does not run yet was judged by its template at preview."""
-    from components import preflight, remote
+    from components import preflight
+    from transport import remote
     root, d = prod
     (root / 'runtime' / 'sglang.lock').write_text(lock_text())
     files = config.runtime_inputs(d, str(root), read_secrets=False)

@@ -1,4 +1,4 @@
-"""The lab's simulated torch (SIMULATED, no GPU): only what components/scripts/gpu_proof.py calls, shipped in the lab's
+"""The lab's simulated torch (SIMULATED, no GPU): only what hostscripts/gpu_proof.py calls, shipped in the lab's
 SGLang wheel so that the program's GPU proof runs in a lab container as it runs with the real torch. A tensor is its
 shape and one value that all its elements share, which is enough for the proof's checks.
 

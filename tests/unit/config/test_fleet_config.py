@@ -211,10 +211,10 @@ def test_one_machine_spelled_in_another_case_is_refused():
 
 def test_a_container_that_served_before_a_reboot_must_serve_after_it(monkeypatch):
     """In a fleet the next host reboots once this step ends: a container that does not come back fails it."""
-    from components import sglang
+    from resources import sglang
     clock = [0.0]
     monkeypatch.setattr(sglang.time, 'time', lambda: clock[0])
-    monkeypatch.setattr(sglang.state, 'pause', lambda s, *what: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(sglang.operator, 'pause', lambda s, *what: clock.__setitem__(0, clock[0] + s))
     monkeypatch.setattr(sglang, 'unit_facts', lambda target, props: {'ct': 'stopped'})
     props = {'vmid': 200, 'unit_name': 'sglang-qwen.service'}
     with pytest.raises(sglang.ServiceError, match='container 200 served SGLang before the reboot but is not running'):
@@ -235,9 +235,9 @@ def test_an_entry_swaps_a_pair_by_nulling_the_shared_one():
 
 def test_a_failed_rollout_step_says_where_the_rollout_stopped_and_other_steps_do_not():
     """state._normalising adds the note for the providers whose steps gate a rollout (ROLLOUT_STEP)."""
-    from components.host import HostStatusProvider, KernelCmdlineProvider
-    from components.sglang import SglangUnitProvider
-    from components.state import Failed
+    from resources.host import HostStatusProvider, KernelCmdlineProvider
+    from resources.sglang import SglangUnitProvider
+    from resources.state import Failed
     r = {'host': 'gpu02', 'before': ['gpu01'], 'after': ['gpu03'], 'max_unavailable': 1}
     bad = {'rollout': r, 'connection': None}   # fails at once: no connection
     for provider, step in ((SglangUnitProvider(), 'its SGLang unit'), (HostStatusProvider(), 'its host status')):

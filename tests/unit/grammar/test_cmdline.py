@@ -3,9 +3,9 @@ made to a host's configured line (systemd-boot's one line, GRUB's two variables)
 
 import pytest
 
-from components import remote
+from transport import remote
 from grammar import cmdline
-from components.host import HostStateError, grub_with, plan_cmdline
+from resources.host import HostStateError, grub_with, plan_cmdline
 
 ENSURE = ['iommu.passthrough=0', 'iommu.strict=0']
 POLICY = {'blackwell': True, 'snp': True, 'vfio': True}
@@ -153,7 +153,7 @@ def test_grub_file_rewrite_replaces_the_last_assignment_and_quotes_for_the_shell
 
 
 def test_modprobe_lines_that_undo_the_gpu_settings_are_named():
-    from components.host import modprobe_conflicts
+    from resources.host import modprobe_conflicts
     facts = remote.HostFacts()
     facts.modprobe = [('/etc/modprobe.d/vfio.conf', '3:options vfio-pci ids=10de:2bb5 disable_vga=1'),
                       ('/etc/modprobe.d/a.conf', '1:options vfio_pci disable_idle_d3=1'),

@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from components import render
+from resources import render
 from grammar import systemd, systemd_unit
 
 # --- systemd-analyze ---------------------------------------------------------------------------

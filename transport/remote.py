@@ -6,7 +6,7 @@ reach (see docs/architecture.md, its remote actions table). Our own resources ca
 same contract remote.Command has - scripts from files, every value a quoted positional argument,
 content on stdin, host key pinned - plus what it lacks: a real read() for `pulumi refresh`.
 
-Every script in components/scripts starts with `set -euo pipefail` and is sent as
+Every script in hostscripts starts with `set -euo pipefail` and is sent as
 `bash -c <script> <name> <args...>`; file content travels on stdin, never on the command line.
 Nothing secret is ever part of a command, so error messages (which quote stderr) carry none.
 """
@@ -25,11 +25,10 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from components import host_state
-from components import state
-from components.state import OperatorError
+from hostscripts import host_state
+from transport.operator import CANCELLED, Interrupted, OperatorError
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts')
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'hostscripts')
 
 
 class RemoteError(OperatorError):
@@ -105,7 +104,7 @@ STEPS = {
     'ct_put_file.sh': ('writing {1} in container {0}', 120),
     'ct_read_file.sh': ('reading {1} in container {0}', 60),
     'ct_unit.sh': ('starting {1} in container {0}', 300),
-    # The proof's own time limit ends it; this one only catches a stuck pct (components/sglang.py prove).
+    # The proof's own time limit ends it; this one only catches a stuck pct (resources/sglang.py prove).
     'ct_gpu_proof.sh': ('proving the GPUs of container {0} (its unit {1} stopped)', None),
     'ct_unit_facts.sh': ('reading the state of {1} in container {0}', 60),
     'ct_unit_owner.sh': ('checking who owns {1} in container {0}', 60),
@@ -125,7 +124,7 @@ STEPS = {
     'read_batch.sh': ('reading the host ({0})', 60),
     'collector_enable.sh': ('enabling {1} and running {0} once', 120),
     'collector_remove.sh': ('stopping {1} and removing the collector\'s files', 120),
-    # A long step's job (components/jobs.py): each command only starts, polls or stops it.
+    # A long step's job (transport/jobs.py): each command only starts, polls or stops it.
     'job.sh': ('{0} of job {1}', 60),
     'ct_job.sh': ('{2} of job {3} in container {0}', 60),
 }
@@ -184,8 +183,8 @@ def connect(target: Target, attempts: int = 3):
         except (OSError, EOFError, socket.timeout, paramiko.SSHException) as e:
             client.close()
             last = e
-        if attempt + 1 < attempts and state.CANCELLED.wait(0.5 * (attempt + 1)):
-            raise state.Interrupted('connection to %s failed while logging in (%s) and the run was interrupted '
+        if attempt + 1 < attempts and CANCELLED.wait(0.5 * (attempt + 1)):
+            raise Interrupted('connection to %s failed while logging in (%s) and the run was interrupted '
                                     '(Ctrl-C): no further attempt; nothing was run on the host' % (
                                         target.name, _transport_reason(last)))
     raise ConnectionLost('connection to %s failed while logging in, %d attempts (last: %s); nothing was run on the '
@@ -261,7 +260,7 @@ def send_eof(chan) -> None:
 
 
 # The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
-# (components/hostreads.py); any command outside a Read forgets what was read of its host.
+# (transport/hostreads.py); any command outside a Read forgets what was read of its host.
 READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
                        'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh', 'ct_platform.sh'))
 _READING = contextvars.ContextVar('gpuhost_reading', default=False)
@@ -269,7 +268,7 @@ _READING = contextvars.ContextVar('gpuhost_reading', default=False)
 
 @contextlib.contextmanager
 def reading():
-    """A Read (refresh, import): the host's read-only scripts are shared and batched (components/hostreads.py)."""
+    """A Read (refresh, import): the host's read-only scripts are shared and batched (transport/hostreads.py)."""
     token = _READING.set(True)
     try:
         yield
@@ -279,13 +278,13 @@ def reading():
 
 def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[bytes] = None, check: bool = True,
         timeout: Optional[float] = None, client=None, lost_detail: str = '', on_stderr_line=None) -> Result:
-    """Run components/scripts/<name> on the host with args as quoted positional parameters.
+    """Run hostscripts/<name> on the host with args as quoted positional parameters.
 
     Every transport failure becomes ConnectionLost naming the host and the step; a step that does not
     finish in time is stopped and named. Output of a command whose connection dropped is never
     returned as if it were complete. on_stderr_line: called with each line of stderr as it arrives (a
     long step's progress)."""
-    from components import hostreads
+    from transport import hostreads
     if not _READING.get():
         # Outside a Read a command may change the host: what was read of it is old. (A Read, and the preflight,
         # change nothing the reads see: the model's quick look there writes only its own cache of sums.)
@@ -300,7 +299,7 @@ def run(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[byt
 
 def _read_batch(target: Target, keys) -> dict:
     """hostreads' batch: one read alone as itself; several as read_batch.sh."""
-    from components import hostreads
+    from transport import hostreads
     if len(keys) == 1:
         out, err, code = _exec(target, keys[0][0], keys[0][1], hostreads.batch_stdin(keys))
         return {keys[0]: Result(out.decode('utf-8', 'replace'), err.decode('utf-8', 'replace'), code)}
@@ -352,8 +351,8 @@ def _open_session(target: Target, transport):
                                   '(MaxSessions; OpenSSH\'s default is 10) - raise it and re-run; nothing was '
                                   'started by this command' % (target.name, max(target.timeout, 10.0),
                                                                e.text or 'open failed', MAX_CHANNELS)) from None
-            if state.CANCELLED.wait(delay):
-                raise state.Interrupted('the run was interrupted (Ctrl-C) while %s had no session free; nothing was '
+            if CANCELLED.wait(delay):
+                raise Interrupted('the run was interrupted (Ctrl-C) while %s had no session free; nothing was '
                                         'started by this command' % target.name) from None
             delay = min(delay * 2, 0.5)
 
@@ -467,7 +466,7 @@ def ct_put_file(target: Target, vmid, path: str, content: str, mode: str = '0644
 
 # ------------------------------------------------------------------------- facts
 
-# The facts' types live in components/host_state.py (shared with the collector on the host); parse_facts()
+# The facts' types live in hostscripts/host_state.py (shared with the collector on the host); parse_facts()
 # fills them from host_facts.sh's output.
 Gpu = host_state.Gpu
 

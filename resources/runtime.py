@@ -14,7 +14,7 @@
                       sglang` at the declared version, one rename), never changed afterwards. The unit's
                       ExecStart and PATH name the environment's own directory, so a new environment is a new
                       unit: the SGLang unit's step restarts once, checks /health and /server_info, and on failure
-                      puts the previous confirmed unit back (components/sglang.py). Once confirmed, the venv path
+                      puts the previous confirmed unit back (resources/sglang.py). Once confirmed, the venv path
                       becomes a link to it and environments beyond the current and `keep` previous are removed.
 
 All of it is a part of the SGLang unit's resource (its `runtime` and `env` inputs), not resources of its
@@ -30,8 +30,8 @@ import json
 import os
 import posixpath
 
-from components import jobs, remote
-from components.state import OperatorError, info, warn
+from transport import jobs, remote
+from transport.operator import OperatorError, info, warn
 from grammar.installers import PLACEHOLDER_SHA256, where_sums
 
 ENV_ID_LEN = 16
@@ -246,7 +246,7 @@ def env_check_summary(check: dict) -> str:
 
 
 def checker_source() -> str:
-    with open(os.path.join(HERE, 'scripts', 'ct_env_check.py')) as f:
+    with open(os.path.join(remote.SCRIPTS, 'ct_env_check.py')) as f:
         return f.read()
 
 
@@ -447,12 +447,12 @@ def _install(target, props, kind, art, args, key, what, home='-', version='-') -
 
 
 def fetch_job(props: dict, kind: str, art: dict, token=None) -> jobs.Job:
-    """The download of one installer declared by source: a job on the host (components/scripts/model_verify.py
+    """The download of one installer declared by source: a job on the host (hostscripts/model_verify.py
     fetch_file) into the program's own directory, where the next container's install finds it. The mirror's token
     is the job's input (a root-only file while it runs; model_verify.py sends it to the source's origin only)."""
     name = posixpath.basename(art['installer'])
     job = {'kind': 'file', 'url': art['source'], 'sha256': art['sha256'], 'dest': art['installer']}
-    from components.model import verifier_source
+    from resources.model import verifier_source
     return jobs.Job(name='gpuhost-fetch-%s' % jobs.key_of(art['installer']), label='downloading %s' % name,
                     spec=jobs.spec_of(job), interpreter='python3', body=verifier_source().decode(),
                     args=(json.dumps(job, sort_keys=True),),
@@ -593,7 +593,7 @@ def builder_source() -> str:
     """The program the container's python3 runs to build an environment: the patch applier, then the builder."""
     with open(os.path.join(REPO, 'grammar', 'unidiff.py')) as f:
         applier = f.read()
-    with open(os.path.join(HERE, 'scripts', 'ct_env_build.py')) as f:
+    with open(os.path.join(remote.SCRIPTS, 'ct_env_build.py')) as f:
         builder = f.read()
     return applier + '\n\n' + builder
 

@@ -1,5 +1,5 @@
 """Long steps as durable jobs: transient systemd units on the host (or in the container) that outlive the SSH
-command, the connection and `pulumi` itself (components/scripts/job.sh).
+command, the connection and `pulumi` itself (hostscripts/job.sh).
 
 A real model is ~244 GB and a real environment several GB; neither downloads, hashes or installs within one SSH
 command's time limit (gpuhost:host.ssh.command_timeout, which means "one short remote command"). So such a step
@@ -26,8 +26,8 @@ import re
 import time
 from typing import Callable, Optional
 
-from components import remote, state
-from components.state import OperatorError, info
+from transport import remote
+from transport.operator import CANCELLED, OperatorError, info
 
 JOBS_DIR = '/var/lib/gpuhost/jobs'
 # How often `up` asks (each poll is one short SSH command) and how often it says something at the least.
@@ -255,7 +255,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
     lost_since = None
     settled = 0
     while True:
-        if state.CANCELLED.is_set():
+        if CANCELLED.is_set():
             raise JobDetached('%s: the run was interrupted (Ctrl-C) while following job %s %s; the job keeps running '
                               '- the next `up` re-attaches to it (watch it: %s)' % (
                                   job.label, job.name, job.where, job.watch_hint()))
@@ -270,7 +270,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                                   '%s - the next `up` re-attaches to it (watch it: %s)' % (
                                       job.label, job.name, job.where, str(e).split(';')[0], job.where,
                                       job.watch_hint())) from None
-            state.CANCELLED.wait(min(poll_s * 2, 5.0))
+            CANCELLED.wait(min(poll_s * 2, 5.0))
             continue
         now = time.monotonic()
         # 'unknown': systemd did not answer (a loaded host) - neither running nor ended; asked again below, and
@@ -281,7 +281,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
                     job.label, job.name, job.where, JOBS_DIR, job.name), job)
             if p.result is None and settled < 5:
                 settled += 1        # the outcome is written by ExecStopPost: give a loaded host a moment
-                state.CANCELLED.wait(1.0)
+                CANCELLED.wait(1.0)
                 continue
             return p
         # Moving: its own counter, or (a job that writes none, an installer) its output growing; or CPU time where
@@ -300,7 +300,7 @@ def follow(target, job: Job, say: Callable[[str], None] = info, poll_s: float = 
         if now - last_said >= say_s:
             last_said = now
             say('%s: %s' % (job.prefix or job.label, describe_progress(p.progress)))
-        state.CANCELLED.wait(poll_s)
+        CANCELLED.wait(poll_s)
 
 
 def run(target, job: Job, say: Callable[[str], None] = info, **kw) -> Poll:
@@ -318,7 +318,7 @@ def run(target, job: Job, say: Callable[[str], None] = info, **kw) -> Poll:
             break
         say('%s: systemd could not set up job %s %s (%s), nothing of it ran; starting it again (%d of %d)' % (
             job.label, job.name, job.where, code, attempt + 1, SET_UP_TRIES))
-        state.CANCELLED.wait(SET_UP_PAUSE_S)
+        CANCELLED.wait(SET_UP_PAUSE_S)
     r = p.result or {}
     if r.get('service_result') == 'success' and r.get('exit_code') == 'exited' and r.get('exit_status') == '0' \
             and not p.stop:

@@ -13,83 +13,19 @@ from __future__ import annotations
 
 import datetime
 import functools
-import threading
 from typing import Iterable
 
 import pulumi
 
-from components.resource import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, \
+from resources.resource import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult, \
     dynamic_type, token
-
-
-class OperatorError(RuntimeError):
-    """An error whose message is complete for the operator (what, where, current vs desired, next
-    step). Raised from provider methods without the Python frames that led to it."""
-
-
-class Interrupted(OperatorError):
-    """The run was interrupted (the operator's first Ctrl-C reached the provider's Cancel) while it waited for
-    something that goes on by itself - a durable job, SGLang loading, a host rebooting: the wait ends at once with
-    one line saying what goes on. Remote steps are not stopped: each is one short change made whole, and a
-    resource's steps after one that changed the host (a guest created, a unit restarted) still run, so the
-    state records what was done; the engine starts no new resource after the Cancel."""
-
-
-class _Cancelled:
-    """The operator's Ctrl-C as the provider instance serving this call was told it (its Cancel, provider/__main__.py).
-    One process serves every provider instance of a pass (provider/stub.py), and the engine cancels - and closes -
-    instances on its own schedule (a refresh's instances before the update's of the same `up --refresh`): each
-    instance's calls see its own event (a context variable the plugin sets around each call); code outside a call
-    (tests, the program) sees the process's own. Never cleared in the plugin: an instance serves one CLI command."""
-
-    def __init__(self):
-        import contextvars
-        self._own = threading.Event()
-        self._var = contextvars.ContextVar('gpuhost_cancelled', default=None)
-
-    def event(self) -> threading.Event:
-        return self._var.get() or self._own
-
-    def serving(self, event: threading.Event):
-        """Around a call of the instance whose event this is: returns the token for reset()."""
-        return self._var.set(event)
-
-    def reset(self, token) -> None:
-        self._var.reset(token)
-
-    def set(self) -> None:
-        self.event().set()
-
-    def clear(self) -> None:
-        self.event().clear()
-
-    def is_set(self) -> bool:
-        return self.event().is_set()
-
-    def wait(self, timeout=None) -> bool:
-        return self.event().wait(timeout)
-
-
-CANCELLED = _Cancelled()
-
-
-def pause(seconds: float, who: str, waiting_for: str, then: str) -> None:
-    """time.sleep(seconds) in a wait loop that an interrupt ends: raises Interrupted saying who waited for what,
-    and `then` - what goes on by itself and what the next run does."""
-    if CANCELLED.wait(seconds):
-        raise Interrupted('%s: interrupted (Ctrl-C) while waiting for %s; %s' % (who, waiting_for, then))
+from transport.operator import OperatorError, describe_unexpected, exit_with_engine
 
 
 class Failed(Exception):
     """What a provider entry point raises: the message alone, complete for the operator (see _normalising). The
     plugin hands it to the engine as it is, after "gpuhost: " (provider/__main__.py one_line); so does Pulumi's
     dynamic-provider host on the upgrade path (serve_the_dynamic_provider_host)."""
-
-
-def describe_unexpected(e: BaseException) -> str:
-    """One line for an exception no layer turned into an OperatorError (components/errors.py)."""
-    from components import errors
-    return errors.describe_unexpected(e)
 
 
 def end_quietly() -> None:
@@ -120,74 +56,6 @@ def end_quietly() -> None:
         return to_exception(exn)
     monitor_gone.gpuhost_quiet = True
     settings.grpc_error_to_exception = monitor_gone
-
-
-def engine_address():
-    """The engine's address, which it passes to every provider plugin as the first argument."""
-    import re
-    import sys
-    return next((a for a in sys.argv[1:] if re.match(r'^(127\.0\.0\.1|localhost|\[::1\]):\d+$', a)), None)
-
-
-_watching = []
-
-
-def exit_with_engine() -> None:
-    """A provider process outlives a killed `pulumi` (its gRPC server just waits). Watch the engine's
-    address and exit when it stops answering, so an interrupted run leaves no processes behind."""
-    import os
-    import socket
-    import threading
-    import time
-    addr = engine_address()
-    if addr is None or _watching:
-        return
-    _watching.append(addr)
-    host, _, port = addr.rpartition(':')
-
-    def loop():
-        misses = 0
-        while True:
-            time.sleep(2)
-            try:
-                socket.create_connection((host.strip('[]'), int(port)), timeout=2).close()
-                misses = 0
-            except OSError:
-                misses += 1
-                if misses >= 2:
-                    os._exit(3)
-    threading.Thread(target=loop, name='gpuhost-engine-watch', daemon=True).start()
-
-
-def warn(message: str) -> None:
-    log(message, 'WARNING')
-
-
-def info(message: str) -> None:
-    log(message, 'INFO')
-
-
-def log(message: str, severity: str = 'WARNING') -> None:
-    """A message in the CLI's output (preview, up, refresh) from the provider plugin's process.
-
-    The engine starts every provider plugin with its own address as the first argument; its Log
-    service shows the message like a program's pulumi.log.warn. Outside a provider (unit tests) the
-    message goes to stderr."""
-    import sys
-    from components.errors import scrub
-    message = scrub(message)
-    addr = engine_address()
-    if addr is None:
-        sys.stderr.write('%s: %s\n' % (severity.lower(), message))
-        return
-    try:
-        import grpc
-        from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc
-        with grpc.insecure_channel(addr) as channel:
-            engine_pb2_grpc.EngineStub(channel).Log(engine_pb2.LogRequest(
-                severity=getattr(engine_pb2, severity), message=message), timeout=10)
-    except Exception:  # noqa: BLE001 - a message that cannot be delivered must not fail the step
-        sys.stderr.write('%s: %s\n' % (severity.lower(), message))
 
 
 def numbers(value):
@@ -356,14 +224,38 @@ _wrap(ObservedProvider)
 # A stack deployed by release 0.1.0 holds each resource as a dynamic resource, its provider pickled in its state, until
 # the first `up` after the upgrade moves it onto the plugin by its alias (GpuhostResource). Until then - that up's own
 # refresh, a `pulumi refresh`, a `destroy` - the engine sends the resource's calls to Pulumi's dynamic-provider host
-# (`python -m pulumi.dynamic`), which unpickles the provider: an instance of the class of that name here, the one the
-# plugin serves. The host imports this module as it unpickles, on its first call; what it needs beyond the plugin's
-# calls is done then, in that process only:
+# (`python -m pulumi.dynamic`), which unpickles the provider by the name 0.1.0 gave its class (RELEASE_0_1_0 below):
+# an instance of the class the plugin serves. The host imports this module as it unpickles, on its first call; what it
+# needs beyond the plugin's calls is done then, in that process only:
 #   * it calls configure(request) on each provider it unpickles: nothing to configure;
 #   * it sends the engine traceback.format_exc() of whatever a call raises: with no frames (sys.tracebacklimit 0) and
 #     Failed named as the builtin `gpuhost`, that reads "gpuhost: <message>", as the plugin's one_line says it;
 #   * a CLI killed mid-run leaves it waiting for ever: it watches the engine from its first call on.
 # tests/unit/test_dynamic_host.py serves reads through the host.
+
+# Release 0.1.0 pickled each provider by its class's name as its tree had it (components.<module>.<Class>); the
+# classes are resources/'s now. Each of those modules answers the old names (its module __getattr__ calls moved()),
+# components/pcimap.py and components/pve.py only that. tests/unit/test_dynamic_host.py checks every name.
+RELEASE_0_1_0 = {
+    'components.container': ('resources.container', ('ContainerProvider',)),
+    'components.host': ('resources.host', ('KernelCmdlineProvider', 'HostFileProvider', 'VfioProvider',
+                                           'HostStatusProvider')),
+    'components.model': ('resources.model', ('ModelProvider',)),
+    'components.monitoring': ('resources.monitoring', ('MetricsFileProvider', 'CollectorProvider')),
+    'components.pcimap': ('resources.pcimap', ('PciMappingProvider',)),
+    'components.pve': ('resources.pve', ('PveGuestProvider',)),
+    'components.sglang': ('resources.sglang', ('SglangUnitProvider',)),
+}
+
+
+def moved(module: str, name: str):
+    """The class release 0.1.0 named `module`.`name`, from where it is now; AttributeError for any other name."""
+    import importlib
+    where, names = RELEASE_0_1_0.get(module, (None, ()))
+    if name not in names:
+        raise AttributeError('module %r has no attribute %r' % (module, name))
+    return getattr(importlib.import_module(where), name)
+
 
 def in_dynamic_provider_host() -> bool:
     """True in the process `python -m pulumi.dynamic` that serves a stack's dynamic resources."""

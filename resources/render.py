@@ -23,7 +23,7 @@ def _exec_value(value) -> str:
         return value
     if isinstance(value, (list, tuple)):
         return systemd.exec_line(value)
-    raise TypeError('an ExecStart= value must come from components.render.exec_start(argv) or be the argv '
+    raise TypeError('an ExecStart= value must come from resources.render.exec_start(argv) or be the argv '
                     'list itself, not %r' % (value,))
 
 

@@ -6,7 +6,7 @@ collector_facts.sh, the unit for ct_unit_facts.sh. Inside a Read (remote.reading
 to this module instead of opening a channel of its own:
 
   * reads that arrive while another batch of the same host is on the wire, or within GATHER_S of the first, go
-    out together as one command (components/scripts/read_batch.sh runs each script exactly as it would run
+    out together as one command (hostscripts/read_batch.sh runs each script exactly as it would run
     alone, side by side, and sends back each one's exit status, stdout and stderr);
   * the same script with the same arguments is asked once: a read that succeeded is reused for FRESH_S by the
     reads of this process (a refresh pass);

@@ -16,7 +16,7 @@ from typing import Optional
 
 PACKAGE = 'gpuhost'
 # The type each resource had as a dynamic resource, before the plugin (release 0.1.0): the alias that moves a stack
-# deployed then onto the plugin without replacing anything (components/state.py GpuhostResource).
+# deployed then onto the plugin without replacing anything (resources/state.py GpuhostResource).
 DYNAMIC_PREFIX = 'pulumi-python:dynamic/gpuhost:'
 
 

@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 
-from components.state import OperatorError
+from transport.operator import OperatorError
 
 _started = {}
 START_S = 30          # for the agent's socket to appear (a loaded machine)
@@ -78,7 +78,7 @@ def start(path: str, key: str, what: str) -> None:
                          capture_output=True, timeout=30)
     if res.returncode != 0:
         stop(path)
-        from components.errors import scrub
+        from transport.errors import scrub
         raise OperatorError('%s: the SSH agent for the smoke test did not take the key (ssh-add: %s)' % (
             what, scrub(res.stderr.decode(errors='replace').strip()[-300:]) or 'exit %d' % res.returncode))
     link = '%s.%d.new' % (path, os.getpid())
