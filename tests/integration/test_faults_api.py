@@ -75,7 +75,7 @@ def test_a_flaky_api_is_retried_for_reads(lab, base):
     """A fifth of the requests dropped: reads are retried with backoff, so a refresh goes through. The
     lab's request log shows the drops and, after each, the same request sent again once the program's
     first backoff had passed (an immediate re-send would be urllib3's, not the program's) and answered."""
-    from resources.pve import backoff
+    from transport.proxmox import backoff
     # A refresh sends about 5 requests of its own, and the lab's pct (asked by the program's unit
     # checks) draws on the same random sequence at its own pace, so how many of the program's
     # requests a seed drops varies: refresh again, every run must pass, until 3 were dropped
