@@ -11,13 +11,6 @@ machine, over a unix socket bind-mounted into the host (LAB/run/pct.sock):
               for `pct push` (stdin) and `pct pull` (stdout)
     answer    {"exit": N}, {"signal": N} or {"error": "..."}, once the command has ended
 
-and, for every pct call, the container's live state (what the real pct reads from the cluster filesystem on its
-own node, not over the API):
-
-    request   {"op": "status", "vmid": ..., "node": ...} (JSON), no descriptors
-    answer    {"status": "running"} - the status fakepve holds for the container, as its status/current
-              answers it - or {"status": null}: fakepve holds no such container on that node
-
 The daemon runs lab/container.py's nsenter into the container (every namespace of its PID 1, its root, a
 clean environment) with exactly those descriptors, so the command reads and writes pct's pipes itself -
 sshd's, for a command over SSH - and its exit status is pct's. Only that: the vmid must name a running lab
@@ -27,6 +20,17 @@ goes nowhere). `pct exec <vmid> -- systemd-run ...` reaches the container's own 
 A container whose stop has begun is not running to pct (the lab daemon's check), and the stop waits while an
 nsenter that passed the check gets inside (the broker holds the container's gate until nsenter has forked the
 command): nsenter never meets a PID 1 that has gone, whose namespaces it could not open.
+
+Every pct call (`pct status` too) first asks the same socket for the container's live state, which the real
+pct reads on its own node (the cluster filesystem), not over the API:
+
+    request   {"op": "status", "vmid": ..., "node": ...} (JSON), no descriptors
+    answer    {"status": "running"} - the status fakepve holds for the container, the value its
+              status/current answers with (the lab daemon's ct_status) - or {"status": null}: fakepve holds no
+              such container on that node
+
+So no login, no TLS and no API request per pct call, and the API's faults (injected failures, a network
+scenario, an offline node) do not reach pct.
 
 Stdlib only: the client half runs under the host's python3, in every pct call (a few thousand processes in a run of
 the test suite): the server half imports contextlib, subprocess and threading where it uses them.
