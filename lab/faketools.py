@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """The host commands the program runs over SSH that a Debian host without Proxmox lacks, simulated:
 driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot (the lab daemon reboots the host), pct (into
-the lab's containers, through the lab daemon: lab/pctbroker.py), and journalctl's kernel log - the simulated
-kernel's messages for `journalctl --dmesg`, everything else the host's real journalctl. Installed as
+the lab's containers, and their live state, through the lab daemon: lab/pctbroker.py), and journalctl's kernel
+log - the simulated kernel's messages for `journalctl --dmesg`, everything else the host's real journalctl. Installed as
 /usr/local/sbin/<tool> on the lab host (lab/labhost.py), first on root's PATH, so the program's scripts call
 them by their real names with their real arguments; systemd and its systemctl are the host's own.
 
@@ -33,14 +33,6 @@ def lab_dir():
     if os.environ.get('GPUHOST_LAB'):
         return os.environ['GPUHOST_LAB']
     return config()['lab']
-
-
-def inside(path):
-    """A path of the lab as the machine names it (lab.json's) as the host sees it."""
-    if os.environ.get('GPUHOST_LAB'):
-        return path
-    outside = config()['lab_outside']
-    return os.path.join(lab_dir(), os.path.relpath(path, outside)) if path.startswith(outside + '/') else path
 
 
 def die(msg, code=1):
@@ -188,52 +180,15 @@ def ct_dir(vmid):
     return os.path.join(lab_dir(), 'ct', str(vmid))
 
 
-def api_ct_status(vmid, node):
-    """The container's status as fakepve (the lab's Proxmox) has it, or None if it holds no such
-    container. Asked over its API with root@pam, as the real pct reads the live state."""
-    import ssl
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-    # The ticket is kept for the next pct call (LAB/run, root's only; a Proxmox ticket is good for two hours): a
-    # login per call was a third of what a pct call cost - pct runs a few thousand times in a run of the suite.
-    cache = os.path.join(lab_dir(), 'run', 'pct-ticket')
+def live_ct_status(vmid, node):
+    """The container's status as fakepve (the lab's Proxmox) has it, or None if it holds no such container (or
+    the lab daemon does not answer). The real pct reads the live state from the cluster filesystem on its own
+    node, not over the API; the lab's asks the lab daemon, which holds fakepve, over pct's socket
+    (lab/pctbroker.py): no login, no API request, and the API's faults (an injected failure, a network
+    scenario, an offline node) do not reach it."""
     try:
-        with open(os.path.join(lab_dir(), 'lab.json')) as f:
-            pve = json.load(f)['pve']
-        ctx = ssl.create_default_context(cafile=inside(pve['cafile']))
-        base = 'https://%s:%s/api2/json' % (pve['host'], pve['port'])
-        for fresh in (False, True):
-            ticket = None
-            if not fresh:
-                try:
-                    if time.time() - os.stat(cache).st_mtime < 3600:
-                        with open(cache) as f:
-                            ticket = f.read().strip() or None
-                except OSError:
-                    pass
-            if ticket is None:
-                with open(inside(pve['password_file'])) as f:
-                    password = f.read()
-                data = urllib.parse.urlencode({'username': 'root@pam', 'password': password}).encode()
-                with urllib.request.urlopen(base + '/access/ticket', data=data, context=ctx, timeout=5) as r:
-                    ticket = json.load(r)['data']['ticket']
-                try:
-                    fd = os.open(cache + '.%d' % os.getpid(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(fd, 'w') as f:
-                        f.write(ticket)
-                    os.replace(cache + '.%d' % os.getpid(), cache)
-                except OSError:
-                    pass
-            req = urllib.request.Request('%s/nodes/%s/lxc/%s/status/current' % (base, node, vmid),
-                                         headers={'Cookie': 'PVEAuthCookie=' + ticket})
-            try:
-                with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
-                    return json.load(r)['data']['status']
-            except urllib.error.HTTPError as e:
-                if e.code != 401 or fresh:
-                    raise
-    except (OSError, ValueError, KeyError):
+        return pctbroker.status(os.path.join(lab_dir(), 'run', pctbroker.SOCKET), vmid, node)
+    except (OSError, pctbroker.BrokerError, ValueError, KeyError):
         return None
 
 
@@ -242,8 +197,8 @@ def ct_status(vmid, node):
     # The lab daemon boots or shuts down a container (lab/container.py) when fakepve's state changes; it
     # writes `status` once systemd runs in it or it is down, a second or two later. A power task through the
     # API ends only then (labctl's power_task), but fakepve's state changes when it starts; a real pct sees
-    # the live state. So pct waits, a little, until the container has caught up with what the API says.
-    live = api_ct_status(vmid, node)
+    # the live state. So pct waits, a little, until the container has caught up with what fakepve holds.
+    live = live_ct_status(vmid, node)
     deadline = time.time() + 15
     while live is not None and time.time() < deadline:
         try:

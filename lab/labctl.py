@@ -77,6 +77,9 @@ POWER_TASKS = ('vzstart', 'vzstop', 'vzshutdown', 'vzreboot')
 # Real seconds a power task waits for the lab's container before it fails (a start or stop gives up after 20 s;
 # a reboot is both).
 POWER_TASK_SECS = 60.0
+# Real seconds the pct broker waits for the event loop to read a container's status (Lab.ct_status; it takes
+# milliseconds): past them pct goes on with the container's own status file.
+STATUS_SECS = 5.0
 # Characters of a description line PVE writes as they are (the rest %-encoded) in a guest config.
 DESC_SAFE = ' !"#$&\'()*+,-./:;<=>?@[\\]^_`{|}~'
 
@@ -134,8 +137,8 @@ def prepare(lab, spec_path):
     # The fake tools, by their real names, first on root's PATH in the host (its /usr/local/sbin).
     for tool in TOOLS:
         os.symlink(labhost.IN_CODE + '/faketools.py', host.path('sbin', tool))
-    # Where the fake tools find the lab inside the host (and what its paths are on the machine: lab.json's).
-    hostsim.write(host.path('etc/gpuhost-lab.json'), json.dumps({'lab': labhost.IN_LAB, 'lab_outside': lab}) + '\n')
+    # Where the fake tools find the lab inside the host.
+    hostsim.write(host.path('etc/gpuhost-lab.json'), json.dumps({'lab': labhost.IN_LAB}) + '\n')
     # The host's identity for its journal (/var/log/journal/<machine-id>), the same across its reboots.
     hostsim.write(host.path('etc/machine-id'), secrets.token_hex(16) + '\n')
 
@@ -347,8 +350,9 @@ class Lab(object):
         self.info = load(lab)
         self.host = hostsim.Host(lab)
         self.machine = labhost.LabHost(lab)
-        self.broker = pctbroker.Broker(lab, self.ct_enter_argv, self.ct_gate)
+        self.broker = pctbroker.Broker(lab, self.ct_enter_argv, self.ct_gate, self.ct_status)
         self.pve = None
+        self.loop = None
         self.seen = {}
         self.confs = {}
         self.locked = set()
@@ -383,6 +387,7 @@ class Lab(object):
         pve._routes_pcimap = self.pcimap.routes
         self.pcimap.wrap_start(pve)
         self.pve = pve
+        self.loop = asyncio.get_running_loop()
         # A container's start/stop/shutdown/reboot task ends once the lab's container is there (power_task).
         fake_task = pve.task
 
@@ -477,6 +482,31 @@ class Lab(object):
             # Why, in labd.log (a test's failed command shows its end): pct's own message says only this.
             print('labd: pct exec %s %s: CT %s not running (%s)' % (vmid, ' '.join(argv)[:80], vmid, e), flush=True)
             raise ValueError('CT %s not running' % vmid) from None
+
+    def ct_status(self, node, vmid):
+        """pct's broker (lab/pctbroker.py): the status fakepve holds for container vmid on node - the value its
+        GET /nodes/{node}/lxc/{vmid}/status/current answers with, from the same handler - or None when it
+        holds no such container there. The real pct reads the live state from the cluster filesystem on its
+        own node, not over the API: no login, no request in pve-requests.log, no network scenario, injected
+        failure or offline node in between. The handler runs on the daemon's event loop, where every change to
+        fakepve's state is made (the broker calls this from a request's thread): it never sees one half made."""
+        from fakepve import PveError
+        pve, loop = self.pve, self.loop
+        if pve is None or loop is None:
+            return None
+
+        async def read():
+            try:
+                return (await pve._lxc_status_current('root@pam', {'node': node, 'vmid': int(vmid)}))['status']
+            except PveError:   # (its 500: no such container on that node)
+                return None
+        future = asyncio.run_coroutine_threadsafe(read(), loop)
+        try:
+            return future.result(timeout=STATUS_SECS)
+        except TimeoutError:
+            future.cancel()
+            print('labd: pct status %s: the event loop did not answer within %.0f s' % (vmid, STATUS_SECS), flush=True)
+            raise
 
     def ct_gate(self, vmid):
         """What the broker holds from its check until its nsenter is inside container vmid (CtWorker.gate)."""
@@ -595,8 +625,8 @@ class Lab(object):
         """Every request that reached fakepve, one JSON line in LAB/control/pve-requests.log: {"t" (time it
         arrived), "method", "path" (with the query), "status" (the HTTP status, or "dropped" when the
         network scenario reset the connection), "agent" (User-Agent: the program's proxmoxer sends
-        python-requests/..., the lab's pct Python-urllib/...)}, so a test can count the drops and the
-        program's retries."""
+        python-requests/...; the lab's pct does not use the API: Lab.ct_status)}, so a test can count the drops
+        and the program's retries."""
         t = time.time()
         status = 'cancelled'  # the client went away, or the API stopped (a reboot), before an answer
         try:

@@ -21,11 +21,21 @@ A container whose stop has begun is not running to pct (the lab daemon's check),
 nsenter that passed the check gets inside (the broker holds the container's gate until nsenter has forked the
 command): nsenter never meets a PID 1 that has gone, whose namespaces it could not open.
 
+Every pct call (`pct status` too) first asks the same socket for the container's live state, which the real
+pct reads on its own node (the cluster filesystem), not over the API:
+
+    request   {"op": "status", "vmid": ..., "node": ...} (JSON), no descriptors
+    answer    {"status": "running"} - the status fakepve holds for the container, the value its
+              status/current answers with (the lab daemon's ct_status) - or {"status": null}: fakepve holds no
+              such container on that node
+
+So no login, no TLS and no API request per pct call, and the API's faults (injected failures, a network
+scenario, an offline node) do not reach pct.
+
 Stdlib only: the client half runs under the host's python3, in every pct call (a few thousand processes in a run of
-the test suite): the server half imports subprocess and threading where it uses them.
+the test suite): the server half imports contextlib, subprocess and threading where it uses them.
 """
 
-import contextlib
 import json
 import os
 import signal
@@ -59,12 +69,28 @@ def _recv_exact(sock, n):
 
 def call(path, vmid, argv, fds=(0, 1, 2)):
     """Run argv in container vmid with fds as its stdin, stdout, stderr; returns the answer (a dict)."""
-    payload = json.dumps({'vmid': str(vmid), 'argv': list(argv)}).encode()
+    return _ask(path, {'vmid': str(vmid), 'argv': list(argv)}, fds)
+
+
+def status(path, vmid, node):
+    """The status fakepve holds for container vmid on node ('running', 'stopped', ...), or None if it holds no
+    such container there."""
+    answer = _ask(path, {'op': 'status', 'vmid': str(vmid), 'node': node})
+    if 'error' in answer:
+        raise BrokerError(answer['error'])
+    return answer['status']
+
+
+def _ask(path, request, fds=()):
+    payload = json.dumps(request).encode()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        socket.send_fds(sock, [HEADER.pack(len(payload))], list(fds))
-        sock.sendall(payload)
+        if fds:
+            socket.send_fds(sock, [HEADER.pack(len(payload))], list(fds))
+            sock.sendall(payload)
+        else:
+            sock.sendall(HEADER.pack(len(payload)) + payload)
         answer = b''
         while True:
             chunk = sock.recv(4096)
@@ -94,17 +120,23 @@ def exit_like(answer):
 class Broker(object):
     """The lab daemon's side: a thread accepting on LAB/run/pct.sock, a thread per request."""
 
-    def __init__(self, lab, enter_argv, gate=None):
+    def __init__(self, lab, enter_argv, gate=None, ct_status=None):
         """enter_argv(vmid, argv): the nsenter command line for a running container (raises ValueError
         with the message pct prints when it is not one). gate(vmid): a lock the broker holds from that check
         until its nsenter is inside the container (has entered every namespace and forked the command), which
         the lab daemon takes before it stops the container: the check's answer still holds when nsenter acts
         on it (else a container going down between the two makes nsenter fail with its own words - `cannot
-        open /proc/<pid>/ns/cgroup` - where pct says `CT <vmid> not running`)."""
+        open /proc/<pid>/ns/cgroup` - where pct says `CT <vmid> not running`). ct_status(node, vmid): the
+        status fakepve holds for the container, or None (called from the request's thread); without it a
+        status request is refused."""
         self.dir = os.path.join(lab, 'run')
         self.path = os.path.join(self.dir, SOCKET)
         self.enter_argv = enter_argv
-        self.gate = gate or (lambda vmid: contextlib.nullcontext())
+        if gate is None:
+            import contextlib
+            gate = lambda vmid: contextlib.nullcontext()   # noqa: E731
+        self.gate = gate
+        self.ct_status = ct_status
         self.sock = None
 
     def start(self):
@@ -153,17 +185,22 @@ class Broker(object):
                 head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
                 head += _recv_exact(conn, HEADER.size - len(head))
                 (size,) = HEADER.unpack(head)
-                if size > MAX_REQUEST or len(fds) != 3:
-                    raise BrokerError('a request is a vmid, an argv and three descriptors')
+                if size > MAX_REQUEST:
+                    raise BrokerError('a request of %d bytes' % size)
                 req = json.loads(_recv_exact(conn, size).decode())
-                vmid, argv = str(req['vmid']), req['argv']
-                if not vmid.isdigit() or not argv or not all(isinstance(a, str) for a in argv):
-                    raise BrokerError('vmid %r, argv %r: a vmid and a non-empty argv of strings' % (vmid, argv))
-                with self.gate(vmid):
-                    command = self.enter_argv(vmid, argv)
-                    proc = self._spawn(command, fds)
-                    if isinstance(proc, subprocess.Popen):
-                        self._entered(proc)
+                if isinstance(req, dict) and req.get('op') == 'status':
+                    proc = self._status(req, fds)
+                else:
+                    if len(fds) != 3:
+                        raise BrokerError('a request is a vmid, an argv and three descriptors')
+                    vmid, argv = str(req['vmid']), req['argv']
+                    if not vmid.isdigit() or not argv or not all(isinstance(a, str) for a in argv):
+                        raise BrokerError('vmid %r, argv %r: a vmid and a non-empty argv of strings' % (vmid, argv))
+                    with self.gate(vmid):
+                        command = self.enter_argv(vmid, argv)
+                        proc = self._spawn(command, fds)
+                        if isinstance(proc, subprocess.Popen):
+                            self._entered(proc)
             except ValueError as e:   # not a running container: pct's own message
                 answer = {'error': str(e)}
             except (BrokerError, KeyError, TypeError, OSError) as e:
@@ -181,6 +218,16 @@ class Broker(object):
             for fd in fds:
                 os.close(fd)
             conn.close()
+
+    def _status(self, req, fds):
+        """A status request's answer: {"status": what ct_status says}."""
+        vmid, node = str(req.get('vmid')), req.get('node')
+        if fds or not vmid.isdigit() or not isinstance(node, str) or not node:
+            raise BrokerError('vmid %r, node %r: a status request is a vmid and a node, without descriptors'
+                              % (vmid, node))
+        if self.ct_status is None:
+            raise BrokerError('no container status here')
+        return {'status': self.ct_status(node, vmid)}
 
     @staticmethod
     def _spawn(command, fds):

@@ -76,10 +76,9 @@ def test_a_flaky_api_is_retried_for_reads(lab, base):
     lab's request log shows the drops and, after each, the same request sent again once the program's
     first backoff had passed (an immediate re-send would be urllib3's, not the program's) and answered."""
     from transport.proxmox import backoff
-    # A refresh sends about 5 requests of its own, and the lab's pct (asked by the program's unit
-    # checks) draws on the same random sequence at its own pace, so how many of the program's
-    # requests a seed drops varies: refresh again, every run must pass, until 3 were dropped
-    # (15 runs, ~75 requests, without 3 drops at 0.2 would be a one-in-10^5 event).
+    # A refresh sends about 5 requests, so a seed may drop fewer than 3 of them: refresh again, every
+    # run must pass, until 3 were dropped (15 runs, ~75 requests, without 3 drops at 0.2 would be a
+    # one-in-10^5 event). (The lab's pct reads the live state from the lab daemon, not the API.)
     program, runs = [], 0
     while sum(r['status'] == 'dropped' for r in program) < 3:
         assert runs < 15, 'only %d of the program\'s %d requests dropped in %d refreshes: the network ' \
@@ -91,7 +90,7 @@ def test_a_flaky_api_is_retried_for_reads(lab, base):
         finally:
             lab.pve_reset()
         runs += 1
-        # The program's client is proxmoxer over requests; the lab's pct asks with urllib.
+        # The program's client is proxmoxer over requests: its requests, whatever else asks the API.
         program += [r for r in lab.pve_requests()[before:] if (r['agent'] or '').startswith('python-requests/')]
     for d in (r for r in program if r['status'] == 'dropped'):
         again = [r for r in program if (r['method'], r['path']) == (d['method'], d['path'])

@@ -1,6 +1,7 @@
 """pct's way into a lab container (lab/pctbroker.py), without a lab: the broker runs what its enter_argv makes of
 the request with exactly the descriptors pct sent, answers with the exit status or the signal, and refuses
-anything but a vmid and an argv of strings, with pct's own message for a container that is not running."""
+anything but a vmid and an argv of strings, with pct's own message for a container that is not running; a
+status request gets what its ct_status says of the container."""
 
 import os
 import signal
@@ -23,7 +24,10 @@ def broker(tmp_path):
         if vmid != '200':
             raise ValueError('CT %s not running' % vmid)
         return ['/bin/sh', '-c', 'exec "$@"', 'enter'] + argv
-    b = pctbroker.Broker(str(tmp_path / 'lab'), enter_argv).start()
+    def ct_status(node, vmid):
+        asked.append(('status', node, vmid))
+        return 'running' if (node, vmid) == ('pve1', '200') else None
+    b = pctbroker.Broker(str(tmp_path / 'lab'), enter_argv, ct_status=ct_status).start()
     yield b, asked
     b.stop()
 
@@ -54,3 +58,29 @@ def test_refusals(broker):
         answer = pctbroker.call(b.path, vmid, argv)
         assert answer['error'].startswith('pct: the lab daemon refused the request: vmid '), answer
     assert asked == [('201', ['true'])], 'nothing but a vmid and an argv of strings reaches enter_argv'
+
+
+def test_a_status_request_gets_the_live_state(broker):
+    b, asked = broker
+    assert pctbroker.status(b.path, 200, 'pve1') == 'running'
+    assert pctbroker.status(b.path, 201, 'pve1') is None
+    assert pctbroker.status(b.path, 200, 'pve2') is None
+    assert asked == [('status', 'pve1', '200'), ('status', 'pve1', '201'), ('status', 'pve2', '200')]
+
+
+def test_status_refusals(broker, tmp_path):
+    b, asked = broker
+    for vmid, node in (('200; true', 'pve1'), ('200', ''), ('200', 7)):
+        with pytest.raises(pctbroker.BrokerError, match='a status request is a vmid and a node'):
+            pctbroker.status(b.path, vmid, node)
+    # Descriptors with it: refused (and closed), nothing asked.
+    answer = pctbroker._ask(b.path, {'op': 'status', 'vmid': '200', 'node': 'pve1'}, fds=(0, 1, 2))
+    assert answer['error'].startswith('pct: the lab daemon refused the request: '), answer
+    assert asked == []
+    # A broker without ct_status refuses it.
+    other = pctbroker.Broker(str(tmp_path / 'other'), lambda vmid, argv: ['true']).start()
+    try:
+        with pytest.raises(pctbroker.BrokerError, match='no container status here'):
+            pctbroker.status(other.path, 200, 'pve1')
+    finally:
+        other.stop()
