@@ -104,11 +104,14 @@ def _from_zygote(here: str, log: str) -> bool:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _ask_zygote(path, here, log) == 'ok':
             return True
-        # Its own session: neither the engine ending this stub nor the operator's Ctrl-C reaches it.
+        # Its own session: neither the engine ending this stub nor the operator's Ctrl-C reaches it. Only what decides
+        # how Python loads modules of its environment: a CLI's (its secrets among them) goes to that CLI's passes.
+        env = {k: v for k, v in os.environ.items()
+               if k in ('PATH', 'HOME', 'LANG', 'TZ', 'TMPDIR') or k.startswith(('LC_', 'PYTHON'))}
         with open(path[:-len('.sock')] + '.log', 'wb') as err:
             zygote = subprocess.Popen([sys.executable, os.path.join(HERE, '__main__.py'), '--zygote', path],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd='/',
-                                      close_fds=True, start_new_session=True)
+                                      env=env, close_fds=True, start_new_session=True)
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline and zygote.poll() is None:
             conn = _connect(path)

@@ -219,9 +219,11 @@ def test_each_pass_is_served_by_a_fork_of_the_zygote_which_a_changed_file_replac
     os.symlink(os.path.join(REPO, '.venv'), str(project / '.venv'))
     plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
     try:
-        first, name = one_pass(plugin)
+        first, name = one_pass(plugin, env={'PULUMI_CONFIG_PASSPHRASE': 'the-first-cli-s-own'})
         assert name == 'gpuhost-serve'
         [zygote] = zygotes(project)
+        # What it keeps of the CLI that started it: nothing of its environment but what decides Python's imports.
+        assert b'the-first-cli-s-own' not in open('/proc/%d/environ' % zygote, 'rb').read()
         second, name = one_pass(plugin)
         assert name == 'gpuhost-serve' and second != first and zygotes(project) == [zygote]
         # Off: the pass's serving process started afresh (its own command line), the zygote not asked.
