@@ -350,6 +350,8 @@ def instance():
 
 
 def main():
+    if sys.argv[1:2] == ['--zygote']:
+        return zygote(sys.argv[2])
     from transport import operator
     # A killed CLI leaves a provider's gRPC server waiting for ever: exit when the engine stops answering.
     operator.exit_with_engine()
@@ -395,6 +397,11 @@ def serve():
     listener.bind(path)
     os.chmod(path, 0o600)
     listener.listen(64)
+    # Which process serves the pass (a zygote's fork has the zygote's command line).
+    pidfile = os.path.join(here, 'plugin.pid')
+    with open(pidfile + '.tmp', 'w') as f:
+        f.write('%d\n' % os.getpid())
+    os.replace(pidfile + '.tmp', pidfile)
     live = [0, time.monotonic()]
     lock = threading.Lock()
 
@@ -422,10 +429,11 @@ def serve():
             time.sleep(0.5)
             with lock:
                 if live[0] == 0 and time.monotonic() - live[1] > IDLE_S:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+                    for done in (path, pidfile):
+                        try:
+                            os.unlink(done)
+                        except OSError:
+                            pass
                     os._exit(0)
     threading.Thread(target=reaper, name='gpuhost-idle', daemon=True).start()
     while True:
@@ -433,6 +441,183 @@ def serve():
         with lock:
             live[0] += 1
         threading.Thread(target=one, args=(conn,), name='gpuhost-instance', daemon=True).start()
+
+
+# -- the zygote (provider/stub.py): a pass's serving process without the imports
+
+# The zygote ends this long after the last pass it started one for (or at once when a file it loaded changed).
+ZYGOTE_IDLE_S = 60.0
+# What a serving process loads over a pass, beyond this module: loaded once, in the zygote.
+WARM = ('provider.rollout', 'provider.configuration', 'provider.passdir', 'resources.state', 'resources.fields',
+        'transport.remote', 'transport.hostreads', 'transport.jobs', 'transport.agent', 'transport.proxmox',
+        'transport.errors', 'transport.operator')
+
+
+def _set_name(name: bytes) -> None:
+    """The process's name (/proc/<pid>/comm, what ps and top show): a zygote and the serving processes it forked share
+    its command line."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(15, name, 0, 0, 0)   # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _loaded_from() -> list:
+    """The project's directories this process loaded modules from (the virtualenv's site-packages are
+    fingerprinted as whole directories: _fingerprint)."""
+    repo = os.path.dirname(HERE)
+    installed = tuple(os.path.abspath(p) + os.sep for p in (sys.prefix, sys.base_prefix))
+    dirs = set()
+    for module in list(sys.modules.values()):
+        f = getattr(module, '__file__', None)
+        f = f and os.path.abspath(f)
+        if f and f.startswith(repo + os.sep) and not f.startswith(installed) and 'site-packages' not in f:
+            dirs.add(os.path.dirname(f))
+    return sorted(dirs)
+
+
+def _fingerprint(dirs: list) -> list:
+    """What a serving process forked now would run: every file of the project's module directories (code, the host
+    scripts and templates they read) and every other directory on sys.path (a package installed or removed)."""
+    import stat
+    repo = os.path.dirname(HERE)
+    out = []
+    for d in dirs:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            out.append((d, None))
+            continue
+        for name in names:
+            p = os.path.join(d, name)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            # The project's root holds the stacks' files, written by every `pulumi config set`: its modules only.
+            if stat.S_ISREG(st.st_mode) and (d != repo or name.endswith('.py')):
+                out.append((p, st.st_mtime_ns, st.st_size))
+    for d in sys.path:
+        if d and os.path.abspath(d) not in (repo, HERE):
+            try:
+                out.append((d, os.stat(d).st_mtime_ns))
+            except OSError:
+                pass
+    return out
+
+
+def zygote(path: str):
+    """One warm process for the plugin's virtualenv and directory (provider/stub.py starts it): it has loaded what a
+    serving process loads - grpc, the SDK, paramiko, proxmoxer, the serving classes, ~0.4 CPU-s - and forks a serving
+    process for each pass that asks, with that pass's own command line, environment and directory, so no import is
+    paid again. It holds no connection, no configuration and no secret: a request's environment goes to the forked
+    process only. It forks only while it is single-threaded and while every file it loaded is unchanged (else it
+    answers `stale` and ends: the stub starts a fresh one), and ends ZYGOTE_IDLE_S after its last fork."""
+    import gc
+    import importlib
+    import json
+    import socket
+    import struct
+    import time
+    _set_name(b'gpuhost-zygote')
+    for module in WARM + tuple(sorted({m for m, _ in list(registry.CLASSES.values()) +
+                                       list(registry.GUEST_KINDS.values())})):
+        importlib.import_module(module)
+    dirs = _loaded_from()
+    loaded = _fingerprint(dirs)
+    os.chdir('/')
+    if len(os.listdir('/proc/self/task')) != 1:
+        sys.stderr.write('gpuhost zygote: not single-threaded after its imports; not forking\n')
+        os._exit(1)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if os.path.exists(path):
+        os.unlink(path)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    mine = os.stat(path).st_ino
+    listener.settimeout(2.0)
+    gc.freeze()
+    last = time.monotonic()
+
+    def ours() -> bool:
+        try:
+            return os.stat(path).st_ino == mine
+        except OSError:
+            return False
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            if time.monotonic() - last > ZYGOTE_IDLE_S or not ours():
+                break
+            continue
+        try:
+            conn.settimeout(10.0)
+            uid = struct.unpack('3i', conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            data = b''
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            if uid != os.getuid() or not data:
+                continue
+            if _fingerprint(dirs) != loaded:
+                conn.sendall(b'stale\n')
+                break
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                _forked(request, listener, conn)
+            os.waitpid(pid, 0)
+            conn.sendall(b'ok\n')
+            last = time.monotonic()
+        except (OSError, ValueError, KeyError):
+            pass
+        finally:
+            conn.close()
+    if ours():
+        os.unlink(path)
+    os._exit(0)
+
+
+def _forked(request: dict, listener, conn):
+    """In the zygote's child: a serving process for the request's pass, in a session of its own (the engine ends
+    its stubs' process groups, never the serving process), the zygote's child exiting at once."""
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        listener.close()
+        conn.close()
+        log = os.open(request['log'], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(request['env'])
+        os.chdir(request['cwd'])
+        os.umask(request['umask'])
+        sys.argv[1:] = ['--serve'] + list(request['argv'])
+        import random
+        import tempfile
+        tempfile.tempdir = None
+        random.seed()
+        _set_name(b'gpuhost-serve')
+    except BaseException:  # noqa: BLE001 - the zygote's child never returns into the zygote's loop
+        os._exit(1)
+    try:
+        main()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        os._exit(0)
 
 
 if __name__ == '__main__':

@@ -115,7 +115,9 @@ def test_kill_9_of_the_cli_leaves_no_program_process_and_the_readme_commands_con
 
 def _providers_of(project):
     """PIDs of provider processes serving this project: its gpuhost plugin (provider/__main__.py of the project, and
-    the stubs the engine starts for it, provider/stub.py), or a dynamic-provider host (their cwd is the project)."""
+    the stubs the engine starts for it, provider/stub.py), or a dynamic-provider host (their cwd is the project).
+    Not the plugin's zygote (provider/stub.py): it serves nothing itself - no engine, no host, no connection - and
+    ends a minute after its last fork."""
     plugin = os.path.join(project, 'provider', '__main__.py').encode()
     stub = os.path.join(project, 'provider', 'stub.py').encode()
     out = []
@@ -125,6 +127,8 @@ def _providers_of(project):
         try:
             cmd = open('/proc/%s/cmdline' % pid, 'rb').read()
             cwd = os.readlink('/proc/%s/cwd' % pid)
+            if open('/proc/%s/comm' % pid).read().strip() == 'gpuhost-zygote':
+                continue
         except OSError:
             continue
         if plugin in cmd or stub in cmd or (cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd)):

@@ -39,8 +39,17 @@ class Engine:
         self.sock.close()
 
 
+def alive(pid) -> bool:
+    try:
+        return open('/proc/%d/stat' % pid).read().rpartition(')')[2].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
 def serving(addr):
-    """PIDs of the serving processes of this engine address."""
+    """PIDs of the serving processes of this engine address: started as such (--serve and the address on their
+    command line), or forked by the zygote (named in their pass's directory, provider/passdir.py)."""
+    from provider import passdir
     out = []
     for pid in os.listdir('/proc'):
         try:
@@ -49,6 +58,15 @@ def serving(addr):
             continue
         if b'--serve' in cmd and addr.encode() in cmd and any(c.endswith(b'provider/__main__.py') for c in cmd):
             out.append(int(pid))
+    root = passdir.base()
+    for name in os.listdir(root):
+        if name.endswith('-' + addr.rpartition(':')[2]):
+            try:
+                pid = int(open(os.path.join(root, name, 'plugin.pid')).read())
+            except (OSError, ValueError):
+                continue
+            if alive(pid) and pid not in out:
+                out.append(pid)
     return out
 
 
@@ -154,3 +172,69 @@ def test_a_cancel_reaches_the_waits_of_its_own_instance_only():
             operator.pause(5, 'host a', 'its job', 'it goes on')
     finally:
         operator.CANCELLED.reset(token)
+
+
+def zygotes(project):
+    """PIDs of the zygotes of a project's plugin (provider/__main__.py --zygote; the serving processes it forked share
+    its command line, not its name)."""
+    main = os.path.join(str(project), 'provider', '__main__.py').encode()
+    out = []
+    for pid in os.listdir('/proc'):
+        try:
+            cmd = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\0')
+            name = open('/proc/%s/comm' % pid).read().strip()
+        except OSError:
+            continue
+        if main in cmd and name == 'gpuhost-zygote' and alive(int(pid)):
+            out.append(int(pid))
+    return out
+
+
+def one_pass(plugin, env=None):
+    """A pass of one instance: its serving process's pid and name, once the instance answered."""
+    engine = Engine()
+    try:
+        proc = subprocess.Popen([plugin, engine.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, **(env or {})))
+        try:
+            assert answers(int(proc.stdout.readline()))
+            pids = serving(engine.addr)
+            assert len(pids) == 1, pids
+            return pids[0], open('/proc/%d/comm' % pids[0]).read().strip()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=10)
+    finally:
+        engine.stop()
+
+
+def test_each_pass_is_served_by_a_fork_of_the_zygote_which_a_changed_file_replaces(tmp_path):
+    """The zygote has loaded what a serving process loads and forks one per pass; once a file it loaded changes (an
+    upgrade of the plugin in place), the next pass gets a fresh zygote that runs the new code."""
+    import shutil
+    project = tmp_path / 'project'
+    for name in ('provider', 'resources', 'transport', 'hostscripts', 'grammar', 'config'):
+        shutil.copytree(os.path.join(REPO, name), str(project / name),
+                        ignore=shutil.ignore_patterns('__pycache__', '*.log'))
+    os.symlink(os.path.join(REPO, '.venv'), str(project / '.venv'))
+    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
+    try:
+        first, name = one_pass(plugin, env={'PULUMI_CONFIG_PASSPHRASE': 'the-first-cli-s-own'})
+        assert name == 'gpuhost-serve'
+        [zygote] = zygotes(project)
+        # What it keeps of the CLI that started it: nothing of its environment but what decides Python's imports.
+        assert b'the-first-cli-s-own' not in open('/proc/%d/environ' % zygote, 'rb').read()
+        second, name = one_pass(plugin)
+        assert name == 'gpuhost-serve' and second != first and zygotes(project) == [zygote]
+        # Off: the pass's serving process started afresh (its own command line), the zygote not asked.
+        third, name = one_pass(plugin, env={'GPUHOST_PLUGIN_ZYGOTE': '0'})
+        assert name != 'gpuhost-serve' and b'--serve' in open('/proc/%d/cmdline' % third, 'rb').read()
+        # The plugin's code changed: the zygote ends, a new one serves the pass.
+        with open(str(project / 'provider' / 'VERSION'), 'a') as f:
+            f.write('\n')
+        fourth, name = one_pass(plugin)
+        assert name == 'gpuhost-serve'
+        assert gone(lambda: zygote not in zygotes(project), 10) and len(zygotes(project)) == 1
+    finally:
+        for pid in zygotes(project):
+            os.kill(pid, signal.SIGKILL)
