@@ -55,7 +55,9 @@ def adopt_orphans() -> None:
 
 
 def serving_children() -> list:
-    """This process's adopted children that are a pass's gpuhost serving process (provider/__main__.py --serve)."""
+    """This process's adopted children that are a pass's gpuhost serving process (provider/__main__.py --serve, or
+    forked by the plugin's zygote, which has that command line: not the zygote itself, which ends a minute after its
+    last fork)."""
     me, out = os.getpid(), []
     for pid in os.listdir('/proc'):
         if not pid.isdigit():
@@ -65,9 +67,11 @@ def serving_children() -> list:
                 ppid = int(f.read().rpartition(')')[2].split()[1])
             with open('/proc/%s/cmdline' % pid, 'rb') as f:
                 cmd = f.read().split(b'\0')
+            with open('/proc/%s/comm' % pid) as f:
+                zygote = f.read().strip() == 'gpuhost-zygote'
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me and b'--serve' in cmd and any(c.endswith(b'provider/__main__.py') for c in cmd):
+        if ppid == me and KINDS[2][1](cmd) and not zygote:
             out.append(int(pid))
     return out
 
@@ -75,8 +79,9 @@ def serving_children() -> list:
 # What runs on the operator's machine during a pass, by the process's command line (first match wins).
 KINDS = (('pulumi CLI', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi'),
          ('language host', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi-language-python'),
-         ('plugin serving process', lambda cmd: b'--serve' in cmd and any(c.endswith(b'provider/__main__.py')
-                                                                         for c in cmd)),
+         # With the zygote's forks (they have its command line) and the zygote itself (its imports, once).
+         ('plugin serving process', lambda cmd: (b'--serve' in cmd or b'--zygote' in cmd) and
+          any(c.endswith(b'provider/__main__.py') for c in cmd)),
          ('plugin stubs', lambda cmd: any(c.endswith(b'provider/stub.py') for c in cmd)),
          ('the program (Python)', lambda cmd: any(b'pulumi-language-python-exec' in c for c in cmd)),
          ('pulumi-command plugin', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi-resource-command'),
