@@ -79,16 +79,13 @@ def test_every_class_0_1_0_pickled_resolves_by_its_old_name_to_the_class_the_plu
     """A 0.1.0 stack's pickles name components.<module>.<Class> (git show 986fe9e:components/); the classes are
     resources/'s now, and the old names answer with them - in a fresh process, as the dynamic-provider host
     unpickles."""
-    import json
     from resources.state import RELEASE_0_1_0
-    script = ('import importlib, json, sys\n'
-              'from resources.state import RELEASE_0_1_0\n'
-              'print(json.dumps([[old, name, getattr(importlib.import_module(old), name) is '
-              'getattr(importlib.import_module(new), name)] for old, (new, names) in RELEASE_0_1_0.items() '
-              'for name in names]))\n')
-    res = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    got = json.loads(res.stdout)
+    from tests.unit.fresh import fresh_json
+    got = fresh_json('import importlib, json, sys\n'
+                     'from resources.state import RELEASE_0_1_0\n'
+                     'print(json.dumps([[old, name, getattr(importlib.import_module(old), name) is '
+                     'getattr(importlib.import_module(new), name)] for old, (new, names) in RELEASE_0_1_0.items() '
+                     'for name in names]))\n')
     assert len(got) == 11 and all(same for _, _, same in got), got
     assert sorted(RELEASE_0_1_0) == ['components.%s' % m for m in (
         'container', 'host', 'model', 'monitoring', 'pcimap', 'pve', 'sglang')]

@@ -5,10 +5,7 @@ from the modules' imports (ast), every one, also those inside a function and tho
 a lazy import cannot slip a circle back in."""
 
 import ast
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -92,19 +89,21 @@ def test_siblings_and_the_layers_below_them_are_kept_apart(tmp_path):
 
 
 def test_the_plugin_loads_no_module_of_the_program():
-    """The plugin's process - its server and every class its registry serves, loaded - holds no module of components/
-    (the program's ComponentResources), nor the tools' or the tests': the serving classes are resources/'s."""
-    script = (
+    """The plugin's process - its server, what its zygote loads (provider/__main__.py WARM) and every class its
+    registry serves, loaded - holds no module of components/ (the program's ComponentResources), nor the tools' or
+    the tests': the serving classes are resources/'s."""
+    from tests.unit.fresh import fresh_json
+    loaded = set(fresh_json(
         'import importlib, importlib.util, json, sys\n'
         'spec = importlib.util.spec_from_file_location("gpuhost_plugin", "provider/__main__.py")\n'
-        'spec.loader.exec_module(importlib.util.module_from_spec(spec))\n'
+        'plugin = importlib.util.module_from_spec(spec)\n'
+        'spec.loader.exec_module(plugin)\n'
+        'for module in plugin.WARM:\n'
+        '    importlib.import_module(module)\n'
         'from provider import registry\n'
         'for module, name in list(registry.CLASSES.values()) + list(registry.GUEST_KINDS.values()):\n'
         '    getattr(importlib.import_module(module), name)\n'
-        'print(json.dumps(sorted(sys.modules)))\n')
-    res = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    loaded = set(json.loads(res.stdout))
+        'print(json.dumps(sorted(sys.modules)))\n'))
     assert 'resources.host' in loaded and 'provider.registry' in loaded, sorted(loaded)
     assert sorted(m for m in loaded if m.split('.')[0] == 'components') == []
     assert not any(m.split('.')[0] in OUTSIDE for m in loaded), sorted(loaded)
