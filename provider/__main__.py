@@ -447,6 +447,8 @@ def serve():
 
 # The zygote ends this long after the last pass it started one for (or at once when a file it loaded changed).
 ZYGOTE_IDLE_S = 60.0
+# A request (a stub's argv, environment, cwd) larger than this is not read on.
+ZYGOTE_MAX_REQUEST = 4 << 20
 # What a serving process loads over a pass, beyond this module: loaded once, in the zygote.
 WARM = ('provider.rollout', 'provider.configuration', 'provider.passdir', 'resources.state', 'resources.fields',
         'transport.remote', 'transport.hostreads', 'transport.jobs', 'transport.agent', 'transport.proxmox',
@@ -556,14 +558,15 @@ def zygote(path: str):
             continue
         try:
             conn.settimeout(10.0)
-            uid = struct.unpack('3i', conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            if struct.unpack('3i', conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1] != os.getuid():
+                continue
             data = b''
-            while True:
+            while len(data) <= ZYGOTE_MAX_REQUEST:
                 chunk = conn.recv(65536)
                 if not chunk:
                     break
                 data += chunk
-            if uid != os.getuid() or not data:
+            if not data or len(data) > ZYGOTE_MAX_REQUEST:
                 continue
             if _fingerprint(dirs) != loaded:
                 conn.sendall(b'stale\n')
