@@ -515,8 +515,25 @@ def on_signal(signum, frame):
     raise SystemExit(128 + signum)   # prove()'s finally kills the workers
 
 
+def from_env_file(argv: list) -> list:
+    """`--env-file PATH ARGS...` (ct_gpu_proof.sh: started with no environment, env -i): the unit's environment is in
+    PATH - KEY=value entries each ended by a NUL, never on a command line, which any process list shows - so read it,
+    remove it, and run again with exactly that environment. Other argv: as it is."""
+    if argv[:1] != ['--env-file'] or len(argv) < 2:
+        return argv
+    with open(argv[1], 'rb') as f:
+        data = f.read()
+    os.unlink(argv[1])
+    env = {}
+    for entry in data.split(b'\0'):
+        key, sep, value = entry.partition(b'=')
+        if sep and key:
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__)] + argv[2:], env)
+
+
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(from_env_file(sys.argv[1:] if argv is None else argv))
     if args.worker is not None:
         return worker(args)
     import importlib.util

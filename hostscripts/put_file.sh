@@ -24,6 +24,9 @@ tmp=$(mktemp "$dir/.gpuhost.XXXXXX")
 backup=
 cleanup() { rm -f "$tmp" ${backup:+"$backup"}; }
 trap cleanup EXIT
+# Told to stop (guard.sh: the program stopped waiting, or its session is gone): end here, temp files removed - but
+# while POST runs, its tool gets the same signal and its failure puts the old file back first (below).
+trap 'exit 143' TERM HUP INT
 cat > "$tmp"
 new=$(sha256sum "$tmp" | cut -d' ' -f1)
 if [ "$new" != "$want" ]; then
@@ -45,6 +48,7 @@ if [ "$new" = "$current" ]; then
     # An earlier run installed this content but its $post never finished: finish it now.
     printf '%s\n' "$token" > "$marker"
     flock -u 9
+    trap : TERM HUP INT
     if ! run_post >&2; then
       echo "gpuhost: $post failed again for $path on $(hostname); the file has the new content, $post is still to run" >&2
       exit 5
@@ -71,6 +75,7 @@ fi
 [ "$post" = none ] || printf '%s\n' "$token" > "$marker"
 mv -f "$tmp" "$path"
 flock -u 9
+trap : TERM HUP INT
 if ! run_post >&2; then
   flock 9
   if [ "$post" != none ] && ! ours; then

@@ -357,13 +357,14 @@ def prove(target, props, last=None, boot_id=None, stopped_at_boot=False) -> dict
     proof = props['proof']
     with open(os.path.join(remote.SCRIPTS, 'gpu_proof.py'), 'rb') as f:
         body = f.read()
-    args = [props['vmid'], props['unit_name'], proof['python']] + \
-        ['%s=%s' % kv for kv in sorted(proof['environment'].items())] + \
-        ['--', '--gpus', ','.join(proof['gpus']), '--tp', str(proof['tp']), '--time-limit', str(proof['time_limit_s'])] + \
+    args = [props['vmid'], props['unit_name'], proof['python'],
+            '--gpus', ','.join(proof['gpus']), '--tp', str(proof['tp']), '--time-limit', str(proof['time_limit_s'])] + \
         (['--min-busbw', '%g' % proof['min_busbw_gbps']] if proof.get('min_busbw_gbps') else [])
+    # The unit's environment on stdin, never on a command line (the host's process list shows the container's).
+    env = b''.join(('%s=%s' % kv).encode() + b'\0' for kv in sorted(proof['environment'].items()))
     info('sglang-unit: proving the GPUs of container %s before SGLang starts (%s; at most %d s)' % (
         props['vmid'], ', '.join(proof['gpus']), proof['time_limit_s']))
-    res = remote.run(target, 'ct_gpu_proof.sh', args, stdin=body, check=False,
+    res = remote.run(target, 'ct_gpu_proof.sh', args, stdin=b'%d\n' % len(env) + env + body, check=False,
                      timeout=float(proof['time_limit_s']) + 60)
     try:
         doc = json.loads(res.stdout)
@@ -668,7 +669,9 @@ class SglangUnitProvider(ObservedProvider):
         if not new:
             new.append('its unit file')
             fixes.append('what SGLang refused')
-        what = '%s with %s failed its check: %s' % (props['unit_name'], ' and '.join(new), error)
+        # What failed and why first; what was new (a changed command line runs to hundreds of characters) last.
+        what = '%s failed its check after its restart: %s' % (props['unit_name'], error)
+        onto = ' It had restarted with %s.' % ' and '.join(new)
         back = 'environment %s' % old_env + (', model revision %s (%s)' % (old_model['revision'], old_model['dir'])
                                               if old_model else '')
         stays = []
@@ -692,21 +695,21 @@ class SglangUnitProvider(ObservedProvider):
         except operator.Interrupted:
             # Ctrl-C while the previous unit loads again: it was put back and restarted; what failed still says why.
             raise ServiceError('%s. The previous unit was put back (%s%s) and restarted; the run was interrupted '
-                               '(Ctrl-C) before it answered - the next `pulumi up` checks it' % (
-                                   what, back, ''.join('; ' + s for s in stays))) from None
+                               '(Ctrl-C) before it answered - the next `pulumi up` checks it.%s' % (
+                                   what, back, ''.join('; ' + s for s in stays), onto)) from None
         except (ServiceError, remote.RemoteError) as e:
             raise ServiceError('%s. Putting the previous unit back (%s%s) failed too: %s. Check the service in '
-                               'container %s (journalctl -u %s) and re-run' % (
+                               'container %s (journalctl -u %s) and re-run.%s' % (
                                    what, back, ''.join('; ' + s for s in stays), e, props['vmid'],
-                                   props['unit_name'])) from None
+                                   props['unit_name'], onto)) from None
         raise ServiceError('%s. Rolled back: container %s runs the previous unit again - %s, SGLang %s - and it '
                            'serves (/health and /server_info checked)%s. This run failed; %sfix what failed - %s - '
-                           '(SGLang\'s log: journalctl -u %s in the container) and re-run' % (
+                           '(SGLang\'s log: journalctl -u %s in the container) and re-run.%s' % (
                                what, props['vmid'], back, previous.get('version') or '?',
                                ''.join('; ' + s for s in stays),
                                '%s stay%s on disk until the next successful `up`. ' % (
                                    kept, '' if ' and ' in kept else 's') if kept else '',
-                               ' or '.join(fixes), props['unit_name'])) from None
+                               ' or '.join(fixes), props['unit_name'], onto)) from None
 
     def diff(self, id_, olds, news):
         result = super().diff(id_, olds, news)

@@ -334,6 +334,91 @@ def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[b
         slots.release()
 
 
+
+# Every script runs inside hostscripts/guard.sh: its own process group on the host, ended (TERM, its cleanup, KILL
+# after GUARD_GRACE_S) when the program stops waiting for it, when its SSH session is gone (the connection dropped,
+# the serving process was killed), or GUARD_MARGIN_S after the program's own limit. A command sshd started outlives
+# its session otherwise - a hung tool of a failed run kept running, and its late rollback raced the re-run.
+GUARD_GRACE_S = 10
+GUARD_MARGIN_S = 5
+
+
+def guarded(name: str, args: Sequence, limit: float) -> str:
+    """The command line of hostscripts/<name> with args, inside guard.sh (exec: the guard's parent is the session's
+    sshd, whose end it watches)."""
+    return 'exec bash -c %s %s %d %d %s %s' % (
+        shlex.quote(script('guard.sh')), shlex.quote(name), int(limit) + GUARD_MARGIN_S, GUARD_GRACE_S,
+        shlex.quote(script(name)), shlex.join([str(a) for a in args]))
+
+
+class _GuardLine:
+    """Takes guard.sh's first line (`gpuhost-guard PID`) off the front of a command's stderr: the pid its stop signals.
+    A server that runs commands without the guard (none of ours) sends no such line; its stderr is left whole."""
+
+    def __init__(self):
+        self.pid = None
+        self.head = b''
+        self.done = False
+
+    def feed(self, chunk: bytes, end: bool = False) -> bytes:
+        if self.done:
+            return chunk
+        self.head += chunk
+        line, nl, rest = self.head.partition(b'\n')
+        if not nl and not end and len(self.head) < 64:
+            return b''
+        self.done = True
+        if nl and line.startswith(b'gpuhost-guard ') and line[14:].strip().isdigit():
+            self.pid = int(line[14:])
+            return rest
+        return self.head
+
+
+def _stop(target: Target, transport, chan, guard: _GuardLine, err: list) -> str:
+    """The command the program stops waiting for ended on the host - its guard's process group: TERM, its own cleanup,
+    KILL - before the failure is reported (stop_guard.sh on a session of its own, beside the command's). Says how it
+    ended, with the last line the command wrote (a cleanup's account), for the message."""
+    if guard.pid is None:
+        chan.close()
+        return 'it was stopped waiting for (no guard answered: it may still run on the host)'
+    said = ''
+    try:
+        stopper = _open_session(target, transport)
+        try:
+            stopper.settimeout(GUARD_GRACE_S + 30)
+            stopper.exec_command('bash -c %s stop_guard.sh %d %d' % (
+                shlex.quote(script('stop_guard.sh')), guard.pid, GUARD_GRACE_S + 5))
+            send_eof(stopper)
+            if not stopper.status_event.wait(GUARD_GRACE_S + 30):
+                raise socket.timeout('stop_guard.sh did not answer')
+            code = stopper.exit_status
+            time.sleep(0.05)
+            said = stopper.recv_stderr(65536).decode('utf-8', 'replace') if stopper.recv_stderr_ready() else ''
+        finally:
+            stopper.close()
+    except Exception as e:  # noqa: BLE001 - whatever the stop met, the step's failure is still reported
+        chan.close()
+        return 'it could not be stopped on the host (%s): its guard ends it there within %d s' % (
+            _transport_reason(e), GUARD_MARGIN_S + GUARD_GRACE_S)
+    # What the command wrote while it ended (its cleanup says what it put back).
+    until = time.monotonic() + 2.0
+    while time.monotonic() < until and not (chan.eof_received or chan.closed):
+        if chan.recv_stderr_ready():
+            err.append(guard.feed(chan.recv_stderr(65536)))
+        elif chan.recv_ready():
+            chan.recv(65536)
+        else:
+            time.sleep(0.01)
+    while chan.recv_stderr_ready():
+        err.append(guard.feed(chan.recv_stderr(65536)))
+    chan.close()
+    if code != 0:
+        return 'it was told to stop on the host but still runs there (%s)' % (said.splitlines() or ['?'])[-1]
+    last = [line for line in b''.join(err).decode('utf-8', 'replace').strip().splitlines() if line.strip()]
+    return 'it was stopped on the host (its process group ended%s)' % (
+        ': "%s"' % last[-1].strip()[:200] if last else '')
+
+
 def _open_session(target: Target, transport):
     """A new session on the host's connection. A server that refuses one (paramiko ChannelException: its MaxSessions
     reached - sessions that just ended still count until it has closed them, which a loaded host takes a moment
@@ -359,10 +444,9 @@ def _open_session(target: Target, transport):
 
 def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_stderr_line):
     import paramiko
-    body = script(name)
-    command = 'bash -c %s %s %s' % (shlex.quote(body), shlex.quote(name), shlex.join([str(a) for a in args]))
     step = step_name(name, args)
     limit = timeout if timeout is not None else step_timeout(name, target)
+    command = guarded(name, args, limit)
     own = client is None
     started = False
     chan = None
@@ -379,6 +463,7 @@ def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_st
             chan.sendall(stdin)
         send_eof(chan)
         out, err, pending = [], [], b''
+        guard = _GuardLine()
         deadline = time.monotonic() + limit
         # Done at the server's EOF (or close) with the exit status in, not at the exit status alone: OpenSSH
         # sends the status when the process ends and drains the rest of its output after it, so a loaded host's
@@ -388,7 +473,7 @@ def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_st
             if chan.recv_ready():
                 out.append(chan.recv(65536))
             elif chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(65536))
+                err.append(guard.feed(chan.recv_stderr(65536)))
                 if on_stderr_line is not None:
                     pending += err[-1]
                     while b'\n' in pending:
@@ -399,17 +484,18 @@ def _exec_channel(target, name, args, stdin, timeout, client, lost_detail, on_st
             elif chan.closed or not transport.is_active():
                 raise EOFError('the server closed the connection before the command finished')
             elif time.monotonic() > deadline:
-                chan.close()
-                raise RemoteError('%s: %s did not finish within %d s (gpuhost:host.ssh.command_timeout); it was '
-                                  'stopped waiting for - a tool on the host may hang (check its processes), then '
-                                  're-run' % (target.name, step, limit))
+                ended = _stop(target, transport, chan, guard, err)
+                raise RemoteError('%s: %s did not finish within %d s (gpuhost:host.ssh.command_timeout); %s - a tool '
+                                  'on the host may hang (check its processes), then re-run' % (
+                                      target.name, step, limit, ended))
             else:
                 time.sleep(0.005)
         code = chan.recv_exit_status()
         while chan.recv_ready():
             out.append(chan.recv(65536))
         while chan.recv_stderr_ready():
-            err.append(chan.recv_stderr(65536))
+            err.append(guard.feed(chan.recv_stderr(65536)))
+        err.append(guard.feed(b'', end=True))
         if code == -1:
             raise EOFError('the command ended without an exit status')
     except ConnectionLost:

@@ -175,13 +175,11 @@ def hung_tool(lab, states):
     assert res.returncode != 0
     assert 'did not finish within %d s (gpuhost:host.ssh.command_timeout)' % COMMAND_TIMEOUT in out, out[-3000:]
     assert 'writing /etc/kernel/cmdline' in out
-    # The failed run's put_file.sh lives on with its SSH session - until that run's serving process (provider/stub.py)
-    # ends, up to 10 s after it - and then puts its old file back (its post step failed). A re-run that read the file
-    # before that rollback and writes after it is refused by its compare-and-swap (the file changed since it was
-    # read; seen once in 12 fresh-clone runs); one that wrote before it must be left alone, which
-    # tests/unit/test_put_file.py checks in that order for sure. Here: the hung run's leftovers end by themselves, and
-    # the re-run then converges at once.
-    lab.wait_for(lambda: lab.on_host('pgrep -f "put_file[.]sh" || true').stdout.strip() == '', timeout=30,
-                 what="the failed run's put_file.sh to end with its SSH session")
+    # Stopped on the host before the run reported it (hostscripts/guard.sh): the hung tool and its put_file.sh are
+    # gone, the script's own rollback ran, and a re-run right after converges - no wait for the failed run's leftovers.
+    assert 'it was stopped on the host (its process group ended' in out, out[-3000:]
+    assert 'the old file is back in place' in out, out[-3000:]
+    left = lab.on_host('pgrep -af "put_file[.]sh|proxmox-boot-too[l]" || true').stdout.strip()
+    assert left == '', left
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     reached(lab, states, target)

@@ -543,7 +543,8 @@ def test_a_cuda_reinstall_sglang_refuses_is_rolled_back_to_the_toolkit_that_serv
     assert res.returncode != 0
     assert 'The detected CUDA version (12.9) mismatches the version that was used to compile PyTorch (13.0)' in \
         lab.ct_exec(['journalctl', '--no-pager', '-u', 'sglang-qwen.service']).stdout
-    assert 'sglang-qwen.service with CUDA 12.9.1 (/usr/local/cuda) failed its check' in out, out[-3000:]
+    assert 'sglang-qwen.service failed its check after its restart: ' in out and \
+        'It had restarted with CUDA 12.9.1 (/usr/local/cuda).' in out, out[-3000:]
     assert 'Rolled back: container 200 runs the previous unit again - environment /opt/sglang/envs/' in out and \
         ', CUDA %s (/usr/local/cuda), SGLang %s - and it serves' % (hostsim.CUDA_VERSION, NEW) in out, out[-3000:]
     assert 'gpuhost:runtime.cuda' in out

@@ -265,3 +265,74 @@ def test_in_a_lab_container_the_simulated_torch_sees_the_containers_gpus_and_its
     faults.write_text(json.dumps({'bad_gpu': '0000:61:00.0'}))
     rc, doc, _, _ = proof('--gpus', '0000:01:00.0,0000:61:00.0', '--sizes', '1M', **lab)
     assert rc == 1 and '0000:61:00.0' in doc['message'], doc['message']
+
+
+FAKE_PCT = r'''#!/bin/bash
+# pct for ct_gpu_proof.sh on this machine: the container's /run is $CT_ROOT/run; every call's argv logged.
+printf '%s\0' "$@" >> "$PCT_LOG"; printf '\n' >> "$PCT_LOG"
+sub=$1 vmid=$2; shift 2
+case $sub in
+  push) cp "$1" "$CT_ROOT$2"; chmod "${4:-0644}" "$CT_ROOT$2" ;;
+  exec)
+    shift
+    [ "$1 $2" = "systemctl show" ] && { echo not-found; exit 0; }
+    args=(); for a in "$@"; do case $a in /run/*) args+=("$CT_ROOT$a") ;; *) args+=("$a") ;; esac; done
+    exec "${args[@]}" ;;
+esac
+'''
+
+
+def test_the_units_environment_reaches_the_proof_on_stdin_never_on_a_command_line(tmp_path):
+    """ct_gpu_proof.sh as resources/sglang.py runs it (its stdin built by the same code): the proof runs in exactly the
+    unit's environment, and no value of it is on any command line - pct's argv, or any process's while it runs (the
+    host's process list shows the container's processes too)."""
+    from resources import sglang
+    bin_ = tmp_path / 'bin'
+    bin_.mkdir()
+    (bin_ / 'pct').write_text(FAKE_PCT)
+    (bin_ / 'pct').chmod(0o755)
+    (tmp_path / 'ct' / 'run').mkdir(parents=True)
+    secret = 'hf_proof%08x' % os.getpid()
+    environment = {'PYTHONPATH': FAKE_TORCH, 'FAKE_TORCH_GPUS': TWO, 'NCCL_P2P_DISABLE': '1', 'HF_TOKEN': secret,
+                   'ODD': 'a b\n$(touch x)'}
+    calls = []
+
+    class Target:
+        pass
+
+    def run(target, name, args, stdin=None, check=True, timeout=None, **_):
+        if name != 'ct_gpu_proof.sh':          # the proof's textfile for the collector: not this test's
+            return sglang.remote.Result('', '', 0)
+        calls.append(args)
+        env = dict(os.environ, PATH='%s:%s' % (bin_, os.environ['PATH']), CT_ROOT=str(tmp_path / 'ct'),
+                   PCT_LOG=str(tmp_path / 'pct.log'))
+        p = subprocess.Popen(['bash', '-c', open(os.path.join(REPO, 'hostscripts', name)).read(), name] +
+                             [str(a) for a in args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+        seen = []
+        p.stdin.write(stdin)
+        p.stdin.close()
+        while p.poll() is None:
+            for pid in os.listdir('/proc'):
+                try:
+                    with open('/proc/%s/cmdline' % pid, 'rb') as f:
+                        seen.append(f.read())
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.02)
+        out, err = p.stdout.read().decode(), p.stderr.read().decode()
+        assert not [c for c in seen if secret.encode() in c], 'the token on a command line'
+        return sglang.remote.Result(out, err, p.returncode)
+
+    props = {'vmid': 200, 'unit_name': 'sglang-qwen.service',
+             'proof': {'python': sys.executable, 'environment': environment, 'gpus': TWO.split(','), 'tp': 2,
+                       'time_limit_s': 20, 'min_busbw_gbps': None}}
+    import unittest.mock
+    with unittest.mock.patch.object(sglang.remote, 'run', run):
+        result = sglang.prove(Target(), props)
+    assert result['ok'], result['message']
+    assert calls and not [a for a in calls[0] if secret in str(a)]
+    log = (tmp_path / 'pct.log').read_bytes()
+    assert b'env\0-i\0' in log and secret.encode() not in log and b'NCCL_P2P_DISABLE' not in log
+    # The file with the values is gone from the container's /run once the proof read it.
+    assert sorted(os.listdir(tmp_path / 'ct' / 'run')) == []
