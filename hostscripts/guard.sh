@@ -19,20 +19,26 @@ watch=
 # An explicit stdin: a background command's would be /dev/null.
 setsid bash -c "$body" "$0" "$@" <&0 &
 child=$!
+# The guard's own helpers (the watch and its sleep) are in the guard's group - sshd makes each session's command a
+# session leader - never the script's: ending that group at the end leaves nothing of the guard either.
+done_() {
+  trap '' TERM
+  [ "$(ps -o pgid= -p "$$" | tr -d ' ')" != "$$" ] || kill -TERM -- -"$$" 2>/dev/null || true
+  [ -z "$watch" ] || kill "$watch" 2>/dev/null || true
+  exit "$1"
+}
 stop() {
   trap '' TERM HUP INT
   kill -TERM -- -"$child" 2>/dev/null || true
-  (sleep "$grace"; kill -KILL -- -"$child" 2>/dev/null) </dev/null >/dev/null 2>&1 &
-  local killer=$! n=0
-  # The script first (its cleanup), then whatever is left of its group.
-  wait "$child" 2>/dev/null || true
-  while kill -0 -- -"$child" 2>/dev/null && [ "$n" -lt $((grace * 10 + 20)) ]; do
+  # The script's cleanup, and whatever else of its group, within GRACE; then KILL. (Waiting on sleep reaps the
+  # script once it ended: a zombie would keep its group alive to kill -0.)
+  local n=0
+  while kill -0 -- -"$child" 2>/dev/null && [ "$n" -lt $((grace * 10)) ]; do
     sleep 0.1
     n=$((n + 1))
   done
   kill -KILL -- -"$child" 2>/dev/null || true
-  kill "$killer" ${watch:+"$watch"} 2>/dev/null || true
-  exit 143
+  done_ 143
 }
 trap stop TERM HUP INT
 # The watch holds none of the session's pipes: sshd ends the command's channel only once they are all closed.
@@ -50,5 +56,4 @@ watch=$!
 code=0
 # A signal ends this wait early and its trap (stop) exits: never back here.
 wait "$child" || code=$?
-kill "$watch" 2>/dev/null || true
-exit "$code"
+done_ "$code"
