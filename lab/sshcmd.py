@@ -47,20 +47,38 @@ def skip_word(text, i):
     return i
 
 
+def next_word(text, i):
+    """(the shell word at or after text[i], as written; the index after it)."""
+    while i < len(text) and text[i] in ' \t\n':
+        i += 1
+    j = skip_word(text, i)
+    return text[i:j], j
+
+
+# How hostscripts/guard.sh begins: the program sends each script inside it,
+# `exec bash -c '<guard>' NAME LIMIT GRACE '<script>' ARG...`.
+GUARD = "'set -euo pipefail\n# guard.sh "
+
+
 def summary(command):
     """What a command is, in at most 80 characters: for `bash -c '<script>' name args...` (how the
-    program sends its scripts) the name and arguments as sent, else the command line itself."""
+    program sends its scripts, inside its guard or not) the name and arguments as sent, else the command
+    line itself."""
     if command is None:
         return '(shell)'
     text = command.lstrip()
+    if text.startswith('exec '):
+        text = text[5:].lstrip()
     for prefix in ('bash -c ', '/bin/bash -c ', 'sh -c ', '/bin/sh -c '):
         if text.startswith(prefix):
-            i = len(prefix)
-            while i < len(text) and text[i] == ' ':
-                i += 1
-            rest = text[skip_word(text, i):].strip()
-            if rest:
-                text = rest
+            script, i = next_word(text, len(prefix))
+            if script.startswith(GUARD):
+                name, i = next_word(text, i)
+                for _ in range(3):      # LIMIT GRACE '<script>'
+                    _, i = next_word(text, i)
+                text = name + ' ' + text[i:].strip()
+            elif text[i:].strip():
+                text = text[i:].strip()
             break
     return ' '.join(text.split())[:80]
 

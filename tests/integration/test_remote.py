@@ -139,3 +139,45 @@ def test_a_host_gets_at_most_max_channels_commands_at_once(target, monkeypatch):
     assert results == ['done\n'] * n
     # Three rounds of MAX_CHANNELS at the most: at least three times one command's 0.4 s.
     assert time.monotonic() - began >= 3 * 0.4
+
+
+SLEEPER = 'set -euo pipefail\ntrap \'echo "sleeper: cleaned up" >&2; exit 7\' TERM\nsleep 300 &\nwait\n'
+
+
+def sleepers(lab):
+    return lab.on_host('pgrep -af "sleep 30[0]" || true').stdout.strip()
+
+
+@pytest.fixture
+def sleeper(monkeypatch):
+    """A script that outlives any wait and has cleanup of its own - no host tool of the lab's, whose hang ends with
+    its SSH session by itself."""
+    script = remote.script
+    monkeypatch.setattr(remote, 'script', lambda name: SLEEPER if name == 'sleeper.sh' else script(name))
+
+
+def test_a_command_past_its_time_limit_is_gone_from_the_host_when_the_run_says_so(lab, target, sleeper):
+    with pytest.raises(remote.RemoteError) as e:
+        remote.run(target, 'sleeper.sh', ['a b'], timeout=2)
+    assert 'did not finish within 2 s' in str(e.value)
+    # Its cleanup ran before the program reported it, and nothing of it runs any more.
+    assert 'it was stopped on the host (its process group ended: "sleeper: cleaned up")' in str(e.value), str(e.value)
+    assert sleepers(lab) == ''
+
+
+def test_a_command_whose_connection_went_away_ends_on_the_host(lab, target, sleeper):
+    """A killed serving process, a dropped connection: sshd leaves the command running - its guard ends it."""
+    import threading
+    import time
+    client = remote.connect(target)
+    failed = []
+    t = threading.Thread(target=lambda: failed.append(
+        pytest.raises(remote.ConnectionLost, remote.run, target, 'sleeper.sh', [], client=client)))
+    t.start()
+    lab.wait_for(lambda: sleepers(lab) != '', timeout=15, what='the command to start on the host')
+    client.close()
+    t.join(15)
+    assert failed
+    start = time.monotonic()
+    lab.wait_for(lambda: sleepers(lab) == '', timeout=10, what='the command to end with its SSH session')
+    assert time.monotonic() - start < 5
