@@ -190,11 +190,12 @@ def zygotes(project):
     return out
 
 
-def one_pass(plugin, env=None):
-    """A pass of one instance: its serving process's pid and name, once the instance answered."""
+def one_pass(plugin, env=None, prefix=()):
+    """A pass of one instance (its stub run by `prefix`, a command that execs it: `nice -n 5`): its serving process's
+    pid and name, once the instance answered."""
     engine = Engine()
     try:
-        proc = subprocess.Popen([plugin, engine.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.Popen(list(prefix) + [plugin, engine.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=dict(os.environ, **(env or {})))
         try:
             assert answers(int(proc.stdout.readline()))
@@ -208,33 +209,40 @@ def one_pass(plugin, env=None):
         engine.stop()
 
 
-def test_each_pass_is_served_by_a_fork_of_the_zygote_which_a_changed_file_replaces(tmp_path):
-    """The zygote has loaded what a serving process loads and forks one per pass; once a file it loaded changes (an
-    upgrade of the plugin in place), the next pass gets a fresh zygote that runs the new code."""
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the plugin, with zygotes of its own (ended after the test)."""
     import shutil
     project = tmp_path / 'project'
     for name in ('provider', 'resources', 'transport', 'hostscripts', 'grammar', 'config'):
         shutil.copytree(os.path.join(REPO, name), str(project / name),
                         ignore=shutil.ignore_patterns('__pycache__', '*.log'))
     os.symlink(os.path.join(REPO, '.venv'), str(project / '.venv'))
-    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
     try:
-        first, name = one_pass(plugin, env={'PULUMI_CONFIG_PASSPHRASE': 'the-first-cli-s-own'})
-        assert name == 'gpuhost-serve'
-        [zygote] = zygotes(project)
-        # What it keeps of the CLI that started it: nothing of its environment but what decides Python's imports.
-        assert b'the-first-cli-s-own' not in open('/proc/%d/environ' % zygote, 'rb').read()
-        second, name = one_pass(plugin)
-        assert name == 'gpuhost-serve' and second != first and zygotes(project) == [zygote]
-        # Off: the pass's serving process started afresh (its own command line), the zygote not asked.
-        third, name = one_pass(plugin, env={'GPUHOST_PLUGIN_ZYGOTE': '0'})
-        assert name != 'gpuhost-serve' and b'--serve' in open('/proc/%d/cmdline' % third, 'rb').read()
-        # The plugin's code changed: the zygote ends, a new one serves the pass.
-        with open(str(project / 'provider' / 'VERSION'), 'a') as f:
-            f.write('\n')
-        fourth, name = one_pass(plugin)
-        assert name == 'gpuhost-serve'
-        assert gone(lambda: zygote not in zygotes(project), 10) and len(zygotes(project)) == 1
+        yield project
     finally:
         for pid in zygotes(project):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_each_pass_is_served_by_a_fork_of_the_zygote_which_a_changed_file_replaces(project):
+    """The zygote has loaded what a serving process loads and forks one per pass; once a file it loaded changes (an
+    upgrade of the plugin in place), the next pass gets a fresh zygote that runs the new code."""
+    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
+    first, name = one_pass(plugin, env={'PULUMI_CONFIG_PASSPHRASE': 'the-first-cli-s-own'})
+    assert name == 'gpuhost-serve'
+    [zygote] = zygotes(project)
+    # What it keeps of the CLI that started it: nothing of its environment but what decides Python's imports.
+    assert b'the-first-cli-s-own' not in open('/proc/%d/environ' % zygote, 'rb').read()
+    second, name = one_pass(plugin)
+    assert name == 'gpuhost-serve' and second != first and zygotes(project) == [zygote]
+    # Off: the pass's serving process started afresh (its own command line), the zygote not asked.
+    third, name = one_pass(plugin, env={'GPUHOST_PLUGIN_ZYGOTE': '0'})
+    assert name != 'gpuhost-serve' and b'--serve' in open('/proc/%d/cmdline' % third, 'rb').read()
+    # The plugin's code changed: the zygote ends, a new one serves the pass.
+    with open(str(project / 'provider' / 'VERSION'), 'a') as f:
+        f.write('\n')
+    fourth, name = one_pass(plugin)
+    assert name == 'gpuhost-serve'
+    assert gone(lambda: zygote not in zygotes(project), 10) and len(zygotes(project)) == 1
+
