@@ -515,13 +515,20 @@ def zygote(path: str):
     process for each pass that asks, with that pass's own command line, environment and directory, so no import is
     paid again. It holds no connection, no configuration and no secret: a request's environment goes to the forked
     process only. It forks only while it is single-threaded and while every file it loaded is unchanged (else it
-    answers `stale` and ends: the stub starts a fresh one), and ends ZYGOTE_IDLE_S after its last fork."""
+    answers `stale` and ends: the stub starts a fresh one), and ends ZYGOTE_IDLE_S after its last fork.
+    A fork inherits the zygote's namespaces, cgroup, credentials, limits and nice level, not the asking stub's: it
+    forks only for a peer (SO_PEERCRED's pid) whose identity (provider/identity.py: namespaces, cgroup, credentials,
+    limits, scheduling, read from /proc/<pid>) is its own, read once at its start - a stub of another network
+    namespace would get a serving process its engine cannot reach (issue 58). Any other peer, one it cannot see (pid
+    0: another pid namespace) or whose identity it cannot read is answered `other`, and its stub starts a serving
+    process the plain way (stubs key their zygote by their identity: one that differs rarely asks this one)."""
     import gc
     import importlib
     import json
     import socket
     import struct
     import time
+    from provider import identity
     _set_name(b'gpuhost-zygote')
     for module in WARM + tuple(sorted({m for m, _ in list(registry.CLASSES.values()) +
                                        list(registry.GUEST_KINDS.values())})):
@@ -531,6 +538,11 @@ def zygote(path: str):
     os.chdir('/')
     if len(os.listdir('/proc/self/task')) != 1:
         sys.stderr.write('gpuhost zygote: not single-threaded after its imports; not forking\n')
+        os._exit(1)
+    try:
+        me = identity.of('/proc/self')
+    except OSError as e:
+        sys.stderr.write('gpuhost zygote: its own identity unreadable (%s); not forking\n' % e)
         os._exit(1)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if os.path.exists(path):
@@ -549,6 +561,13 @@ def zygote(path: str):
         except OSError:
             return False
 
+    def kin(pid: int) -> bool:
+        """The peer shares what its serving process would inherit from this zygote."""
+        try:
+            return pid > 0 and identity.of('/proc/%d' % pid) == me
+        except OSError:
+            return False
+
     while True:
         try:
             conn, _ = listener.accept()
@@ -558,7 +577,8 @@ def zygote(path: str):
             continue
         try:
             conn.settimeout(10.0)
-            if struct.unpack('3i', conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1] != os.getuid():
+            peer, uid, _ = struct.unpack('3i', conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.getuid():
                 continue
             data = b''
             while len(data) <= ZYGOTE_MAX_REQUEST:
@@ -567,6 +587,10 @@ def zygote(path: str):
                     break
                 data += chunk
             if not data or len(data) > ZYGOTE_MAX_REQUEST:
+                continue
+            # After its request is read whole: a stub still sending would see its connection reset, not the answer.
+            if not kin(peer):
+                conn.sendall(b'other\n')
                 continue
             if _fingerprint(dirs) != loaded:
                 conn.sendall(b'stale\n')

@@ -11,6 +11,10 @@ instance, or when the engine stops answering (a killed CLI).
 The pass's serving process is forked by the zygote (provider/__main__.py zygote): one warm process for the plugin's
 virtualenv and directory that has loaded what a serving process loads (~0.4 CPU-s of its ~0.75), started by the
 first stub that finds none and ending a minute after its last fork; a pass's serving process then pays no import.
+A fork has the zygote's namespaces, cgroup, credentials, limits and nice level, not its stub's (issue 58: a stub under
+`unshare -n` got a serving process on the zygote's loopback, which its engine could not reach): a stub asks only the
+zygote of its own identity (provider/identity.py), which forks only for a stub that has it, else answers `other` -
+that stub's serving process is then started the plain way.
 GPUHOST_PLUGIN_ZYGOTE=0 starts each serving process afresh; GPUHOST_PLUGIN_SHARED=0 serves each instance in a
 process of its own, as before."""
 
@@ -25,6 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import identity  # noqa: E402 - provider/identity.py, standard library only
 import passdir  # noqa: E402 - provider/passdir.py, standard library only
 
 START_S = 60.0
@@ -59,16 +64,19 @@ def _spawn(here: str, log: str) -> None:
 
 def _zygote_path() -> str:
     """The zygote's socket for this virtualenv and plugin directory (and the environment that decides what Python
-    loads), in the operator's private directory (provider/passdir.py)."""
+    loads) and for this process's identity - what a fork inherits from the zygote: its namespaces, cgroup,
+    credentials, limits, nice level (provider/identity.py) -, in the operator's private directory
+    (provider/passdir.py). OSError when the identity is unreadable."""
     import hashlib
     import json
-    key = json.dumps([sys.executable, HERE, sorted((k, v) for k, v in os.environ.items() if k.startswith('PYTHON'))])
+    key = json.dumps([sys.executable, HERE, sorted((k, v) for k, v in os.environ.items() if k.startswith('PYTHON')),
+                      identity.of('/proc/self')])
     return os.path.join(passdir.base(), 'zygote-%s.sock' % hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
 def _ask_zygote(path: str, here: str, log: str):
-    """'ok' once the zygote forked this pass's serving process, 'stale' (it ended: a file it loaded changed) or
-    None (no zygote answers)."""
+    """'ok' once the zygote forked this pass's serving process, 'stale' (it ended: a file it loaded changed), 'other'
+    (it forks for none but a process of its own identity: provider/identity.py) or None (no zygote answers)."""
     import json
     conn = _connect(path)
     if conn is None:
@@ -96,14 +104,21 @@ def _ask_zygote(path: str, here: str, log: str):
 
 def _from_zygote(here: str, log: str) -> bool:
     """This pass's serving process forked by the zygote (provider/__main__.py zygote), which is started when none
-    answers; False when that fails for any reason (the caller then starts one the plain way)."""
-    path = _zygote_path()
-    if _ask_zygote(path, here, log) == 'ok':
-        return True
+    answers; False when that fails for any reason (the caller then starts one the plain way). A zygote that answers
+    `other` is left alone: this process's identity, as the zygote reads it, is not the one this process read itself
+    (a /proc of another pid namespace than theirs, say), and a zygote started in its place would answer the same."""
+    try:
+        path = _zygote_path()
+    except OSError:
+        return False
+    answer = _ask_zygote(path, here, log)
+    if answer in ('ok', 'other'):
+        return answer == 'ok'
     with open(path[:-len('.sock')] + '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _ask_zygote(path, here, log) == 'ok':
-            return True
+        answer = _ask_zygote(path, here, log)
+        if answer in ('ok', 'other'):
+            return answer == 'ok'
         # Its own session: neither the engine ending this stub nor the operator's Ctrl-C reaches it. Only what decides
         # how Python loads modules of its environment: a CLI's (its secrets among them) goes to that CLI's passes.
         env = {k: v for k, v in os.environ.items()

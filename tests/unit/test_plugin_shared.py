@@ -190,11 +190,12 @@ def zygotes(project):
     return out
 
 
-def one_pass(plugin, env=None):
-    """A pass of one instance: its serving process's pid and name, once the instance answered."""
+def one_pass(plugin, env=None, prefix=()):
+    """A pass of one instance (its stub run by `prefix`, a command that execs it: `nice -n 5`): its serving process's
+    pid and name, once the instance answered."""
     engine = Engine()
     try:
-        proc = subprocess.Popen([plugin, engine.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.Popen(list(prefix) + [plugin, engine.addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=dict(os.environ, **(env or {})))
         try:
             assert answers(int(proc.stdout.readline()))
@@ -208,33 +209,148 @@ def one_pass(plugin, env=None):
         engine.stop()
 
 
-def test_each_pass_is_served_by_a_fork_of_the_zygote_which_a_changed_file_replaces(tmp_path):
-    """The zygote has loaded what a serving process loads and forks one per pass; once a file it loaded changes (an
-    upgrade of the plugin in place), the next pass gets a fresh zygote that runs the new code."""
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the plugin, with zygotes of its own (ended after the test)."""
     import shutil
     project = tmp_path / 'project'
     for name in ('provider', 'resources', 'transport', 'hostscripts', 'grammar', 'config'):
         shutil.copytree(os.path.join(REPO, name), str(project / name),
                         ignore=shutil.ignore_patterns('__pycache__', '*.log'))
     os.symlink(os.path.join(REPO, '.venv'), str(project / '.venv'))
-    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
     try:
-        first, name = one_pass(plugin, env={'PULUMI_CONFIG_PASSPHRASE': 'the-first-cli-s-own'})
-        assert name == 'gpuhost-serve'
-        [zygote] = zygotes(project)
-        # What it keeps of the CLI that started it: nothing of its environment but what decides Python's imports.
-        assert b'the-first-cli-s-own' not in open('/proc/%d/environ' % zygote, 'rb').read()
-        second, name = one_pass(plugin)
-        assert name == 'gpuhost-serve' and second != first and zygotes(project) == [zygote]
-        # Off: the pass's serving process started afresh (its own command line), the zygote not asked.
-        third, name = one_pass(plugin, env={'GPUHOST_PLUGIN_ZYGOTE': '0'})
-        assert name != 'gpuhost-serve' and b'--serve' in open('/proc/%d/cmdline' % third, 'rb').read()
-        # The plugin's code changed: the zygote ends, a new one serves the pass.
-        with open(str(project / 'provider' / 'VERSION'), 'a') as f:
-            f.write('\n')
-        fourth, name = one_pass(plugin)
-        assert name == 'gpuhost-serve'
-        assert gone(lambda: zygote not in zygotes(project), 10) and len(zygotes(project)) == 1
+        yield project
     finally:
         for pid in zygotes(project):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_each_pass_is_served_by_a_fork_of_the_zygote_which_a_changed_file_replaces(project):
+    """The zygote has loaded what a serving process loads and forks one per pass; once a file it loaded changes (an
+    upgrade of the plugin in place), the next pass gets a fresh zygote that runs the new code."""
+    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
+    first, name = one_pass(plugin, env={'PULUMI_CONFIG_PASSPHRASE': 'the-first-cli-s-own'})
+    assert name == 'gpuhost-serve'
+    [zygote] = zygotes(project)
+    # What it keeps of the CLI that started it: nothing of its environment but what decides Python's imports.
+    assert b'the-first-cli-s-own' not in open('/proc/%d/environ' % zygote, 'rb').read()
+    second, name = one_pass(plugin)
+    assert name == 'gpuhost-serve' and second != first and zygotes(project) == [zygote]
+    # Off: the pass's serving process started afresh (its own command line), the zygote not asked.
+    third, name = one_pass(plugin, env={'GPUHOST_PLUGIN_ZYGOTE': '0'})
+    assert name != 'gpuhost-serve' and b'--serve' in open('/proc/%d/cmdline' % third, 'rb').read()
+    # The plugin's code changed: the zygote ends, a new one serves the pass.
+    with open(str(project / 'provider' / 'VERSION'), 'a') as f:
+        f.write('\n')
+    fourth, name = one_pass(plugin)
+    assert name == 'gpuhost-serve'
+    assert gone(lambda: zygote not in zygotes(project), 10) and len(zygotes(project)) == 1
+
+
+def nice(pid) -> int:
+    return int(open('/proc/%d/stat' % pid).read().rpartition(')')[2].split()[16])
+
+
+def open_files(pid) -> str:
+    return next(' '.join(line.split()[3:5]) for line in open('/proc/%d/limits' % pid) if line.startswith('Max open'))
+
+
+def can_unshare() -> bool:
+    try:
+        return subprocess.run(['unshare', '-n', 'true'], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_stub_of_another_nice_level_or_limit_gets_a_serving_process_that_has_them(project):
+    """A fork has the zygote's nice level and limits: a stub that differs (`nice -n 5`, `prlimit`) is never served by
+    a fork of the zygote of the stubs that do not (issue 58) - its serving process has its stub's."""
+    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
+    default, _ = one_pass(plugin)
+    [zygote] = zygotes(project)
+    assert nice(default) == nice(os.getpid()) != 5 and open_files(default) == open_files(os.getpid()) != '512 1024'
+    niced, _ = one_pass(plugin, prefix=['nice', '-n', '5'])
+    assert nice(niced) == 5
+    limited, _ = one_pass(plugin, prefix=['prlimit', '--nofile=512:1024'])
+    assert open_files(limited) == '512 1024' and nice(limited) == nice(os.getpid())
+    assert zygote in zygotes(project)
+
+
+# A peer of the zygote: the answer to a request for a pass of a dead engine, whose serving process logs to argv[3].
+ASK = ('import json, socket, sys\n'
+       's = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n'
+       's.connect(sys.argv[1])\n'
+       's.sendall(json.dumps({"argv": [sys.argv[2]], "env": {"GPUHOST_PASS_DIR": sys.argv[4]}, "cwd": "/",\n'
+       '                      "umask": 0o77, "log": sys.argv[3]}).encode())\n'
+       's.shutdown(socket.SHUT_WR)\n'
+       'print(s.makefile().readline().strip())\n')
+
+
+def test_the_zygote_forks_for_no_peer_of_another_identity(project, tmp_path):
+    """The zygote reads its peer's identity (provider/identity.py) from /proc/<peer pid> on every request and forks
+    only for its own: a request from another nice level, limit, network or pid namespace is answered `other`, and
+    nothing is forked (no serving process opened the request's log)."""
+    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
+    one_pass(plugin)
+    [zygote] = zygotes(project)
+    path = open('/proc/%d/cmdline' % zygote, 'rb').read().split(b'\0')[-2].decode()
+    assert path.endswith('.sock')
+    others = [['nice', '-n', '5'], ['prlimit', '--nofile=512:1024']]
+    if can_unshare():
+        others += [['unshare', '-n'], ['unshare', '-p', '-f']]
+    engine = Engine()
+    try:
+        for i, prefix in enumerate(others + [[]]):
+            here, log = tmp_path / ('pass%d' % i), tmp_path / ('pass%d.log' % i)
+            here.mkdir()
+            answer = subprocess.run(prefix + [sys.executable, '-I', '-c', ASK, path, engine.addr, str(log), str(here)],
+                                    capture_output=True, text=True, timeout=30)
+            assert answer.returncode == 0, answer.stderr
+            if prefix:
+                assert (answer.stdout.strip(), log.exists()) == ('other', False), prefix
+            else:
+                # The same request from a peer of its own identity: forked.
+                assert answer.stdout.strip() == 'ok'
+                assert gone(lambda: (here / 'plugin.pid').exists(), 20)
+                os.kill(int((here / 'plugin.pid').read_text()), signal.SIGKILL)
+        assert zygotes(project) == [zygote]
+    finally:
+        engine.stop()
+
+
+# In a network namespace of its own (its loopback up): a pass's stub and engine, and the serving process's namespace.
+IN_NETNS = ('import fcntl, json, os, signal, socket, struct, subprocess, sys\n'
+            's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n'
+            'flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]\n'
+            'fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))\n'
+            'from tests.unit.test_plugin_shared import Engine, answers, serving\n'
+            'engine = Engine()\n'
+            'proc = subprocess.Popen([sys.argv[1], engine.addr], stdout=subprocess.PIPE)\n'
+            'out = {"answers": answers(int(proc.stdout.readline())), "serving": serving(engine.addr),\n'
+            '       "mine": os.readlink("/proc/self/ns/net")}\n'
+            'out["net"] = [os.readlink("/proc/%d/ns/net" % pid) for pid in out["serving"]]\n'
+            'proc.send_signal(signal.SIGINT)\n'
+            'proc.wait(timeout=10)\n'
+            'engine.stop()\n'
+            'for pid in out["serving"]:\n'
+            '    os.kill(pid, signal.SIGKILL)\n'
+            'print(json.dumps(out))\n')
+
+
+def test_a_stub_in_another_network_namespace_is_served_in_its_own(project):
+    """`make preview` in the default network namespace, then the same inside `unshare -n` within the zygote's minute:
+    the second pass's serving process listens on its own namespace's loopback, which its engine reaches - not a fork
+    of the first pass's zygote, which listened on the default one (issue 58)."""
+    if not can_unshare():
+        pytest.skip('unshare -n is not permitted here')
+    import json
+    plugin = str(project / 'provider' / 'pulumi-resource-gpuhost')
+    one_pass(plugin)
+    [zygote] = zygotes(project)
+    res = subprocess.run(['unshare', '-n', sys.executable, '-c', IN_NETNS, plugin], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out['answers'] and len(out['serving']) == 1, out
+    assert out['net'] == [out['mine']] and out['mine'] != os.readlink('/proc/%d/ns/net' % zygote), out
+    assert zygote in zygotes(project)
