@@ -238,9 +238,21 @@ def project_name() -> Optional[str]:
 
 def config_leaf(cfg, full: tuple):
     """The value at full (('host', 'api', 'password'), ('hosts', '1', ...)) of a config map as an update
-    record keeps it ({'gpuhost:host': {...}}; a structured value may also be kept as JSON text)."""
-    node = (cfg or {}).get('gpuhost:' + full[0]) if isinstance(cfg, dict) else None
-    for p in full[1:]:
+    record keeps it ({'gpuhost:host': {...}}; a structured value may also be kept as JSON text; a flat key,
+    gpuhost:host.api.password as `pulumi config set` without --path writes it, is looked up too)."""
+    if not isinstance(cfg, dict):
+        return None
+    for i in range(len(full), 0, -1):
+        key = secret_key(full[:i])
+        if key in cfg:
+            found = _walk(cfg[key], full[i:])
+            if found is not None:
+                return found
+    return None
+
+
+def _walk(node, rest: tuple):
+    for p in rest:
         if isinstance(node, str):
             try:
                 node = json.loads(node)
@@ -334,14 +346,21 @@ def fleet_from_data(data: dict, is_secret, secure_paths: Optional[set], stack: O
     refused where they are plain text (is_secret('gpuhost:<key>'), secure_paths: check_secrets) - the
     program's way (fleet_from_pulumi) and the read-only check's (tools/check.py) alike. stack, dry_run: for
     the refusal's account of where a plain credential was recorded (dry_run: no update record of this run)."""
+    for prefix, settings in secret_scopes(data):
+        check_secrets(settings, is_secret, secure_paths, prefix=prefix, stack=stack, dry_run=dry_run)
+    return parse_fleet(data)
+
+
+def secret_scopes(data: dict):
+    """Where in a stack's `gpuhost:*` values ({key without the namespace: value}) the credentials of SECRET_PATHS
+    are looked for: (prefix, settings) for the shared settings (every key but gpuhost:hosts and
+    gpuhost:rollout), then for each host entry of gpuhost:hosts (prefix ('hosts', '<i>'))."""
+    yield (), {k: v for k, v in data.items() if k not in FLEET_KEYS}
     hosts = data.get('hosts')
-    defaults = {k: v for k, v in data.items() if k not in FLEET_KEYS}
-    check_secrets(defaults, is_secret, secure_paths, stack=stack, dry_run=dry_run)
     if isinstance(hosts, list):
         for i, entry in enumerate(hosts):
             if isinstance(entry, dict):
-                check_secrets(entry, is_secret, secure_paths, prefix=('hosts', str(i)), stack=stack, dry_run=dry_run)
-    return parse_fleet(data)
+                yield ('hosts', str(i)), entry
 
 
 def load_stack(root: str) -> tuple:
@@ -400,28 +419,73 @@ def check_namespaces(keys) -> None:
 def stack_file_secure_paths(stack: str) -> Optional[set]:
     """Paths of `secure:` leaves in Pulumi.<stack>.yaml ({('host','api','password'), ...}), or None if
     the file cannot be read (config then comes from elsewhere and only the engine's flag counts)."""
+    doc = _stack_file(stack)
+    return None if doc is None else secure_paths_of(doc.get('config'))
+
+
+def _stack_file(stack: str) -> Optional[dict]:
+    """Pulumi.<stack>.yaml in the working directory (the project's), None if it cannot be read as a mapping."""
     import yaml
     try:
-        with open('Pulumi.%s.yaml' % stack) as f:
+        with open('Pulumi.%s.yaml' % stack.split('/')[-1]) as f:
             doc = yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError):
         return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _is_secure(node) -> bool:
+    return isinstance(node, dict) and set(node) == {'secure'}
+
+
+def secure_paths_of(cfg) -> set:
+    """Paths of the `secure:` leaves of a stack file's config mapping, under the gpuhost namespace."""
     out = set()
 
     def walk(node, path):
-        if isinstance(node, dict):
-            if set(node) == {'secure'}:
-                out.add(path)
-                return
+        if _is_secure(node):
+            out.add(path)
+        elif isinstance(node, dict):
             for k, v in node.items():
                 walk(v, path + (str(k),))
         elif isinstance(node, list):
             for i, v in enumerate(node):
                 walk(v, path + (str(i),))
-    for key, value in (doc.get('config') or {}).items():
+    for key, value in (cfg.items() if isinstance(cfg, dict) else ()):
         ns, _, name = str(key).partition(':')
         if ns == 'gpuhost':
             walk(value, (name,))
+    return out
+
+
+def secret_key(full: tuple) -> str:
+    """gpuhost:host.api.password, gpuhost:hosts[1].host.api.password: the key a credential's path names."""
+    return 'gpuhost:' + _loc([int(p) if p.isdigit() else p for p in full])
+
+
+def secret_fix(key: str, flat_key: Optional[str] = None) -> str:
+    """The commands that make the credential at `key` a secret (flat_key: the stack file has it under this flat
+    key, as `pulumi config set` without --path writes it - the program reads only the structured one)."""
+    return 'pulumi config rm %s && pulumi config set --secret --path %s%s' % (
+        flat_key or '--path ' + key, key, ' < ~/.ssh/<key>' if key.endswith('private_key') else '')
+
+
+def plain_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tuple = ()) -> list:
+    """[(path, value)] of the credentials (SECRET_PATHS) in `data` written as plain text (is_secret('gpuhost:<key>'):
+    the engine's flag of a top-level key; secure_paths: the stack file's secure: leaves, when it was read)."""
+    out = []
+    for path in SECRET_PATHS:
+        node = data
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        full = tuple(prefix) + path
+        plain = not is_secret('gpuhost:' + full[0])
+        if not plain and secure_paths is not None:
+            plain = not any(full[:len(s)] == s for s in secure_paths)
+        if plain:
+            out.append((full, node))
     return out
 
 
@@ -430,19 +494,84 @@ def check_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tu
     """A password or key written as plain config ends up in plain text in the state: refuse it, saying where
     it is recorded already (plain_text_note). `prefix`: where `data` sits in the config (('hosts', '1') for a
     fleet's host entry)."""
-    for path in SECRET_PATHS:
-        node = data
-        for p in path:
-            node = node.get(p) if isinstance(node, dict) else None
-        if node is None:
+    for full, node in plain_secrets(data, is_secret, secure_paths, prefix):
+        key = secret_key(full)
+        raise ConfigError('%s is set as plain text, so it would be stored unencrypted in the stack\'s config and '
+                          'state. %s. Make it a secret: %s' % (key, plain_text_note(full, node, stack, dry_run),
+                                                              secret_fix(key)))
+
+
+# ---------------------------------------------------------------- before the CLI runs (tools/plain_secrets.py)
+
+def _flat_path(name: str) -> tuple:
+    """host.api.password -> ('host', 'api', 'password'); hosts[1].host.api.password -> ('hosts', '1', 'host', ...)."""
+    import re
+    return tuple(p for p in re.split(r'[.\[\]]+', name) if p)
+
+
+def _flat_plain(parts: tuple, value) -> list:
+    """[(path, value)] of the credentials a flat key (parts: its path) holds in plain text: at its path, or inside
+    its value, or - the key deeper than a credential's path - under it."""
+    if parts[0] == 'hosts':
+        patterns = [('hosts', parts[1]) + p for p in SECRET_PATHS] if len(parts) > 1 and parts[1].isdigit() else []
+    else:
+        patterns = [] if parts[0] in FLEET_KEYS else list(SECRET_PATHS)
+    out = []
+    for s in patterns:
+        if parts[:len(s)] == s:
+            node = value
+        elif s[:len(parts)] == parts:
+            node = value
+            for p in s[len(parts):]:
+                if _is_secure(node):
+                    break
+                if isinstance(node, str):
+                    try:
+                        node = json.loads(node)
+                    except ValueError:
+                        node = None
+                node = node.get(p) if isinstance(node, dict) else None
+        else:
             continue
-        full = tuple(prefix) + path
-        key = 'gpuhost:' + _loc([int(p) if p.isdigit() else p for p in full])
-        plain = not is_secret('gpuhost:' + full[0])
-        if not plain and secure_paths is not None:
-            plain = not any(full[:len(s)] == s for s in secure_paths)
-        if plain:
-            raise ConfigError('%s is set as plain text, so it would be stored unencrypted in the stack\'s config and '
-                              'state. %s. Make it a secret: pulumi config rm --path %s && pulumi config set --secret '
-                              '--path %s%s' % (key, plain_text_note(full, node, stack, dry_run), key, key,
-                                               ' < ~/.ssh/<key>' if 'key' in path[-1] else ''))
+        if node is not None and not _is_secure(node):
+            out.append((s, node))
+    return out
+
+
+def stack_file_plain_secrets(stack: str, extra: tuple = ()) -> list:
+    """The credentials Pulumi.<stack>.yaml (in the working directory) holds in plain text, read the program's way
+    (fleet_from_pulumi: each gpuhost:<key>'s value, JSON text decoded; credentials where SECRET_PATHS and
+    secret_scopes look, refused unless under a secure: leaf) - and as flat keys (gpuhost:host.api.password:
+    `pulumi config set` without --path), which the program does not read but an update records all the same.
+    extra: [(key, value)] the CLI would add from its flags (pulumi up -c key=value). No passphrase needed:
+    nothing is decrypted. [(config key, path, value, how)], how: 'nested', 'flat' or 'flag'."""
+    doc = _stack_file(stack)
+    cfg = doc.get('config') if doc is not None else None
+    cfg = cfg if isinstance(cfg, dict) else {}
+    data, flat = {}, []
+    for key, value in cfg.items():
+        ns, _, name = str(key).partition(':')
+        if ns != 'gpuhost' or not name:
+            continue
+        parts = _flat_path(name)
+        if len(parts) == 1 and parts[0] == name:
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    pass
+            data[name] = value
+        elif parts:
+            flat.append((str(key), parts, value, 'flat'))
+    for key, value in extra:
+        ns, _, name = str(key).partition(':')
+        if ns == 'gpuhost' and _flat_path(name):
+            flat.append((str(key), _flat_path(name), value, 'flag'))
+    out = []
+    secure = secure_paths_of(cfg)
+    for prefix, settings in secret_scopes(data):
+        out += [(secret_key(full), full, node, 'nested')
+                for full, node in plain_secrets(settings, lambda key: True, secure, prefix)]
+    for key, parts, value, how in flat:
+        out += [(key, full, node, how) for full, node in _flat_plain(parts, value)]
+    return out

@@ -86,6 +86,17 @@ select_stack() {
   exit 2
 }
 
+# refuse_plain_secrets STACK [pulumi flags]: a credential written as plain text in the stack's config
+# (Pulumi.<stack>.yaml, or a -c key=value flag) stops the target here, before the CLI starts: pulumi records the
+# stack's config, plain values in plain text, in the backend's update history with an update, refresh or destroy -
+# whatever the program (which refuses it too) or the policy pack decide later (docs/operator-guide.md, "Credentials
+# written as plain text"). Reads the file only: no passphrase, no backend call (about 0.25 s).
+refuse_plain_secrets() {
+  local backend=${PULUMI_BACKEND_URL:-}
+  if is_lab_stack "$1"; then backend="file://$root/.state"; fi
+  PULUMI_BACKEND_URL=$backend python -m tools.plain_secrets "$@" || exit $?
+}
+
 # The safety rules (policy/, docs/operator-guide.md, "Policy pack"), mandatory; policy/config.<stack>.json, when
 # present,
 # lowers rules to advisory or opts in (the pack prints what it relaxes on every run).
@@ -143,6 +154,7 @@ case "$cmd" in
     engine_parallel
     stack=${1:-lab}
     shift || true
+    refuse_plain_secrets "$stack" "$@"
     if [ "$stack" = lab ]; then
       start_lab
       deploy_lab lab
@@ -164,6 +176,7 @@ case "$cmd" in
     engine_parallel
     n=${1:?hosts}
     start_fleet "$n"
+    refuse_plain_secrets lab-fleet
     deploy_lab lab-fleet
     echo
     echo "Fleet ($n hosts, stack lab-fleet; every output: pulumi stack output --json --stack lab-fleet):"
@@ -187,6 +200,7 @@ case "$cmd" in
     engine_parallel
     stack=${1:?stack}
     shift
+    refuse_plain_secrets "$stack" "$@"
     select_stack "$stack"
     policy_args "$stack"
     pulumi preview --diff "${policy[@]}" "$@"
@@ -220,6 +234,7 @@ case "$cmd" in
     tools/bench-venv.sh
     stack=${1:?stack}
     shift
+    refuse_plain_secrets "$stack"
     stack_env "$stack"
     policy_args "$stack"
     # Every variant's `up` runs with the same policy pack as `make up`.
