@@ -168,7 +168,6 @@ def test_a_command_past_its_time_limit_is_gone_from_the_host_when_the_run_says_s
 def test_a_command_whose_connection_went_away_ends_on_the_host(lab, target, sleeper):
     """A killed serving process, a dropped connection: sshd leaves the command running - its guard ends it."""
     import threading
-    import time
     client = remote.connect(target)
     failed = []
     t = threading.Thread(target=lambda: failed.append(
@@ -178,6 +177,5 @@ def test_a_command_whose_connection_went_away_ends_on_the_host(lab, target, slee
     client.close()
     t.join(15)
     assert failed
-    start = time.monotonic()
-    lab.wait_for(lambda: sleepers(lab) == '', timeout=10, what='the command to end with its SSH session')
-    assert time.monotonic() - start < 5
+    # Within seconds (the guard looks once a second), where sshd alone leaves it its 300 s.
+    lab.wait_for(lambda: sleepers(lab) == '', timeout=15, what='the command to end with its SSH session')
