@@ -42,7 +42,7 @@ from typing import Callable, Optional
 
 from resources import host as host_mod
 from resources import pcimap, pve, runtime
-from transport import remote
+from transport import driverfacts, remote
 from resources.sglang import service_props
 from transport.operator import OperatorError, describe_unexpected
 from grammar.gpu import BLACKWELL_IDS
@@ -176,6 +176,25 @@ def _nvidia_version(ctx):
     # Not loaded at all: _nvidia_loaded says so (and what to install).
     if facts.nvidia_module is not None and facts.nvidia_module != d.runtime.nvidia.version:
         return runtime.host_driver_message(d.runtime.nvidia.version, facts.nvidia_module)
+
+
+def _kernels_have_nvidia(ctx):
+    """Every kernel installed on the host has the nvidia module built for it (hostscripts/driver_facts.sh): a kernel
+    update whose DKMS build failed, or that came without its headers, boots the host with no GPU driver at all."""
+    facts = driverfacts.parse(remote.run(remote.Target.from_inputs(ctx.connection), 'driver_facts.sh').stdout)
+    if not facts.tree:
+        return 'the host has no /lib/modules: which kernels have the nvidia module cannot be read'
+    missing = facts.without_module()
+    if missing:
+        return ('%s installed without the nvidia module built for %s: a boot into %s has no GPU driver. Build it '
+                'with DKMS after installing the kernel\'s headers (apt install %s; dkms autoinstall -k %s), or remove '
+                'the kernel' % (
+                    ('kernel %s is' if len(missing) == 1 else 'kernels %s are') % ', '.join(missing),
+                    'it' if len(missing) == 1 else 'them', 'it' if len(missing) == 1 else 'one',
+                    ' '.join('proxmox-headers-%s' % k for k in missing), missing[0]))
+    if any(v == '?' for v in facts.kernels.values()):
+        return ('modinfo is not installed on the host, so which kernels have the nvidia module cannot be read: '
+                'apt install kmod')
 
 
 def _driverctl(ctx):
@@ -413,6 +432,7 @@ CHECKS = (
     Check('NVIDIA kernel driver loaded, with the device nodes the container uses', 'host', _nvidia_loaded),
     Check('the host\'s nvidia module is gpuhost:runtime.nvidia.version', 'host', _nvidia_version,
           applies=_pins_nvidia),
+    Check('every installed kernel has the nvidia module built for it', 'host', _kernels_have_nvidia, up=False),
     Check('driverctl installed (binds the VM\'s GPUs to vfio-pci)', 'host', _driverctl, applies=_has_vm),
     Check('IOMMU enabled in the firmware', 'host', _iommu, up=False),
     Check('SEV-SNP enabled in the firmware (kvm_amd sev_snp)', 'host', _sev_snp, up=False, applies=_has_vm),

@@ -43,6 +43,10 @@ mount --bind "$H/proc/boot_id" /proc/sys/kernel/random/boot_id
 # The fake Proxmox tools (and the program's collector script), and root's home (the operator's installers).
 mount --bind "$H/sbin" /usr/local/sbin
 mount --bind "$H/root" /root
+# The kernels' module trees (LAB/host/lib/modules, lab/hostsim.py install_kernel): each kernel's nvidia module as
+# NVIDIA's installer with DKMS leaves it, indexed by depmod, read by the real modinfo.
+mkdir -p /lib/modules
+mount --bind "$H/lib/modules" /lib/modules
 # The device nodes the nvidia driver makes at boot (lab/hostsim.py keeps them in LAB/host/dev; the
 # containers' devN entries bind them from there). /dev is the host's own tmpfs: a node removed here is gone
 # until the next boot, as on a real host.

@@ -94,7 +94,7 @@ class Host(object):
         for sub in ('sys/bus/pci/devices', 'sys/bus/pci/drivers/nvidia', 'sys/bus/pci/drivers/vfio-pci',
                     'sys/kernel/iommu_groups', 'proc/driver/nvidia', 'etc/modprobe.d', 'etc/driverctl.d',
                     'etc/pve/lxc', 'etc/pve/qemu-server', 'etc/pve/nodes', 'boot/initrd-modprobe.d',
-                    'var/lib/lxc', 'dev', 'sbin', 'log', 'sys/module/nvidia'):
+                    'var/lib/lxc', 'dev', 'sbin', 'log', 'sys/module/nvidia', 'lib/modules'):
             os.makedirs(self.path(sub), exist_ok=True)
         write(self.path('sys/bus/pci/drivers_probe'), '')
         for gpu in spec['gpus']:
@@ -116,6 +116,7 @@ class Host(object):
             write(self.path('etc/gpuhost-lab-grub-root'), root_args + '\n')
         driver = spec.get('nvidia_version', NVIDIA_VERSION)
         self.set_nvidia_module(driver)
+        self.install_kernel(spec['kernel'], driver)
         self.set_sev_snp(spec.get('sev_snp', True))
         self.add_artifact(nvidia_installer_name(driver), nvidia_installer(driver))
         cuda = spec.get('cuda_version', CUDA_VERSION)
@@ -155,6 +156,32 @@ class Host(object):
 
     def nvidia_module(self):
         return read(self.path('sys/module/nvidia/version')).strip()
+
+    def install_kernel(self, kernel, nvidia=None):
+        """A kernel's module tree, /lib/modules/KERNEL, as installing its package leaves it - with, given its version,
+        the nvidia module NVIDIA's installer with DKMS builds for it (updates/dkms/nvidia.ko) - indexed by the real
+        depmod, so the host's real modinfo reads it (`modinfo -F version -k KERNEL nvidia`). A test installs a kernel
+        without the module: the host's next boot into it would have no GPU driver."""
+        import shutil
+        import subprocess
+        tree = self.path('lib', 'modules', kernel)
+        if os.path.isdir(tree):
+            shutil.rmtree(tree)
+        os.makedirs(os.path.join(tree, 'kernel'))
+        if nvidia:
+            ko = os.path.join(tree, 'updates', 'dkms', 'nvidia.ko')
+            os.makedirs(os.path.dirname(ko))
+            with open(ko, 'wb') as f:
+                f.write(module_elf({'version': nvidia, 'license': 'Dual MIT/GPL', 'name': 'nvidia',
+                                    'vermagic': '%s SMP preempt mod_unload modversions ' % kernel}))
+        # depmod as a kernel's or DKMS's install runs it; its warnings are for the files a real tree has besides
+        # (modules.order, modules.builtin*), which no read of the nvidia module needs.
+        subprocess.run([shutil.which('depmod') or '/usr/sbin/depmod', '-b', self.path(), kernel], check=True,
+                       capture_output=True)
+
+    def remove_kernel(self, kernel):
+        import shutil
+        shutil.rmtree(self.path('lib', 'modules', kernel))
 
     def add_artifact(self, name, text):
         """An installer the operator uploaded to the host: (its path on the host, its sha256)."""
@@ -645,6 +672,31 @@ def modprobe_nvidia_params(text):
                 if key.startswith('NVreg_'):
                     params[key[len('NVreg_'):]] = value
     return params
+
+
+def module_elf(info):
+    """A kernel module file as modinfo and depmod read it: a 64-bit x86-64 relocatable ELF whose .modinfo section
+    holds KEY=value strings (version=, name=, vermagic=, ...) - all a module's metadata is - beside an empty
+    .gnu.linkonce.this_module (what marks a file as a module) and the section names. No code: the lab loads nothing."""
+    import struct
+    sections = [('.modinfo', b''.join(('%s=%s' % kv).encode() + b'\0' for kv in info.items())),
+                ('.gnu.linkonce.this_module', b'\0' * 64)]
+    names, offsets = b'\0', []
+    for name, _ in sections:
+        offsets.append(len(names))
+        names += name.encode() + b'\0'
+    sections.append(('.shstrtab', names + b'.shstrtab\0'))
+    offsets.append(len(names))
+    body, headers, pos = b'', [], 64
+    for (name, data), off in zip(sections, offsets):
+        kind = 3 if name == '.shstrtab' else 1          # SHT_STRTAB, SHT_PROGBITS
+        headers.append(struct.pack('<IIQQQQIIQQ', off, kind, 0, 0, pos, len(data), 0, 0, 1, 0))
+        body += data
+        pos += len(data)
+    # e_type ET_REL, e_machine EM_X86_64, e_shoff after the sections' data, e_shstrndx the last section.
+    head = b'\x7fELF' + bytes([2, 1, 1, 0]) + b'\0' * 8 + struct.pack(
+        '<HHIQQQIHHHHHH', 1, 62, 1, 0, 0, pos, 0, 64, 0, 0, 64, len(headers) + 1, len(headers))
+    return head + body + b'\0' * 64 + b''.join(headers)
 
 
 def read(path):

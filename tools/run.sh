@@ -19,6 +19,8 @@ deps() {
   command -v ssh-keygen >/dev/null || missing+=(openssh-client)
   command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
   command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+  # The lab host's kernel module trees are indexed by the real depmod (lab/hostsim.py install_kernel).
+  command -v depmod >/dev/null || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || missing+=(kmod)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "run: installing ${missing[*]} (the lab's SSH keys, host and containers)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -116,6 +116,7 @@ STEPS = {
     'ct_env_link.sh': ('linking {1} to {2} in container {0}', 120),
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'check_dir.sh': ('checking the directory {0}', 60),
+    'driver_facts.sh': ('reading the NVIDIA driver, loaded and installed for each kernel', 60),
     'model_verify.sh': ('verifying the model files on the host', None),
     'model_forget.sh': ('removing the model\'s textfile {0} and verification cache', 60),
     'model_remove.sh': ('removing the previous model revision\'s directory {1}', 300),
@@ -262,7 +263,7 @@ def send_eof(chan) -> None:
 # The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
 # (transport/hostreads.py); any command outside a Read forgets what was read of its host.
 READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
-                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh', 'ct_platform.sh'))
+                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh', 'ct_platform.sh', 'driver_facts.sh'))
 _READING = contextvars.ContextVar('gpuhost_reading', default=False)
 
 

@@ -56,7 +56,8 @@ def test_a_ready_host_has_every_prerequisite_and_the_check_changes_nothing(lab, 
     code, out = check(lab)
     assert code == 0, out
     assert BAD not in out and out.count(OK) >= 14, out
-    for title in ('NVIDIA kernel driver loaded', 'driverctl installed', 'IOMMU enabled', 'SEV-SNP enabled',
+    for title in ('NVIDIA kernel driver loaded', 'every installed kernel has the nvidia module', 'driverctl installed',
+                  'IOMMU enabled', 'SEV-SNP enabled',
                   'Proxmox VE 9.0 or later', 'container template', 'container\'s storage'):
         assert line_of(out, title).strip().startswith(OK), out
     assert lab.host_digest() == digest
@@ -106,6 +107,12 @@ def sev_off(lab):
     return lambda: lab.host.set_sev_snp(True)
 
 
+def kernel_without_nvidia(lab):
+    # A kernel update whose DKMS build of the nvidia module did not happen (no headers, a failed build).
+    lab.host.install_kernel('6.8.12-9-pve')
+    return lambda: lab.host.remove_kernel('6.8.12-9-pve')
+
+
 def old_pve(lab):
     lab.pve_set(pve_version='8.1.4')
     return lab.pve_reset
@@ -118,7 +125,11 @@ def old_pve(lab):
     (iommu_off, 'IOMMU enabled in the firmware', 'Enable it in the firmware'),
     (sev_off, 'SEV-SNP enabled', 'enable SEV, SEV-ES and SEV-SNP in the firmware'),
     (old_pve, 'Proxmox VE 9.0 or later', 'Proxmox VE 8.1.4'),
-], ids=['nvidia module', 'device node', 'driverctl', 'iommu', 'sev-snp', 'pve version'])
+    (kernel_without_nvidia, 'every installed kernel has the nvidia module built for it',
+     'kernel 6.8.12-9-pve is installed without the nvidia module built for it: a boot into it has no GPU driver. '
+     'Build it with DKMS after installing the kernel\'s headers (apt install proxmox-headers-6.8.12-9-pve; dkms '
+     'autoinstall -k 6.8.12-9-pve)'),
+], ids=['nvidia module', 'device node', 'driverctl', 'iommu', 'sev-snp', 'pve version', 'kernel without nvidia'])
 def test_a_missing_prerequisite_of_the_host_is_named_with_its_fix(lab, stack, breaks, title, fix):
     restore = breaks(lab)
     try:
