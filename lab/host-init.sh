@@ -45,7 +45,7 @@ mount --bind "$H/sbin" /usr/local/sbin
 mount --bind "$H/root" /root
 # The kernels' module trees (LAB/host/lib/modules, lab/hostsim.py install_kernel): each kernel's nvidia module as
 # NVIDIA's installer with DKMS leaves it, indexed by depmod, read by the real modinfo.
-mkdir -p /lib/modules
+mkdir -p /lib/modules "$H/lib/modules"
 mount --bind "$H/lib/modules" /lib/modules
 # The device nodes the nvidia driver makes at boot (lab/hostsim.py keeps them in LAB/host/dev; the
 # containers' devN entries bind them from there). /dev is the host's own tmpfs: a node removed here is gone
