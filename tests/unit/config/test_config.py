@@ -183,3 +183,12 @@ def test_the_environments_directory_is_never_a_system_directory(envs_dir):
                                       '/home/sglang/envs', '/opt/envs'])
 def test_an_environments_directory_of_its_own_is_accepted(envs_dir):
     assert parse(runtime__python__envs_dir=envs_dir).runtime.python.envs_dir == envs_dir
+
+
+@pytest.mark.parametrize('key', ['sglang__api_key', 'model__token', 'host__api__password', 'runtime__nvidia__token'])
+def test_a_credential_of_the_wrong_type_is_refused_without_its_value(key):
+    """An API key or token written unquoted in YAML is a number (or a list, a mapping): refused, and its value is in
+    no word of the message - every credential key, not only the passwords and the SSH key."""
+    with pytest.raises(config.ConfigError) as e:
+        parse(**{key: 918273645})
+    assert 'a secret value (not shown) is not a string' in str(e.value) and '918273645' not in str(e.value)
