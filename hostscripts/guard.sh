@@ -22,8 +22,10 @@ child=$!
 # The guard's own helpers (the watch and its sleep) are in the guard's group - sshd makes each session's command a
 # session leader - never the script's: ending that group at the end leaves nothing of the guard either.
 done_() {
+  local pgrp=
   trap '' TERM
-  [ "$(ps -o pgid= -p "$$" | tr -d ' ')" != "$$" ] || kill -TERM -- -"$$" 2>/dev/null || true
+  read -r _ _ _ _ pgrp _ < "/proc/$$/stat" || true
+  [ "$pgrp" != "$$" ] || kill -TERM -- -"$$" 2>/dev/null || true
   [ -z "$watch" ] || kill "$watch" 2>/dev/null || true
   exit "$1"
 }

@@ -335,7 +335,6 @@ def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[b
         slots.release()
 
 
-
 # Every script runs inside hostscripts/guard.sh: its own process group on the host, ended (TERM, its cleanup, KILL
 # after GUARD_GRACE_S) when the program stops waiting for it, when its SSH session is gone (the connection dropped,
 # the serving process was killed), or GUARD_MARGIN_S after the program's own limit. A command sshd started outlives
@@ -393,8 +392,14 @@ def _stop(target: Target, transport, chan, guard: _GuardLine, err: list) -> str:
             if not stopper.status_event.wait(GUARD_GRACE_S + 30):
                 raise socket.timeout('stop_guard.sh did not answer')
             code = stopper.exit_status
-            time.sleep(0.05)
-            said = stopper.recv_stderr(65536).decode('utf-8', 'replace') if stopper.recv_stderr_ready() else ''
+            # Its stderr (what still runs, when it failed) until its EOF: OpenSSH may send it after the status.
+            said, until = b'', time.monotonic() + 2.0
+            while time.monotonic() < until and not (stopper.eof_received or stopper.closed):
+                said += stopper.recv_stderr(65536) if stopper.recv_stderr_ready() else b''
+                time.sleep(0.01)
+            while stopper.recv_stderr_ready():
+                said += stopper.recv_stderr(65536)
+            said = said.decode('utf-8', 'replace')
         finally:
             stopper.close()
     except Exception as e:  # noqa: BLE001 - whatever the stop met, the step's failure is still reported
