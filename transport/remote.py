@@ -429,19 +429,25 @@ def _open_session(target: Target, transport):
     """A new session on the host's connection. A server that refuses one (paramiko ChannelException: its MaxSessions
     reached - sessions that just ended still count until it has closed them, which a loaded host takes a moment
     to do) keeps the connection and every command on it: the open is tried again for up to a session's worth of
-    waiting, then named - never taken for a lost connection, which would end the other commands on it."""
+    waiting, then named - never taken for a lost connection, which would end the other commands on it.
+    paramiko keeps a refusal's ChannelException in one slot of the whole transport: of two refusals at once, one
+    thread gets it and the other a bare SSHException("Unable to open channel.") - a refusal too while the
+    transport is up (seen in CI: 24 commands at once on one connection, one taken for a lost connection)."""
     import paramiko
     deadline, delay = time.monotonic() + max(target.timeout, 10.0), 0.05
     while True:
         try:
             return transport.open_session(timeout=target.timeout)
-        except paramiko.ChannelException as e:
+        except paramiko.SSHException as e:
+            if not isinstance(e, paramiko.ChannelException) and not transport.is_active():
+                raise
             if time.monotonic() > deadline:
                 raise RemoteError('%s refused to open another SSH session for %d s (%s): its sshd allows fewer '
                                   'sessions on one connection than the %d commands this program runs at once '
                                   '(MaxSessions; OpenSSH\'s default is 10) - raise it and re-run; nothing was '
                                   'started by this command' % (target.name, max(target.timeout, 10.0),
-                                                               e.text or 'open failed', MAX_CHANNELS)) from None
+                                                               getattr(e, 'text', None) or 'open failed',
+                                                               MAX_CHANNELS)) from None
             if CANCELLED.wait(delay):
                 raise Interrupted('the run was interrupted (Ctrl-C) while %s had no session free; nothing was '
                                         'started by this command' % target.name) from None

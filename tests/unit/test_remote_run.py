@@ -8,6 +8,7 @@ import threading
 import time
 
 import paramiko
+import pytest
 
 from transport import remote
 from tests.unit.inflight import InFlight
@@ -167,15 +168,21 @@ def test_hosts_connect_at_the_same_time_and_one_host_connects_once(monkeypatch):
 
 
 class _Busy:
-    """A transport whose server refuses `refusals` sessions (MaxSessions reached), then opens one."""
+    """A transport whose server refuses `refusals` sessions (MaxSessions reached), then opens one; `bare`: the
+    refusals surface as paramiko's bare SSHException, as when another thread's open took the transport's one saved
+    exception."""
 
-    def __init__(self, refusals):
-        self.refusals, self.opened = refusals, 0
+    def __init__(self, refusals, bare=False, active=True):
+        self.refusals, self.opened, self.bare, self.active = refusals, 0, bare, active
+
+    def is_active(self):
+        return self.active
 
     def open_session(self, timeout=None):
         if self.refusals:
             self.refusals -= 1
-            raise paramiko.ChannelException(2, 'Connect failed')
+            raise paramiko.SSHException('Unable to open channel.') if self.bare else \
+                paramiko.ChannelException(2, 'Connect failed')
         self.opened += 1
         return 'a channel'
 
@@ -188,6 +195,14 @@ def _host():
 def test_a_session_the_server_refuses_is_asked_for_again_on_the_same_connection():
     busy = _Busy(3)
     assert remote._open_session(_host(), busy) == 'a channel' and busy.opened == 1
+
+
+def test_a_refusal_paramiko_reports_bare_is_asked_for_again_while_the_connection_is_up():
+    busy = _Busy(3, bare=True)
+    assert remote._open_session(_host(), busy) == 'a channel' and busy.opened == 1
+    # The same exception from a transport that is down: the connection is lost, not a session refused.
+    with pytest.raises(paramiko.SSHException):
+        remote._open_session(_host(), _Busy(1, bare=True, active=False))
 
 
 def test_a_server_that_keeps_refusing_sessions_is_named_not_taken_for_a_lost_connection(monkeypatch):
