@@ -84,6 +84,7 @@ class Deployment(Model):
                                                                    len(self.container.gpus)))
         self._check_iommu()
         self._check_api_auth()
+        self._follow_driver()
         self._check_runtime()
         self._check_model()
         try:
@@ -147,6 +148,28 @@ class Deployment(Model):
         if api.password is None and api.password_file is None:
             raise ValueError('gpuhost:host.api: no password for root@pam; set host.api.password as a secret '
                              '(pulumi config set --secret --path gpuhost:host.api.password)')
+
+    def _follow_driver(self):
+        """gpuhost:runtime.nvidia follows gpuhost:nvidia.driver: one version for the host's module and the container's
+        user space (NVML refuses any other pair: "Driver/library version mismatch"). Absent, it is the driver's
+        installer at the driver's version; declared, it must name the same version."""
+        driver = self.nvidia.driver
+        if driver is None:
+            return
+        rt = self.runtime
+        if rt is not None and rt.nvidia is not None:
+            if rt.nvidia.version != driver.version:
+                raise ValueError('gpuhost:runtime.nvidia.version: %s, but gpuhost:nvidia.driver.version is %s: the '
+                                 'container\'s user space must be the host module\'s version, or NVML fails with '
+                                 '"Driver/library version mismatch". Remove gpuhost:runtime.nvidia (it follows the driver) '
+                                 'or set its version to %s' % (rt.nvidia.version, driver.version, driver.version))
+            return
+        from config.runtime import NvidiaRuntime
+        nvidia = NvidiaRuntime(**driver.runtime())
+        # Derived once, here, where the model is made (it is frozen from then on): every reader of runtime.nvidia -
+        # the unit's installers, the preflight, the outputs - sees the user space the driver brings.
+        object.__setattr__(self, 'runtime', rt.model_copy(update={'nvidia': nvidia}) if rt is not None else
+                           Runtime(nvidia=nvidia))
 
     def _check_runtime(self):
         rt, s = self.runtime, self.sglang

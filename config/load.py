@@ -20,7 +20,7 @@ from grammar import pylock, unidiff
 
 SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'),
                 ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'), ('model', 'token'),
-                ('runtime', 'nvidia', 'token'), ('runtime', 'cuda', 'token'))
+                ('runtime', 'nvidia', 'token'), ('runtime', 'cuda', 'token'), ('nvidia', 'driver', 'token'))
 
 
 # Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
