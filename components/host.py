@@ -9,6 +9,7 @@ from resources.sglang import service_props
 
 from resources.host import MODPROBE_FILE, HostFile, HostFileProvider, HostStatus, HostStatusProvider, KernelCmdline, \
     KernelCmdlineProvider, VfioBinding, VfioProvider, host_expect, modprobe_content
+from resources.driver import NvidiaDriver, NvidiaDriverProvider
 from resources.state import moved
 
 
@@ -44,10 +45,24 @@ class ProxmoxHost(pulumi.ComponentResource):
             **({'fleet_host': fleet_host} if fleet_host else {})},
             child, outputs=VfioProvider.OUTPUTS)
         resources = [self.kernel, self.nvidia, self.vfio]
+        self.driver = None
+        if d.nvidia.driver is not None:
+            # The host's driver as declared state (gpuhost:nvidia.driver): after the module's options and the VM's
+            # bindings (a load binds only the GPUs vfio-pci does not hold), before the container and SGLang, whose
+            # user space follows it.
+            drv = d.nvidia.driver
+            self.driver = NvidiaDriver('%s-nvidia-driver' % name, {
+                'version': drv.version, 'modules': drv.modules, 'kernels_missing': [],
+                'installer': {'path': drv.host_path, 'sha256': drv.sha256,
+                              **({'source': drv.source} if drv.source else {})},
+                'reboot': d.host.reboot, 'service': service_props(d), **({'rollout': rollout} if rollout else {})},
+                pulumi.ResourceOptions(parent=self, retain_on_delete=True, depends_on=[self.nvidia, self.vfio]),
+                outputs=NvidiaDriverProvider.OUTPUTS)
+            resources.append(self.driver)
         expect = host_expect(d)
         # A token each host resource renews whenever it applies something: then the status is read again
         # at the end of the run, so the outputs describe what the host has after it.
-        observed = pulumi.Output.all(self.kernel.applied, self.nvidia.applied, self.vfio.applied)
+        observed = pulumi.Output.all(*(r.applied for r in resources))
         self.status = HostStatus('%s-status' % name, {
             'expect': expect, 'observed': observed, 'reboot': d.host.reboot,
             'service': service_props(d), **({'rollout': rollout} if rollout else {})},

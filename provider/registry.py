@@ -14,6 +14,7 @@ CLASSES = {
     'HostFile': ('resources.host', 'HostFileProvider'),
     'VfioBinding': ('resources.host', 'VfioProvider'),
     'HostStatus': ('resources.host', 'HostStatusProvider'),
+    'NvidiaDriver': ('resources.driver', 'NvidiaDriverProvider'),
     'ModelWeights': ('resources.model', 'ModelProvider'),
     'MetricsFile': ('resources.monitoring', 'MetricsFileProvider'),
     'HostCollector': ('resources.monitoring', 'CollectorProvider'),

@@ -25,12 +25,16 @@ def runs():
     from tests.unit.test_runtime import FILES
     entries = [fleet.host_entry(i, fleet.host_spec(i, fleet.addresses(i)), '.lab-fleet/gpu%02d' % i) for i in (1, 2)]
     two = {k.split(':', 1)[1]: v for k, v in fleet.stack_config(entries).items()}
+    if 'nvidia' in two.get('runtime', {}):
+        two['nvidia'] = {'driver': dict(two['runtime'].pop('nvidia'))}   # a fleet's driver: rollout too
     full = copy.deepcopy(lab_data())
     full['sglang'].update(api_key='sk-unit-test-key-0123456789abcdef', proof={'enabled': True, 'min_busbw_gbps': 40.5})
     full['model'].update(source='hf://Qwen/Qwen3.5-122B-A10B', timeout_s=7200, max_bytes_per_s=100000000)
     full['runtime']['nvidia'].pop('installer')
     full['runtime']['nvidia'].update(source='https://mirror.example/NVIDIA-Linux-x86_64-580.95.05.run',
                                      token='mirror-token-0123')
+    # The host's driver declared, from the same mirror (gpuhost:nvidia.driver; runtime.nvidia follows it).
+    full['nvidia'] = {'driver': dict(full['runtime'].pop('nvidia'))}
     model_files = {'checksums': {'model-00001-of-00003.safetensors': 'a' * 64}, 'token': 'hf_unit_test_token'}
     return [('lab', run_program(config.parse_fleet(lab_data()), FILES)['resources']),
             ('fleet', run_program(config.parse_fleet(two), FILES)['resources']),

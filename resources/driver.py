@@ -1,0 +1,179 @@
+"""NvidiaDriver: the host's NVIDIA kernel driver as declared state (gpuhost:nvidia.driver; issue 59,
+docs/driver-plan.md) - the loaded module at the declared version and flavour, and the module built for every installed
+kernel (a kernel without it boots with no GPU driver).
+
+Facts (hostscripts/driver_facts.sh, transport/driverfacts.py) -> desired -> the smallest change, priced at preview:
+per host the old and new version, whether the modules can be reloaded in place (nothing but SGLang holds them) or the
+host must reboot, and that SGLang stops for it. The upgrade itself is step 3 of the plan: until it lands, an `up` that
+would change the driver stops at this resource with one line and nothing changed (no stack sets the key yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from resources.fields import ROLLOUT, S, SERVICE, arr, mapof, obj, optional
+from resources.host import _HostResource
+from resources.resource import CheckResult
+from resources.state import ObservedProvider
+from transport import driverfacts, remote
+from transport.operator import OperatorError, info, warn
+
+LABEL = 'host-nvidia-driver'
+
+
+class DriverError(OperatorError):
+    pass
+
+
+# ------------------------------------------------------------------ pure logic
+
+def kernels_missing(facts: driverfacts.DriverFacts, version: str) -> list:
+    """The installed kernels whose nvidia module is not `version` (none built, or another one): a boot into one runs
+    no GPU driver, or another driver than the container's user space. A kernel the host cannot say ('?': no modinfo)
+    is not counted - said by the preflight's row, never guessed."""
+    return sorted(k for k, v in facts.kernels.items() if v != '?' and v != version)
+
+
+def observe(facts: driverfacts.DriverFacts, version: str) -> dict:
+    """The desired keys as the host has them, and the facts beside them."""
+    return {'version': facts.loaded, 'modules': facts.flavour, 'kernels_missing': kernels_missing(facts, version),
+            'installed': {k: (v or '-') for k, v in sorted(facts.kernels.items())}, 'running_kernel': facts.running}
+
+
+@dataclasses.dataclass
+class Plan:
+    """What an `up` must do to a host's driver. kind: none (as declared), build (the loaded module is right; kernels
+    lack it), load (no module loaded), reload (unload in place: nothing but SGLang holds the modules), reboot (held by
+    others; host.reboot: when-required), held (held by others and no reboot allowed: nothing is touched)."""
+    kind: str
+    old: str | None
+    new: str
+    kernels: list
+    others: list          # what holds the modules besides the container's SGLang, as sentences
+    vmid: int | None
+
+
+def holders_besides(facts: driverfacts.DriverFacts, vmid) -> list:
+    """Who holds the nvidia modules other than container `vmid`'s processes, as words for the operator."""
+    others = getattr(facts, 'holders_other_than', None)
+    if others is None:
+        return []
+    return ['%s (pid %s%s)' % (p.comm, p.pid, ', container %s' % p.vmid if p.vmid is not None else '')
+            for p in others(vmid)]
+
+
+def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboot: str) -> Plan:
+    missing = kernels_missing(facts, version)
+    if facts.loaded == version and facts.flavour in (modules, None):
+        return Plan('build' if missing else 'none', facts.loaded, version, missing, [], vmid)
+    # The kernels the new version is built for: every installed one (DKMS), the running one at least.
+    kernels = sorted(set(facts.kernels) | ({facts.running} if facts.running else set()))
+    if facts.loaded is None:
+        return Plan('load', None, version, kernels, [], vmid)
+    others = holders_besides(facts, vmid)
+    if not others:
+        return Plan('reload', facts.loaded, version, kernels, [], vmid)
+    return Plan('reboot' if reboot == 'when-required' else 'held', facts.loaded, version, kernels, others, vmid)
+
+
+NOT_YET = ('this release does not change a host\'s driver yet (docs/driver-plan.md, step 3): `up` stops at this step '
+           'with nothing changed; until then upgrade it by hand (docs/operator-guide.md) or declare the version the '
+           'host runs')
+
+
+def price(p: Plan, service: dict | None) -> str:
+    """The preview's words for a plan: old -> new, reload in place or reboot, what stops."""
+    ct = ('SGLang in container %s (%s) stops for it, then restarts on the new user space' % (
+        service['vmid'], service['unit_name']) if service else 'no SGLang is declared on this host')
+    kernels = ', '.join(p.kernels) or 'none found'
+    if p.kind == 'build':
+        return ('the loaded module is %s as declared, but kernel%s %s %s no nvidia %s module built: a boot into %s '
+                'runs without it. `up` builds it with DKMS; nothing stops' % (
+                    p.new, 's' if len(p.kernels) > 1 else '', kernels, 'have' if len(p.kernels) > 1 else 'has', p.new,
+                    'them' if len(p.kernels) > 1 else 'it'))
+    head = '%s -> %s (open kernel modules, built with DKMS for kernels %s)' % (p.old or 'not loaded', p.new, kernels)
+    if p.kind == 'load':
+        return '%s: no nvidia module is loaded; `up` installs %s and loads it' % (head, p.new)
+    if p.kind == 'reload':
+        return ('%s: the modules can be reloaded in place (nothing but SGLang holds them): %s. The VM\'s GPUs stay on '
+                'vfio-pci, untouched' % (head, ct))
+    if p.kind == 'reboot':
+        return ('%s: the modules cannot be unloaded in place - held by %s - so the host reboots into %s '
+                '(gpuhost:host.reboot: when-required): %s, and every guest stops while it reboots' % (
+                    head, ', '.join(p.others), p.new, ct))
+    return ('%s: nothing is touched - the modules are held by %s besides SGLang, and gpuhost:host.reboot is never. Stop '
+            'what holds them, or allow a reboot (gpuhost:host.reboot: when-required), and re-run' % (
+                head, ', '.join(p.others)))
+
+
+# ------------------------------------------------------------------- the provider
+
+def read(target: remote.Target) -> driverfacts.DriverFacts:
+    return driverfacts.parse(remote.run(target, 'driver_facts.sh', []).stdout)
+
+
+class NvidiaDriverProvider(ObservedProvider):
+    """The host's NVIDIA kernel driver (gpuhost:nvidia.driver): the loaded module at the declared version and
+    flavour, and that version built for every installed kernel. Observed: the loaded module, each kernel's."""
+    ID = 'nvidia-driver'
+    DESIRED = ('version', 'modules', 'kernels_missing')
+    ROLLOUT_STEP = 'its NVIDIA driver'
+    INPUTS = {'version': S, 'modules': S, 'kernels_missing': arr(S),
+              'installer': obj('DriverInstaller', path=S, sha256=S, source=optional(S)),
+              'reboot': S, 'service': optional(SERVICE), 'rollout': optional(ROLLOUT)}
+    OUTPUTS = {'installed': mapof(S), 'running_kernel': optional(S), 'applied': S}
+
+    def goes_down(self, props) -> bool:
+        """A change of the driver stops the host's SGLang (provider/rollout.py): it waits for its turn."""
+        return True
+
+    def plan_for(self, props) -> tuple:
+        facts = read(remote.Target.from_inputs(props['connection']))
+        service = props.get('service')
+        return facts, plan(facts, props['version'], props['modules'], service['vmid'] if service else None,
+                           props.get('reboot') or 'never')
+
+    def say_price(self, props) -> None:
+        try:
+            _facts, p = self.plan_for(props)
+        except (OperatorError, remote.RemoteError) as e:
+            warn('%s: %s - what the change costs could not be read: %s' % (LABEL, props['version'], e))
+            return
+        if p.kind != 'none':
+            info('%s: %s. %s' % (LABEL, price(p, props.get('service')), NOT_YET[0].upper() + NOT_YET[1:]))
+
+    def apply(self, props):
+        facts, p = self.plan_for(props)
+        if p.kind != 'none':
+            raise DriverError('%s: %s; %s.' % (LABEL, price(p, props.get('service')), NOT_YET))
+        return dict(props, **observe(facts, props['version']))
+
+    def check(self, olds, news):
+        # The first preview that declares the driver (no olds: no diff follows) says what `up` will do.
+        if not olds and isinstance(news.get('connection'), dict):
+            self.say_price(news)
+        return CheckResult(news, [])
+
+    def diff(self, id_, olds, news):
+        result = super().diff(id_, olds, news)
+        if result.changes and isinstance(news.get('connection'), dict):
+            self.say_price(news)
+        return result
+
+    def current(self, props):
+        facts = read(remote.Target.from_inputs(props['connection']))
+        out = observe(facts, props['version'])
+        if out['kernels_missing']:
+            warn('%s: DANGER - kernel%s %s %s no nvidia %s module built: a boot into %s runs without the GPU driver '
+                 '(or another version than the container\'s user space). `pulumi up` builds it' % (
+                     LABEL, 's' if len(out['kernels_missing']) > 1 else '', ', '.join(out['kernels_missing']),
+                     'have' if len(out['kernels_missing']) > 1 else 'has', props['version'],
+                     'them' if len(out['kernels_missing']) > 1 else 'it'))
+        return out
+
+
+# ------------------------------------------------------------------- the resource
+
+class NvidiaDriver(_HostResource, name='NvidiaDriver'):
+    pass

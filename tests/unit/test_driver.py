@@ -1,0 +1,53 @@
+"""resources/driver.py's pure part: what an `up` must do to a host's NVIDIA driver (gpuhost:nvidia.driver) and the
+preview's words for it - old -> new, reload in place or reboot, what stops - from the facts the host gives."""
+
+from resources import driver
+from transport.driverfacts import DriverFacts
+
+A, B = '580.95.05', '580.105.08'
+OPEN = 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (dvs-builder@U16)  '
+SERVICE = {'vmid': 200, 'unit_name': 'sglang.service'}
+
+
+def facts(loaded=A, kernels=None, running='6.8.12-4-pve'):
+    return DriverFacts(loaded=loaded, flavour_line=(OPEN % loaded) if loaded else None, running=running,
+                       kernels=dict(kernels if kernels is not None else {'6.8.12-4-pve': A}))
+
+
+def test_as_declared_nothing_to_do():
+    p = driver.plan(facts(), A, 'open', 200, 'never')
+    assert p.kind == 'none'
+    assert driver.observe(facts(), A) == {'version': A, 'modules': 'open', 'kernels_missing': [],
+                                          'installed': {'6.8.12-4-pve': A}, 'running_kernel': '6.8.12-4-pve'}
+
+
+def test_a_kernel_update_without_the_module_is_a_build_where_nothing_stops():
+    f = facts(kernels={'6.8.12-4-pve': A, '6.8.12-9-pve': '', '6.8.12-2-pve': '?'})
+    p = driver.plan(f, A, 'open', 200, 'never')
+    assert (p.kind, p.kernels) == ('build', ['6.8.12-9-pve'])    # '?' (no modinfo) is said elsewhere, not guessed
+    assert driver.price(p, SERVICE) == (
+        'the loaded module is 580.95.05 as declared, but kernel 6.8.12-9-pve has no nvidia 580.95.05 module built: a '
+        'boot into it runs without it. `up` builds it with DKMS; nothing stops')
+    assert driver.observe(f, A)['installed'] == {'6.8.12-2-pve': '?', '6.8.12-4-pve': A, '6.8.12-9-pve': '-'}
+
+
+def test_a_new_version_held_by_nothing_else_reloads_in_place_and_stops_sglang():
+    f = facts(kernels={'6.8.12-4-pve': A, '6.8.12-9-pve': A})
+    p = driver.plan(f, B, 'open', 200, 'never')
+    assert (p.kind, p.old, p.new, p.kernels) == ('reload', A, B, ['6.8.12-4-pve', '6.8.12-9-pve'])
+    assert driver.price(p, SERVICE) == (
+        '580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels 6.8.12-4-pve, 6.8.12-9-pve): the '
+        'modules can be reloaded in place (nothing but SGLang holds them): SGLang in container 200 (sglang.service) '
+        'stops for it, then restarts on the new user space. The VM\'s GPUs stay on vfio-pci, untouched')
+
+
+def test_no_module_loaded_is_a_load():
+    p = driver.plan(facts(loaded=None), B, 'open', 200, 'never')
+    assert p.kind == 'load' and driver.price(p, None).startswith('not loaded -> 580.105.08')
+
+
+def test_a_proprietary_module_at_the_declared_version_is_not_what_is_declared():
+    f = facts()
+    f.flavour_line = 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Release Build'
+    assert driver.plan(f, A, 'open', 200, 'never').kind == 'reload'
+    assert driver.observe(f, A)['modules'] == 'proprietary'
