@@ -46,6 +46,12 @@ OUTPUTS = (
      '(`gpuhost:sglang.proof.min_busbw_gbps`), `first` (the first figure for these GPUs: `busbw`, `bytes`, '
      '`transport`, `at`), `boot_id` (the host\'s boot it proved: after a reboot `up` proves again), `versions` '
      '(docs/gpu-proof.md)'),
+    (('nvidia_driver',),
+     'with `gpuhost:nvidia.driver`: the host\'s NVIDIA kernel driver, `declared` (version) against what the last run '
+     'or refresh read: `loaded` (the loaded module\'s version; null: none), `modules` (open/proprietary), '
+     '`installed` (each installed kernel → its nvidia module\'s version; `-` none built, `?` unknown), '
+     '`kernels_missing` (installed kernels without the declared version built: a boot into one has no matching '
+     'driver), `running_kernel`'),
     (('reboot_required', 'reboot_reasons'),
      'declared vs running (command line, module options, bindings, group types)'),
     (('model',),
@@ -116,6 +122,12 @@ def host_outputs(d, host, container, vm, service, weights=None) -> dict:
                         'host_dir': d.model.host_dir(d.sglang.model_path), 'shards': weights.shards,
                         'bytes': weights.bytes, 'verified': weights.verified, 'verified_at': weights.verified_at,
                         'summary': weights.summary}
+    if host.driver is not None:
+        # The host's driver (gpuhost:nvidia.driver) as the last run or refresh read it (resources/driver.py).
+        out['nvidia_driver'] = {'declared': d.nvidia.driver.version, 'loaded': host.driver.version,
+                                'modules': host.driver.modules, 'installed': host.driver.installed,
+                                'kernels_missing': host.driver.kernels_missing,
+                                'running_kernel': host.driver.running_kernel}
     if vm is not None:
         # gpu_mappings: each PCI resource mapping's entry for the node as Proxmox has it (address, IDs and IOMMU
         # group recorded), what the VM's hostpci `mapping=` names; {} with gpu_binding: address.

@@ -419,7 +419,9 @@ def _has_vm(d):
 
 
 def _pins_nvidia(d):
-    return d.runtime is not None and d.runtime.nvidia is not None
+    """The user space is pinned to a version the host's module must already run - not where the driver is declared
+    (gpuhost:nvidia.driver): then the program brings the module to that version itself (resources/driver.py)."""
+    return d.runtime is not None and d.runtime.nvidia is not None and d.nvidia.driver is None
 
 
 # In `up`'s order: what the host is first (a wrong host stops everything), then what it must have, then Proxmox.

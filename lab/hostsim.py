@@ -123,6 +123,11 @@ class Host(object):
         self.add_artifact(cuda_installer_name(cuda, driver), cuda_installer(cuda))
         write(self.path('boot/cmdline'), spec['cmdline'] + '\n')
         write_in_place(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
+        # The kernel the host runs is the spec's, not the machine's: /proc/sys/kernel/osrelease (lab/host-init.sh
+        # binds it) and uname, which reads it (uname(2) itself cannot be simulated).
+        write_in_place(self.path('proc/osrelease'), spec['kernel'] + '\n')
+        write(self.path('sbin', 'uname'), UNAME)
+        os.chmod(self.path('sbin', 'uname'), 0o755)
         import uuid
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         self.write_nvidia_params(spec.get('nvidia_params', {}))
@@ -486,6 +491,16 @@ def cuda_installer_name(version, driver=NVIDIA_VERSION):
 # SIMULATED installers: shell scripts that leave in a container what NVIDIA's leave there (files, versions,
 # messages), and refuse what NVIDIA's refuse in a container. Their text - and so their sha256, which
 # Pulumi.lab.yaml pins - depends only on the version (tests/unit/test_lab_runtime.py holds them to it).
+UNAME = r'''#!/bin/bash
+# uname - the gpuhost lab host's (lab/hostsim.py): the real /usr/bin/uname with the machine's kernel release
+# replaced by the simulated host's running kernel (/proc/sys/kernel/osrelease, bound from LAB/host/proc/osrelease).
+set -eu
+out=$(/usr/bin/uname "$@")
+machine=$(/usr/bin/uname -r)
+release=$(cat /proc/sys/kernel/osrelease)
+printf '%s\n' "${out//"$machine"/"$release"}"
+'''
+
 NVIDIA_INSTALLER = r'''#!/bin/sh
 # NVIDIA-Linux-x86_64-@VERSION@.run - SIMULATED by the gpuhost lab (lab/hostsim.py), not NVIDIA's installer.
 # With --no-kernel-module it installs what NVIDIA's installs in an LXC container: the user-space libraries
