@@ -52,7 +52,7 @@ gpu_processes() {
     dev=${dev//,/_}
     case ",${devs[$pid]:-}," in *",$dev,"*) ;; *) devs[$pid]=${devs[$pid]:+${devs[$pid]},}$dev ;; esac
   done || true       # find's status: 1 when a process ended mid-scan
-  for pid in $(printf '%s\n' "${!devs[@]}" | sort -n); do
+  for pid in $(printf '%s\n' "${!devs[@]}" | LC_ALL=C sort -n); do
     [ "$pid" != "$$" ] && [ "$pid" != "$BASHPID" ] || continue
     # The parent, from stat after the comm's closing parenthesis (a comm may hold spaces and parentheses).
     { read -r stat < "/proc/$pid/stat"; } 2>/dev/null || continue
@@ -72,7 +72,7 @@ gpu_processes() {
       done 2>/dev/null < "/proc/$pid/cgroup" || true
     fi
     cgroup=$(printf '%s' "$cgroup" | oneline)
-    dev=$(printf '%s' "${devs[$pid]}" | tr ',' '\n' | sort | paste -sd, | oneline)
+    dev=$(printf '%s' "${devs[$pid]}" | tr "," "\n" | LC_ALL=C sort | paste -sd, | oneline)
     echo "process${tab}${pid}${tab}${comm}${tab}${cgroup:-?}${tab}${dev}"
   done
   echo "unreadable${tab}${unreadable}"
