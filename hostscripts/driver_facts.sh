@@ -10,8 +10,8 @@ set -euo pipefail
 #   process      PID COMM CGROUP DEVICES   each process with /dev/nvidia* open (DEVICES: nvidia0,nvidiactl,... sorted);
 #                                 CGROUP its unified-hierarchy path (`/lxc/<vmid>/ns/...`: container <vmid>'s), `?`
 #                                 unreadable. Not this script, nor its children.
-#   unreadable   N                the processes whose fd directory could not be read (always printed once the scan
-#                                 ran: no such record, no scan)
+#   unreadable   N                the processes whose fd directory could not be read (always printed: no such record,
+#                                 an older script; `?` the scan could not run - no GNU find - and found nothing)
 #   persistenced STATE            systemctl is-active nvidia-persistenced (active, inactive, failed, ...); `absent` no
 #                                 such unit; `?` no systemd to ask
 #   dkms         LINE             each line of `dkms status -m nvidia` as it is; `none` no nvidia there; `absent` no
@@ -31,16 +31,24 @@ oneline() { tr '\t\n\r' '   ' | sed 's/ *$//'; }
 # fd, as readlink would need, is seconds on a busy host; lsof and fuser may be absent). A process may end mid-scan:
 # its directory's error is dropped, and a holder whose /proc entry is gone by the time it is read is dropped too (it
 # no longer holds anything) - which also drops find itself. A directory that cannot be read is counted, not hidden.
+# No scan at all (a find without GNU's predicates: busybox's) is `unreadable ?`, never "nothing holds the GPUs".
 gpu_processes() {
-  local line dir target pid dev unreadable=0 comm cgroup stat ppid cg
+  local line dir target pid dev unreadable=0 comm cgroup stat ppid cg ended=
   local -A devs=()
-  find /proc/[0-9]*/fd -maxdepth 1 \( -path '/proc/*/fd' ! -readable -printf 'U\n' \) \
-      -o \( -lname '/dev/nvidia*' -printf 'F\t%h\t%l\n' \) </dev/null 2>/dev/null | while IFS= read -r line; do
-    if [ "$line" = U ]; then
-      unreadable=$((unreadable + 1))
-      continue
-    fi
-    [ "${line%%$tab*}" = F ] || continue
+  if ! find /proc/self/fd -maxdepth 0 -readable -lname x -printf '' </dev/null >/dev/null 2>&1; then
+    echo "unreadable${tab}?"
+    return 0
+  fi
+  # `E` last: the loop ran to its end in this shell (lastpipe), so devs holds what it read.
+  { find /proc/[0-9]*/fd -maxdepth 1 \( -path '/proc/*/fd' ! -readable -printf 'U\n' \) \
+      -o \( -lname '/dev/nvidia*' -printf 'F\t%h\t%l\n' \) </dev/null 2>/dev/null || true; echo E; } |
+  while IFS= read -r line; do
+    case $line in
+      U) unreadable=$((unreadable + 1)); continue ;;
+      E) ended=1; continue ;;
+      F"$tab"*) ;;
+      *) continue ;;
+    esac
     line=${line#F$tab}
     dir=${line%%$tab*}
     target=${line#*$tab}
@@ -51,7 +59,11 @@ gpu_processes() {
     dev=${dev% (deleted)}
     dev=${dev//,/_}
     case ",${devs[$pid]:-}," in *",$dev,"*) ;; *) devs[$pid]=${devs[$pid]:+${devs[$pid]},}$dev ;; esac
-  done || true       # find's status: 1 when a process ended mid-scan
+  done
+  if [ -z "$ended" ]; then
+    echo "unreadable${tab}?"
+    return 0
+  fi
   for pid in $(printf '%s\n' "${!devs[@]}" | LC_ALL=C sort -n); do
     [ "$pid" != "$$" ] && [ "$pid" != "$BASHPID" ] || continue
     # The parent, from stat after the comm's closing parenthesis (a comm may hold spaces and parentheses).

@@ -168,7 +168,7 @@ INNER = r'''
 set -euo pipefail
 t=$1 script=$2 ctscript=$3
 mount --bind /dev/null "$t/dev/null"
-mount --bind "$t/dev" /dev
+mount --rbind "$t/dev" /dev
 mount --bind "$t/sys-module" /sys/module
 python3 -c 'import os, time
 a = os.open("/dev/nvidia0", os.O_PATH); b = os.open("/dev/nvidiactl", os.O_RDONLY)
@@ -185,6 +185,8 @@ wait "$s"
 PATH=$t/bin:$PATH bash "$ctscript" 200 < "$script" > "$t/ct.out" 3<&- &
 c=$!
 wait "$c"
+# As a user who cannot read root's fd directories (the shell's, python3's): counted, not taken for "nothing open".
+setpriv --reuid=65534 --regid=65534 --clear-groups bash -s processes < "$script" > "$t/nobody.out"
 echo "$$ $py $s $c" > "$t/pids"
 kill "$py"
 '''
@@ -236,3 +238,17 @@ def test_the_real_script_names_the_processes_holding_dev_nvidia_and_not_itself(t
     mine = driverfacts.parse_container(ct_out, 200)
     assert {(p.pid, p.comm, p.vmid) for p in mine} == {(shell, 'bash', 200), (py, 'python3', 200)}, ct_out
     assert ct not in {p.pid for p in mine} and ct_out.count('bash') == 1
+    nobody = driverfacts.parse((tmp_path / 'nobody.out').read_text())
+    assert (nobody.processes, nobody.unreadable, nobody.processes_known) == ([], 2, False)
+
+
+def test_a_scan_that_cannot_run_says_so(tmp_path):
+    """A find without GNU's predicates (busybox's, in a small container): `unreadable ?`, holders unknown."""
+    (tmp_path / 'find').write_text('#!/bin/sh\necho "find: unrecognized: -readable" >&2\nexit 1\n')
+    (tmp_path / 'find').chmod(0o755)
+    env = dict(os.environ, PATH='%s:%s' % (tmp_path, os.environ['PATH']))
+    out = subprocess.run(['bash', SCRIPT, 'processes'], capture_output=True, text=True, check=True, env=env).stdout
+    assert out == 'unreadable\t?\n'
+    facts = driverfacts.parse('running\tk\nrefcnt\tnvidia\t?\n' + out)
+    assert (facts.unreadable, facts.processes_known, facts.in_use()) == (None, False, None)
+    assert driverfacts.parse_container(out, 200) is None
