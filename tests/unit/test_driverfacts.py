@@ -252,3 +252,20 @@ def test_a_scan_that_cannot_run_says_so(tmp_path):
     facts = driverfacts.parse('running\tk\nrefcnt\tnvidia\t?\n' + out)
     assert (facts.unreadable, facts.processes_known, facts.in_use()) == (None, False, None)
     assert driverfacts.parse_container(out, 200) is None
+
+
+def test_the_containers_scan_is_sent_driver_facts_own_text(monkeypatch):
+    """One scan, not two copies of it: ct_gpu_holders.sh runs driver_facts.sh's text, sent on stdin, in the container."""
+    from transport import remote
+    sent = []
+
+    def run(target, name, args=(), stdin=None, **kw):
+        sent.append((target, name, list(args), stdin))
+        return remote.Result('process\t812\tpython3\t/system.slice/sglang.service\tnvidia0\nunreadable\t0\n', '', 0)
+
+    monkeypatch.setattr(remote, 'run', run)
+    got = driverfacts.container_processes('host-a', 200)
+    with open(SCRIPT, 'rb') as f:
+        assert sent == [('host-a', 'ct_gpu_holders.sh', ['200'], f.read())]
+    assert [(p.pid, p.vmid) for p in got] == [(812, 200)]
+    assert remote.step_name('ct_gpu_holders.sh', ['200']) == 'reading the processes holding the GPUs in container 200'
