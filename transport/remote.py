@@ -117,6 +117,7 @@ STEPS = {
     'ensure_dir.sh': ('creating the directory {0}', 60),
     'check_dir.sh': ('checking the directory {0}', 60),
     'driver_facts.sh': ('reading the NVIDIA driver, loaded and installed for each kernel', 60),
+    'ct_gpu_holders.sh': ('reading the processes holding the GPUs in container {0}', 60),
     'model_verify.sh': ('verifying the model files on the host', None),
     'model_forget.sh': ('removing the model\'s textfile {0} and verification cache', 60),
     'model_remove.sh': ('removing the previous model revision\'s directory {1}', 300),
@@ -263,7 +264,8 @@ def send_eof(chan) -> None:
 # The program's read-only scripts: inside a Read (reading()), those that arrive together go out as one command
 # (transport/hostreads.py); any command outside a Read forgets what was read of its host.
 READ_ONLY = frozenset(('host_facts.sh', 'read_file.sh', 'collector_facts.sh', 'ct_read_file.sh', 'ct_unit_facts.sh',
-                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh', 'ct_platform.sh', 'driver_facts.sh'))
+                       'check_dir.sh', 'ct_unit_owner.sh', 'model_verify.sh', 'ct_platform.sh', 'driver_facts.sh',
+                       'ct_gpu_holders.sh'))
 _READING = contextvars.ContextVar('gpuhost_reading', default=False)
 
 
