@@ -54,13 +54,20 @@ class Plan:
     vmid: int | None
 
 
+# The host's own holder an upgrade stops first (and starts again after), as NVIDIA's driver container does.
+PERSISTENCED = 'nvidia-persistenced.service'
+
+
 def holders_besides(facts: driverfacts.DriverFacts, vmid) -> list:
-    """Who holds the nvidia modules other than container `vmid`'s processes, as words for the operator."""
-    others = getattr(facts, 'holders_other_than', None)
-    if others is None:
-        return []
-    return ['%s (pid %s%s)' % (p.comm, p.pid, ', container %s' % p.vmid if p.vmid is not None else '')
-            for p in others(vmid)]
+    """What holds the nvidia modules other than container `vmid`'s processes and nvidia-persistenced (both stopped by
+    the upgrade), as words for the operator: each process, and the fds the scan could not read (unknown is not
+    nothing)."""
+    out = ['%s (pid %d, %s)' % (p.comm, p.pid, 'container %d' % p.vmid if p.vmid is not None else 'on the host')
+           for p in facts.holders_other_than(vmid) if not (p.cgroup or '').endswith('/' + PERSISTENCED)]
+    if facts.unreadable:
+        out.append('%d process%s whose open files could not be read' % (
+            facts.unreadable, 'es' if facts.unreadable > 1 else ''))
+    return out
 
 
 def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboot: str) -> Plan:
@@ -129,10 +136,15 @@ class NvidiaDriverProvider(ObservedProvider):
         return True
 
     def plan_for(self, props) -> tuple:
-        facts = read(remote.Target.from_inputs(props['connection']))
+        target = remote.Target.from_inputs(props['connection'])
+        facts = read(target)
         service = props.get('service')
-        return facts, plan(facts, props['version'], props['modules'], service['vmid'] if service else None,
-                           props.get('reboot') or 'never')
+        vmid = service['vmid'] if service else None
+        if vmid is not None and facts.loaded is not None and facts.loaded != props['version']:
+            # Who holds the GPUs inside the container: a Proxmox host shows its processes itself (their cgroup names
+            # it), the container's own scan covers a host that does not.
+            facts = facts.with_container(vmid, driverfacts.container_processes(target, vmid))
+        return facts, plan(facts, props['version'], props['modules'], vmid, props.get('reboot') or 'never')
 
     def say_price(self, props) -> None:
         try:

@@ -51,3 +51,35 @@ def test_a_proprietary_module_at_the_declared_version_is_not_what_is_declared():
     f.flavour_line = 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Release Build'
     assert driver.plan(f, A, 'open', 200, 'never').kind == 'reload'
     assert driver.observe(f, A)['modules'] == 'proprietary'
+
+
+def holder(pid, comm, cgroup):
+    from transport.driverfacts import Process, cgroup_vmid
+    return Process(pid=pid, comm=comm, cgroup=cgroup, devices=('nvidia0', 'nvidiactl'), vmid=cgroup_vmid(cgroup))
+
+
+def test_sglang_and_persistenced_do_not_keep_a_reload_from_happening():
+    f = facts()
+    f.unreadable = 0
+    f.processes = [holder(4242, 'python3', '/lxc/200/ns/system.slice/sglang.service'),
+                   holder(917, 'nvidia-persiste', '/system.slice/nvidia-persistenced.service')]
+    assert driver.plan(f, B, 'open', 200, 'never').kind == 'reload'
+
+
+def test_another_holder_means_a_reboot_where_allowed_and_nothing_touched_where_not():
+    f = facts()
+    f.unreadable = 2
+    f.processes = [holder(4242, 'python3', '/lxc/200/ns/system.slice/sglang.service'),
+                   holder(5150, 'dcgm-exporter', '/system.slice/dcgm-exporter.service'),
+                   holder(777, 'nvidia-smi', '/lxc/201/ns/user.slice')]
+    p = driver.plan(f, B, 'open', 200, 'when-required')
+    assert p.kind == 'reboot'
+    assert p.others == ['dcgm-exporter (pid 5150, on the host)', 'nvidia-smi (pid 777, container 201)',
+                        '2 processes whose open files could not be read']
+    held = driver.plan(f, B, 'open', 200, 'never')
+    assert held.kind == 'held'
+    assert driver.price(held, SERVICE) == (
+        '580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels 6.8.12-4-pve): nothing is touched - '
+        'the modules are held by dcgm-exporter (pid 5150, on the host), nvidia-smi (pid 777, container 201), 2 '
+        'processes whose open files could not be read besides SGLang, and gpuhost:host.reboot is never. Stop what '
+        'holds them, or allow a reboot (gpuhost:host.reboot: when-required), and re-run')
