@@ -55,6 +55,11 @@ class ProxmoxHost(pulumi.ComponentResource):
                 'version': drv.version, 'modules': drv.modules, 'kernels_missing': [],
                 'installer': {'path': drv.host_path, 'sha256': drv.sha256,
                               **({'source': drv.source} if drv.source else {})},
+                # Its mirror's login: to the host's download job on stdin only (resources/runtime.py fetch_installers).
+                'installer_tokens': pulumi.Output.secret({'nvidia': {'token': drv.token.get_secret_value()}})
+                if drv.token else None,
+                'timeout': d.runtime.install_timeout_s, 'stall': d.runtime.stall_timeout_s,
+                'container_gpus': list(d.container.gpus), 'vm_gpus': vfio_devices,
                 'reboot': d.host.reboot, 'service': service_props(d), **({'rollout': rollout} if rollout else {})},
                 pulumi.ResourceOptions(parent=self, retain_on_delete=True, depends_on=[self.nvidia, self.vfio]),
                 outputs=NvidiaDriverProvider.OUTPUTS)

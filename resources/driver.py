@@ -11,12 +11,14 @@ would change the driver stops at this resource with one line and nothing changed
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 
-from resources.fields import ROLLOUT, S, SERVICE, arr, mapof, obj, optional
+from resources.fields import ANY, N, ROLLOUT, S, SERVICE, arr, mapof, obj, optional, secret
 from resources.host import _HostResource
 from resources.resource import CheckResult
 from resources.state import ObservedProvider
-from transport import driverfacts, remote
+from transport import driverfacts, jobs, remote
 from transport.operator import OperatorError, info, warn
 
 LABEL = 'host-nvidia-driver'
@@ -84,9 +86,12 @@ def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboo
     return Plan('reboot' if reboot == 'when-required' else 'held', facts.loaded, version, kernels, others, vmid)
 
 
-NOT_YET = ('this release does not change a host\'s driver yet (docs/driver-plan.md, step 3): `up` stops at this step '
-           'with nothing changed; until then upgrade it by hand (docs/operator-guide.md) or declare the version the '
-           'host runs')
+NOT_YET = ('this release does not yet %s (docs/driver-plan.md): `up` stops at this step with nothing changed; until '
+           'then do it by hand (docs/operator-guide.md) or declare the version the host runs')
+# What an `up` does itself; the other kinds are priced, and stopped at with NOT_YET.
+DONE_BY_UP = ('none', 'load', 'reload')
+NOT_YET_WHAT = {'build': 'build the module for a kernel by itself', 'reboot': 'reboot a host into a new driver',
+                'held': 'change a driver that other processes hold'}
 
 
 def price(p: Plan, service: dict | None) -> str:
@@ -114,6 +119,62 @@ def price(p: Plan, service: dict | None) -> str:
                 head, ', '.join(p.others)))
 
 
+def not_yet(p: Plan) -> str:
+    text = NOT_YET % NOT_YET_WHAT[p.kind]
+    return text[0].upper() + text[1:]
+
+
+# ------------------------------------------------------------------- the upgrade
+
+def upgrade_job(props: dict) -> jobs.Job:
+    """hostscripts/driver_upgrade.sh as a durable job on the host: it outlives the SSH command, the connection and
+    `pulumi` (a Ctrl-C or a drop mid-install leaves it running; the next `up` re-attaches to it, never a second one),
+    and records its step on the host for a job started again after it died."""
+    inst, service = props['installer'], props.get('service') or {}
+    with open(os.path.join(remote.SCRIPTS, 'driver_upgrade.sh')) as f:
+        body = f.read()
+    args = (props['version'], inst['path'], inst['sha256'], str(service.get('vmid', '-')),
+            service.get('unit_name', '-'), ','.join(props.get('container_gpus') or []) or '-',
+            ','.join(props.get('vm_gpus') or []) or '-')
+    return jobs.Job(name='gpuhost-driver', label='the NVIDIA driver upgrade to %s' % props['version'],
+                    spec=jobs.spec_of({'version': props['version'], 'installer': inst['path'], 'sha256': inst['sha256']}),
+                    interpreter='bash', body=body, args=args, limit_s=int(float(props.get('timeout') or 3600)),
+                    stall_s=int(float(props.get('stall') or 600)), limit_key='gpuhost:runtime.install_timeout_s',
+                    stall_key='gpuhost:runtime.stall_timeout_s', prefix='gpuhost')
+
+
+def upgrade(target: remote.Target, props: dict, p: Plan) -> None:
+    """The installer on the host (downloaded first where it is declared by source), then the upgrade job; one line
+    for the operator whatever ends it."""
+    inst = props['installer']
+    if inst.get('source'):
+        from resources.runtime import fetch_installers
+        # The runtime's download job (resumable, never two of one file, the token sent to the source's origin only).
+        fetch_installers(target, {'runtime': {'nvidia': props['version']},
+                                  'install': {'nvidia': {'installer': inst['path'], 'sha256': inst['sha256'],
+                                                         'source': inst['source']},
+                                              'timeout': props.get('timeout') or 3600, 'stall': props.get('stall')},
+                                  'installer_tokens': props.get('installer_tokens')}, {'container_driver': None})
+    started = time.monotonic()
+    job = upgrade_job(props)
+    try:
+        jobs.run(target, job)
+    except jobs.JobFailed as e:
+        from resources.runtime import _exit_status, _job_log
+        why = _job_log(e)
+        code = _exit_status(e)
+        if code == 5:
+            raise DriverError('%s: %s; the rollout stops at this host (its SGLang runs again on %s). Read the '
+                              'kernel log (journalctl --dmesg) on the host before trying %s again' % (
+                                  LABEL, why, p.old, p.new)) from None
+        if code in (3, 4):
+            raise DriverError('%s: %s' % (LABEL, why)) from None
+        raise DriverError('%s: the upgrade to %s failed: %s (its log: %s on the host); the next `up` goes on from the '
+                          'step it was in' % (LABEL, p.new, why, job.log_path)) from None
+    info('%s: %s -> %s: loaded, every container GPU up on it (%d s); the container\'s user space and SGLang follow' % (
+        LABEL, p.old or 'not loaded', p.new, time.monotonic() - started))
+
+
 # ------------------------------------------------------------------- the provider
 
 def read(target: remote.Target) -> driverfacts.DriverFacts:
@@ -128,6 +189,8 @@ class NvidiaDriverProvider(ObservedProvider):
     ROLLOUT_STEP = 'its NVIDIA driver'
     INPUTS = {'version': S, 'modules': S, 'kernels_missing': arr(S),
               'installer': obj('DriverInstaller', path=S, sha256=S, source=optional(S)),
+              'installer_tokens': optional(secret(ANY)), 'timeout': N, 'stall': N,
+              'container_gpus': arr(S), 'vm_gpus': arr(S),
               'reboot': S, 'service': optional(SERVICE), 'rollout': optional(ROLLOUT)}
     OUTPUTS = {'installed': mapof(S), 'running_kernel': optional(S), 'applied': S}
 
@@ -152,13 +215,21 @@ class NvidiaDriverProvider(ObservedProvider):
         except (OperatorError, remote.RemoteError) as e:
             warn('%s: %s - what the change costs could not be read: %s' % (LABEL, props['version'], e))
             return
-        if p.kind != 'none':
-            info('%s: %s. %s' % (LABEL, price(p, props.get('service')), NOT_YET[0].upper() + NOT_YET[1:]))
+        if p.kind in DONE_BY_UP[1:]:
+            info('%s: %s' % (LABEL, price(p, props.get('service'))))
+        elif p.kind != 'none':
+            info('%s: %s. %s' % (LABEL, price(p, props.get('service')), not_yet(p)))
 
     def apply(self, props):
+        target = remote.Target.from_inputs(props['connection'])
         facts, p = self.plan_for(props)
+        if p.kind == 'held':
+            raise DriverError('%s: %s.' % (LABEL, price(p, props.get('service'))))
+        if p.kind not in DONE_BY_UP:
+            raise DriverError('%s: %s; %s.' % (LABEL, price(p, props.get('service')), not_yet(p)))
         if p.kind != 'none':
-            raise DriverError('%s: %s; %s.' % (LABEL, price(p, props.get('service')), NOT_YET))
+            upgrade(target, props, p)
+            facts = read(target)
         return dict(props, **observe(facts, props['version']))
 
     def check(self, olds, news):

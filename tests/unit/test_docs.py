@@ -35,6 +35,14 @@ def lab_program():
 
 
 @pytest.fixture(scope='module')
+def driver_program():
+    """The same with the host's driver declared (gpuhost:nvidia.driver, its output nvidia_driver)."""
+    data = lab_data()
+    data['nvidia'] = {'driver': dict(data['runtime'].pop('nvidia'))}
+    return run_program(config.parse_fleet(data), FILES)
+
+
+@pytest.fixture(scope='module')
 def fleet_program():
     from lab import fleet
     entries = [fleet.host_entry(i, fleet.host_spec(i, fleet.addresses(i)), '.lab-fleet/gpu%02d' % i) for i in (1, 2)]
@@ -76,8 +84,9 @@ def missing_rows(exported, documented, table) -> list:
             'python -m tools.docs outputs' % (table, n) for n in sorted(documented - set(exported))]
 
 
-def test_every_output_of_a_one_host_stack_has_a_row(lab_program):
-    assert missing_rows(lab_program['exports'], names(outputs.OUTPUTS), 'OUTPUTS') == []
+def test_every_output_of_a_one_host_stack_has_a_row(lab_program, driver_program):
+    assert missing_rows(dict(lab_program['exports'], **driver_program['exports']), names(outputs.OUTPUTS),
+                        'OUTPUTS') == []
     # The monitoring outputs are there (the tables are not empty by accident).
     assert {'prometheus_file_sd', 'model', 'vm'} <= set(lab_program['exports'])
 

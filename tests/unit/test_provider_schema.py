@@ -116,7 +116,7 @@ def test_the_schema_types_every_property_and_states_required_secret_and_replace_
                if p.get('secret')}
     assert secrets == {('gpuhost:index:ModelWeights', 'token'), ('gpuhost:index:SglangUnit', 'api_key'),
                        ('gpuhost:index:SglangUnit', 'index_password'),
-                       ('gpuhost:index:SglangUnit', 'installer_tokens')}
+                       ('gpuhost:index:SglangUnit', 'installer_tokens'), ('gpuhost:index:NvidiaDriver', 'installer_tokens')}
     # The output of a secret input is secret too (the engine keeps it so: provider/__main__.py).
     assert all(schema['resources'][token]['properties'][k].get('secret') for token, k in secrets)
     refs = {ref for ref in json.dumps(schema).split('"$ref": "')[1:]}

@@ -1,0 +1,198 @@
+set -euo pipefail
+# driver_upgrade.sh NEW INSTALLER SHA256 VMID UNIT CT_GPUS VM_GPUS: the host's NVIDIA kernel driver to version NEW, as a
+# durable job on the host (resources/driver.py; docs/driver-plan.md step 3). A job, never a plain command: a command is
+# ended on the host at its time limit (hostscripts/guard.sh), and an install cut in half leaves a host with no driver.
+#
+#   NEW        the version (580.105.08)          INSTALLER  its .run on the host, checked against SHA256
+#   VMID UNIT  the container and its SGLang unit, stopped for the reload (`-`: none)
+#   CT_GPUS    the container's GPUs (comma list): on nvidia and in nvidia-smi at NEW before anything serves
+#   VM_GPUS    the VM's GPUs (comma list, or `-`): on vfio-pci, never touched - their bindings compared before and after
+#
+# Steps, each recorded in /var/lib/gpuhost/driver/state before it starts (a job started again after the host or the
+# job died goes on from the step it was in - never a second install over a half one: an install found cut short is
+# uninstalled first): drain (SGLang stopped), persistenced (stopped), unload (rmmod, nvidia last), install (the .run
+# with DKMS for the running kernel, then `dkms install` for every other installed kernel), load (modprobe), check (the
+# version, each container GPU on nvidia and in nvidia-smi, the kernel log since the load free of NVRM's GPU
+# initialisation failures, the IOMMU still translating), done. A check that fails puts the previous version back
+# (its installer, kept on the host) and starts what was stopped; a module still in use is loaded again as it was.
+#
+# stdout's last line is the outcome: `upgraded FROM NEW`, `restored FROM NEW` (exit 5), `in use` (exit 4). Progress
+# and the reasons are stderr lines `gpuhost: ...` (the job's log). Exit 3: refused before anything changed.
+new=$1 installer=$2 sha=$3 vmid=$4 unit=$5 ct_gpus=$6 vm_gpus=$7
+dir=/var/lib/gpuhost/driver
+state=$dir/state
+mkdir -p "$dir"
+chmod 0700 "$dir"
+say() { echo "gpuhost: $*" >&2; }
+get() { sed -n "s/^$1 //p" "$state" 2>/dev/null | tail -n 1; }
+put() {
+  { grep -v "^$1 " "$state" 2>/dev/null || true; echo "$1 $2"; } > "$state.tmp"
+  mv -f "$state.tmp" "$state"
+}
+loaded() { head -n 1 /sys/module/nvidia/version 2>/dev/null || echo -; }
+kernels() { for t in /lib/modules/*/; do [ -d "$t" ] && { t=${t%/}; echo "${t##*/}"; }; done; }
+bindings() {   # the VM's GPUs' drivers and the driverctl overrides: what must be the same after
+  local b
+  [ "$vm_gpus" = - ] && return 0
+  for b in ${vm_gpus//,/ }; do echo "$b $(readlink "/sys/bus/pci/devices/$b/driver" 2>/dev/null || echo none)"; done
+  driverctl list-overrides 2>/dev/null || true
+}
+ct_running() { [ "$vmid" != - ] && pct status "$vmid" 2>/dev/null | grep -q 'status: running'; }
+unload() {
+  local m
+  for m in nvidia_drm nvidia_modeset nvidia_uvm nvidia_peermem nvidia; do
+    if [ -d "/sys/module/$m" ]; then rmmod "$m" || return 1; fi
+  done
+}
+load() { modprobe nvidia && modprobe nvidia_uvm && modprobe nvidia_modeset; }
+installed_run() {   # INSTALLER: the .run with DKMS for the running kernel, then DKMS for every other installed kernel
+  local k version
+  version=$(basename "$1" | sed -E 's/^NVIDIA-Linux-[a-z0-9_]+-([0-9][0-9.]*[0-9])(-no-compat32)?\.run$/\1/')
+  sh "$1" --silent --dkms --kernel-module-type=open --skip-module-load
+  for k in $(kernels); do
+    [ "$k" = "$(uname -r)" ] && continue
+    dkms install "nvidia/$version" -k "$k"
+  done
+}
+resume() {   # start what the drain stopped
+  if [ "$(get persistenced)" = active ]; then systemctl start nvidia-persistenced || say "nvidia-persistenced did not start again"; fi
+  if [ "$(get sglang)" = active ] && ct_running; then
+    pct exec "$vmid" -- systemctl start "$unit" || say "$unit did not start again in container $vmid"
+  fi
+}
+cursor() { journalctl --dmesg --output=json --no-pager | tail -n 1 | python3 -c 'import json, sys
+t = sys.stdin.read().strip()
+print(json.loads(t).get("__CURSOR", "") if t else "")'; }
+# NVRM's GPU initialisation failures, by their format (shared/notes: the FSP boot-complete poll, the GSP firmware,
+# RmInitAdapter, and the Xids of a GPU that did not come up or fell off the bus) - never one code.
+FAILURES='NVRM: .*(RmInitAdapter failed|while polling for FSP boot complete|Cannot initialize GSP firmware|GPU has fallen off the bus)|NVRM: Xid \(PCI:[^)]*\): (79|119|120|143)[,:]'
+since() {   # the kernel's messages after cursor $1
+  journalctl --dmesg --output=json --no-pager ${1:+--after-cursor="$1"} | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line).get("MESSAGE", "")
+    print(m if isinstance(m, str) else bytes(m).decode("utf-8", "replace"))'
+}
+check() {   # what must hold before anything serves on NEW; prints the first reason it does not, exit 1
+  local b got smi t
+  got=$(loaded)
+  [ "$got" = "$new" ] || { echo "the loaded module is $got, not $new"; return 1; }
+  bad=$(since "$(get cursor)" | grep -E "$FAILURES" | head -n 4 | tr '\n' '|' | sed 's/|$//; s/|/ | /g') || true
+  [ -z "$bad" ] || { echo "the kernel log since the load: $bad"; return 1; }
+  for b in ${ct_gpus//,/ }; do
+    got=$(readlink "/sys/bus/pci/devices/$b/driver" 2>/dev/null || echo none)
+    [ "${got##*/}" = nvidia ] || { echo "container GPU $b is bound to ${got##*/}, not nvidia"; return 1; }
+    t=$(cat "/sys/bus/pci/devices/$b/iommu_group/type" 2>/dev/null || echo '?')
+    case $t in DMA|DMA-FQ) ;; *) echo "container GPU $b's IOMMU group is $t, not translated (DMA/DMA-FQ)"; return 1 ;; esac
+  done
+  smi=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1) || { echo "nvidia-smi: $(echo "$smi" | head -n 1)"; return 1; }
+  n=$(echo "$smi" | grep -cx "$new" || true)
+  want=$(echo "${ct_gpus//,/ }" | wc -w)
+  [ "$n" -ge "$want" ] || { echo "nvidia-smi lists $n GPUs at $new, the container has $want: $(echo "$smi" | tr '\n' ' ')"; return 1; }
+}
+
+step=$(get step)
+if [ "$(get to)" != "$new" ] || [ "$step" = done ] || [ "$step" = restored ] || [ -z "$step" ]; then
+  if [ "$(loaded)" = "$new" ] && [ "$step" = done ]; then echo "upgraded $(get from) $new"; exit 0; fi
+  # A fresh upgrade: refused here, before anything changes, for what would stop it half-way.
+  got=$(sha256sum "$installer" 2>/dev/null | cut -d' ' -f1) || got=
+  if [ "$got" != "$sha" ]; then
+    say "$installer: ${got:+its sha256 is $got, declared $sha}${got:-not on the host}; nothing was changed"
+    exit 3
+  fi
+  from=$(loaded)
+  previous=-
+  for p in "$(dirname "$installer")/NVIDIA-Linux-x86_64-$from.run" "/var/lib/gpuhost/installers/NVIDIA-Linux-x86_64-$from.run"; do
+    if [ -f "$p" ]; then previous=$p; break; fi
+  done
+  if [ "$from" != - ] && [ "$previous" = - ]; then
+    say "the installer of the running version $from (NVIDIA-Linux-x86_64-$from.run) is not in $(dirname "$installer") or /var/lib/gpuhost/installers: it is what a failed upgrade goes back to. Put it there and re-run; nothing was changed"
+    exit 3
+  fi
+  for k in $(kernels); do
+    if [ ! -d "/lib/modules/$k/build/" ]; then
+      say "kernel $k has no headers (/lib/modules/$k/build), so DKMS cannot build the module for it: apt install proxmox-headers-$k (or remove the kernel) and re-run; nothing was changed"
+      exit 3
+    fi
+  done
+  rm -f "$state"
+  put to "$new"; put from "$from"; put previous "$previous"; put vm "$(bindings | sha256sum | cut -d' ' -f1)"
+  put step drain
+  step=drain
+fi
+from=$(get from) previous=$(get previous)
+
+if [ "$step" = drain ]; then
+  if ct_running && pct exec "$vmid" -- systemctl is-active --quiet "$unit"; then
+    put sglang active
+    say "stopping $unit in container $vmid"
+    pct exec "$vmid" -- systemctl stop "$unit"
+  fi
+  if systemctl is-active --quiet nvidia-persistenced 2>/dev/null; then
+    put persistenced active
+    say "stopping nvidia-persistenced"
+    systemctl stop nvidia-persistenced
+  fi
+  put step unload; step=unload
+fi
+
+if [ "$step" = unload ]; then
+  say "unloading the nvidia modules ($from)"
+  if ! err=$(unload 2>&1); then
+    say "$err"
+    load >/dev/null 2>&1 || true
+    resume
+    rm -f "$state"
+    say "the nvidia modules are in use, so $new was not installed; $from is loaded as it was and what was stopped runs again"
+    echo "in use"
+    exit 4
+  fi
+  put step install; step=install
+fi
+
+if [ "$step" = install ] || [ "$step" = installing ]; then
+  if [ "$step" = installing ]; then
+    # The last install was cut short (the host or the job died in it): what it left is removed first.
+    say "an install of $new was cut short: removing what it left first"
+    sh "$installer" --uninstall --silent || say "the uninstall of the cut-short install failed; installing over it"
+  fi
+  put step installing
+  say "installing $new with DKMS for kernels $(kernels | tr '\n' ' ')"
+  installed_run "$installer" >&2
+  put step load; step=load
+fi
+
+if [ "$step" = load ]; then
+  put cursor "$(cursor)"
+  say "loading $new"
+  load >&2 || true     # a load that fails is what the check reads
+  put step check; step=check
+fi
+
+if [ "$step" = check ]; then
+  if why=$(check); then
+    [ "$(bindings | sha256sum | cut -d' ' -f1)" = "$(get vm)" ] || say "WARNING: the VM's GPU bindings changed during the upgrade"
+    if [ "$(get persistenced)" = active ]; then systemctl start nvidia-persistenced || say "nvidia-persistenced did not start again"; fi
+    put step done
+    say "$new is loaded and every container GPU is up on it"
+    echo "upgraded $from $new"
+    exit 0
+  fi
+  say "$new did not bring the GPUs up: $why"
+  put failed "$why"
+  put step restore; step=restore
+fi
+
+if [ "$step" = restore ]; then
+  say "putting $from back ($previous)"
+  unload >&2 || true
+  sh "$installer" --uninstall --silent >&2 || true
+  installed_run "$previous" >&2
+  load >&2 || say "$from did not load again either"
+  resume
+  say "$new did not bring the GPUs up: $(get failed). $from is back and loaded"
+  put step restored
+  echo "restored $from $new"
+  exit 5
+fi
+say "unknown step $step in $state"
+exit 2
