@@ -228,7 +228,8 @@ def test_rules_pass_promtool_check(tmp_path, stack, changes):
     assert {'GpuhostTargetDown', 'GpuhostRebootRequired', 'GpuhostContainerGpuOnVfio', 'GpuhostIdentityIommuGroup',
             'GpuhostSglangSpeculationMismatch', 'GpuhostSglangThroughputCollapse', 'GpuhostGpuXidCritical',
             'GpuhostGpuXidErrors', 'GpuhostIommuPageFaults', 'GpuhostNvidiaDriverLibraryMismatch',
-            'GpuhostCollectorStale'} <= set(names)
+            'GpuhostCollectorStale', 'GpuhostKernelWithoutNvidiaModule', 'GpuhostNvidiaKernelModulesUnknown',
+            'GpuhostNvidiaDriverDeclaredMismatch'} <= set(names)
 
 
 def test_rules_threshold_follows_the_declared_steps():
