@@ -308,7 +308,7 @@ def kernel_modules(root='/', modinfo=None, run=subprocess.run, timeout=MODINFO_T
             res = run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       timeout=timeout)
         except subprocess.TimeoutExpired:
-            log('modinfo -k %s: no answer within %d s; kernels not read: %s' % (
+            log('modinfo -k %s: no answer within %g s; kernels not read: %s' % (
                 kernel, timeout, ' '.join(kernels[kernels.index(kernel):])))
             return found, False
         except OSError as e:

@@ -388,7 +388,7 @@ def test_a_modinfo_that_fails_otherwise_or_hangs_leaves_those_kernels_out(host, 
     assert collector.kernel_modules(host.path(), hangs, timeout=0.5, log=logged.append) == (
         {'6.8.12-1-pve': '580.95.05'}, False)
     assert asked.read_text().split() == ['6.8.12-1-pve', '6.8.12-4-pve']
-    assert logged == ['modinfo -k 6.8.12-4-pve: no answer within 0 s; kernels not read: 6.8.12-4-pve 6.8.12-9-pve']
+    assert logged == ['modinfo -k 6.8.12-4-pve: no answer within 0.5 s; kernels not read: 6.8.12-4-pve 6.8.12-9-pve']
 
 
 def test_the_declared_driver_is_exported_only_where_it_is_declared(host, tmp_path):
