@@ -15,7 +15,9 @@ atomically (a temporary file in the same directory, not named *.prom, renamed ov
   * NVIDIA Xid events per GPU and Xid code, and AMD-Vi IO_PAGE_FAULT events per PCI device, as counters
     since boot, from the kernel log (journalctl --dmesg: the whole boot, also when the collector starts
     late, and a cursor to go on from); PCIe AER error counts per GPU from sysfs;
-  * the host's NVIDIA kernel module version;
+  * the host's NVIDIA kernel module version, the driver version the config declares (gpuhost:nvidia.driver, when
+    it does), and for each installed kernel (/lib/modules/*) the nvidia module built for it - `modinfo -k KERNEL -F
+    version nvidia`, the read hostscripts/driver_facts.sh makes: a kernel without one boots with no GPU driver;
   * the collector's own last success.
 
 Why Python and not a shell + awk script: the reboot reasons and the kernel command-line rules (every
@@ -45,6 +47,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +56,8 @@ import time
 from components import exposition, host_state
 from grammar import cmdline
 
-CONFIG_VERSION = 1
+# 2: expect.nvidia_driver (the declared driver version, null when gpuhost:nvidia.driver is absent).
+CONFIG_VERSION = 2
 STATE_VERSION = 1
 EXIT_CONFIG = 2     # the config file is missing or refused: nothing was written
 EXIT_WRITE = 1      # the textfile could not be written
@@ -80,6 +84,14 @@ FAULT_DEV_RE = re.compile(r'(?:^|\s)([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2
 FAULT_ADDR_RE = re.compile(r'AMD-Vi: Event logged \[IO_PAGE_FAULT device=((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:'
                            r'[0-9a-fA-F]{2}\.[0-7]) ')
 JOURNALCTL = ('journalctl', '--dmesg', '--output=json', '--no-pager', '--quiet')
+# config/runtime.py DriverVersion's grammar (tests/unit/test_collector.py holds them equal).
+DRIVER_VERSION_RE = re.compile(r'^\d{3}\.\d{1,3}(\.\d{1,3})?$')
+# kmod's modinfo, when the kernel's module index has no module of that name: the one failure that means "none built"
+# (any other - a broken index, a timeout - is "unknown", never "none").
+MODINFO_NOT_FOUND = 'Module nvidia not found'
+MODINFO_TIMEOUT_S = 10
+# Where Debian puts modinfo (kmod), should the unit's PATH not name it.
+MODINFO_PATHS = ('/usr/sbin/modinfo', '/sbin/modinfo', '/usr/bin/modinfo', '/bin/modinfo')
 
 
 class ConfigError(Exception):
@@ -136,7 +148,7 @@ def validate_config(doc) -> dict:
     expect = doc['expect']
     if not isinstance(expect, dict):
         raise ConfigError('expect: %r is not an object' % (expect,))
-    keys = {'ensure_args', 'policy', 'domain', 'nvidia_params', 'vfio_devices', 'container_devices'}
+    keys = {'ensure_args', 'policy', 'domain', 'nvidia_params', 'vfio_devices', 'container_devices', 'nvidia_driver'}
     if set(expect) != keys:
         raise ConfigError('expect: keys %s missing, %s unknown' % (sorted(keys - set(expect)) or 'none',
                                                                    sorted(set(expect) - keys) or 'none'))
@@ -149,6 +161,9 @@ def validate_config(doc) -> dict:
     for k, v in params.items():
         _str(k, 'expect.nvidia_params key', re.compile(r'^[A-Za-z][A-Za-z0-9]*$'), 'a parameter name without NVreg_')
         _str(v, 'expect.nvidia_params.%s' % k, re.compile(r'^-?[0-9]+$'), 'an integer as a string ("1")')
+    driver = expect['nvidia_driver']
+    if driver is not None:
+        _str(driver, 'expect.nvidia_driver', DRIVER_VERSION_RE, 'an NVIDIA driver version (580.95.05), or null')
     return {
         'version': CONFIG_VERSION, 'textfile': textfile, 'state': _path(doc['state'], 'state'),
         'interval_s': interval,
@@ -164,6 +179,7 @@ def validate_config(doc) -> dict:
                                   lambda v, k: _str(v, k, BDF_RE, 'a PCI address (0000:81:00.0)')),
             'container_devices': _list(expect['container_devices'], 'expect.container_devices',
                                        lambda v, k: _str(v, k, BDF_RE, 'a PCI address (0000:01:00.0)')),
+            'nvidia_driver': driver,
         },
     }
 
@@ -260,6 +276,55 @@ def module_version(sysfs='/sys'):
     """The loaded nvidia module's version (/sys/module/nvidia/version), None if it is not loaded."""
     text = _read(os.path.join(sysfs, 'module', 'nvidia', 'version'))
     return text.strip() or None if text is not None else None
+
+
+def find_modinfo():
+    """modinfo's path (kmod's: every Proxmox VE host has it), None where the host has none."""
+    return shutil.which('modinfo') or next((p for p in MODINFO_PATHS if os.access(p, os.X_OK)), None)
+
+
+def kernel_modules(root='/', modinfo=None, run=subprocess.run, timeout=MODINFO_TIMEOUT_S, log=None):
+    """({kernel: version}, readable): each installed kernel (a directory of ROOT/lib/modules) and the version of
+    the nvidia module built for it, as `modinfo -k KERNEL -F version nvidia` reads it (hostscripts/driver_facts.sh's
+    command; with ROOT other than /, `-b ROOT`): '' when modinfo finds none (a boot into that kernel has no GPU
+    driver). What cannot be told is not guessed: a kernel modinfo failed for otherwise, or that it did not answer
+    within `timeout` seconds, is left out, and so is every kernel when there is no modinfo or no /lib/modules;
+    readable is then False. After a timeout the kernels left are not asked (a hung disk would hang each of them)."""
+    log = log or (lambda msg: None)
+    tree = os.path.join(root, 'lib', 'modules')
+    try:
+        kernels = sorted(n for n in os.listdir(tree) if os.path.isdir(os.path.join(tree, n)))
+    except OSError as e:
+        log('cannot list %s: %s' % (tree, e.strerror or e))
+        return {}, False
+    if modinfo is None:
+        log('no modinfo (kmod) on the host: which kernels have the nvidia module is unknown')
+        return {}, False
+    found, readable = {}, True
+    for kernel in kernels:
+        argv = [modinfo] + (['-b', root] if os.path.normpath(root) != '/' else []) + [
+            '-k', kernel, '-F', 'version', 'nvidia']
+        try:
+            res = run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log('modinfo -k %s: no answer within %g s; kernels not read: %s' % (
+                kernel, timeout, ' '.join(kernels[kernels.index(kernel):])))
+            return found, False
+        except OSError as e:
+            log('cannot run %s: %s' % (modinfo, e.strerror or e))
+            return found, False
+        out = res.stdout.decode('utf-8', 'replace').strip().splitlines()
+        err = res.stderr.decode('utf-8', 'replace').strip()
+        if res.returncode == 0 and out and out[0].strip():
+            found[kernel] = out[0].strip()
+        elif res.returncode != 0 and MODINFO_NOT_FOUND in err:
+            found[kernel] = ''
+        else:
+            readable = False
+            log('modinfo -k %s -F version nvidia: exit %d, %s' % (kernel, res.returncode,
+                                                                  err[-300:] or 'no version printed'))
+    return found, readable
 
 
 def boot_id(procfs='/proc') -> str:
@@ -362,11 +427,11 @@ def count(state: dict, entries, gpus=()) -> dict:
 
 # ------------------------------------------------------------------------------------ the textfile
 
-def render(cfg, facts, version, aer, state, sources) -> str:
+def render(cfg, facts, version, aer, state, sources, kernels=None) -> str:
     """The textfile's content. facts: read_host()'s HostFacts or None (not read); version: the nvidia
     module's version or None; aer: {address: read_aer()}; state: the counts since boot and the last
     success (when the kernel log could not be read this time, the counts as far as they were read);
-    sources: {source: ok}."""
+    sources: {source: ok}; kernels: kernel_modules()'s ({kernel: version, '' none}, readable), None not read."""
     expect = cfg['expect']
     t = exposition.Text()
     t.family('gpuhost_collector_last_success_timestamp_seconds',
@@ -416,6 +481,21 @@ def render(cfg, facts, version, aer, state, sources) -> str:
     if version is not None:
         t.family('gpuhost_nvidia_module_info', 'The loaded NVIDIA kernel module (/sys/module/nvidia/version).',
                  [({'version': version}, 1)])
+    if expect['nvidia_driver'] is not None:
+        t.family('gpuhost_nvidia_driver_declared_info', 'The NVIDIA driver version the config declares '
+                 '(gpuhost:nvidia.driver; the loaded module: gpuhost_nvidia_module_info).',
+                 [({'version': expect['nvidia_driver']}, 1)])
+    if kernels is not None:
+        built, readable = kernels
+        t.family('gpuhost_nvidia_kernel_modules_readable', 'Whether the collector read the nvidia module of every '
+                 'installed kernel (1) or not (0: no modinfo, no /lib/modules, or modinfo failed or timed out; the '
+                 'kernels it could not read are left out).', [({}, 1 if readable else 0)])
+        t.family('gpuhost_nvidia_kernel_module_built', 'Whether an nvidia module is built for this installed kernel '
+                 '(1) or not (0: a boot into it has no GPU driver), as modinfo -k KERNEL reads it.',
+                 [({'kernel': k}, 1 if v else 0) for k, v in sorted(built.items())])
+        t.family('gpuhost_nvidia_kernel_module_info', 'The version of the nvidia module built for this installed '
+                 'kernel (modinfo -k KERNEL -F version nvidia).',
+                 [({'kernel': k, 'version': v}, 1) for k, v in sorted(built.items()) if v])
     known = sorted(facts.gpus) if facts is not None else []
     xids = {(bdf, int(code)): n for bdf, codes in state['xid'].items() for code, n in codes.items()}
     for bdf in known:
@@ -471,7 +551,8 @@ def locked(path):
         os.close(fd)
 
 
-def collect(cfg, sysfs='/sys', procfs='/proc', clock=time.time, read_journal=journal, log=None) -> str:
+def collect(cfg, sysfs='/sys', procfs='/proc', clock=time.time, read_journal=journal, log=None, rootfs='/',
+            modinfo=find_modinfo) -> str:
     """One run: read every source, move the kernel-log state on (saved before the textfile, so the file
     never shows counts the state does not hold), write the textfile. Returns its content. A source that
     cannot be read is left out of the file and reported (gpuhost_collector_source_ok 0, a line on stderr);
@@ -486,6 +567,9 @@ def collect(cfg, sysfs='/sys', procfs='/proc', clock=time.time, read_journal=jou
         sources['host'] = False
         log('cannot read the GPUs, /proc/cmdline or the nvidia parameters: %s' % e)
     version = module_version(sysfs)
+    # Not a source of the last success: a host without modinfo says so in its own series (readable 0) rather than
+    # blinding every other alert through the stale one.
+    kernels = kernel_modules(rootfs, modinfo(), log=log)
     aer = {}
     try:
         for bdf in sorted(facts.gpus) if facts is not None else []:
@@ -512,7 +596,7 @@ def collect(cfg, sysfs='/sys', procfs='/proc', clock=time.time, read_journal=jou
         # Saved (and synced) before the textfile: a run that dies after this line is repeated by the next from
         # the new position, one that dies before it from the old one - never counted twice.
         replace(cfg['state'], json.dumps(new, sort_keys=True) + '\n', 0o600, sync=True)
-    text = render(cfg, facts, version, aer, new, sources)
+    text = render(cfg, facts, version, aer, new, sources, kernels)
     replace(cfg['textfile'], text)
     return text
 
@@ -523,6 +607,8 @@ def main(argv=None) -> int:
     ap.add_argument('--config', default='/etc/gpuhost/collector.json', help='the declared state (pulumi up writes it)')
     ap.add_argument('--path.sysfs', dest='sysfs', default='/sys', help='sysfs mount point (as node_exporter\'s)')
     ap.add_argument('--path.procfs', dest='procfs', default='/proc', help='procfs mount point (as node_exporter\'s)')
+    ap.add_argument('--path.rootfs', dest='rootfs', default='/', help='the root the installed kernels are read under '
+                    '(its lib/modules; as node_exporter\'s)')
     ap.add_argument('--print', action='store_true', help='also print the textfile written')
     args = ap.parse_args(argv)
     try:
@@ -541,7 +627,7 @@ def main(argv=None) -> int:
     try:
         os.makedirs(os.path.dirname(cfg['state']), mode=0o700, exist_ok=True)
         with locked(cfg['state'] + '.lock'):
-            text = collect(cfg, args.sysfs, args.procfs)
+            text = collect(cfg, args.sysfs, args.procfs, rootfs=args.rootfs)
     except OSError as e:
         sys.stderr.write('gpuhost-collector: cannot write %s or %s: %s\n' % (cfg['textfile'], cfg['state'], e))
         return EXIT_WRITE

@@ -120,13 +120,16 @@ def collector_script() -> str:
 
 def collector_config(d) -> str:
     """/etc/gpuhost/collector.json: the declared state the collector compares the host with (the same
-    `expect` HostStatus uses), checked with the collector's own validation before it is written."""
+    `expect` HostStatus uses, and the declared driver version: null where gpuhost:nvidia.driver is absent, the
+    driver then being the operator's), checked with the collector's own validation before it is written."""
     from components import collector
     from resources.host import host_expect
     from grammar.gpu import BLACKWELL_IDS
+    # The driver's version joins here, not in host_expect(): HostStatus's inputs stay as they were.
+    expect = dict(host_expect(d), nvidia_driver=d.nvidia.driver.version if d.nvidia.driver is not None else None)
     doc = {'version': collector.CONFIG_VERSION, 'textfile': COLLECTOR_TEXTFILE, 'state': COLLECTOR_STATE,
            'interval_s': d.monitoring.collector_interval_s, 'blackwell_ids': sorted(BLACKWELL_IDS),
-           'expect': host_expect(d)}
+           'expect': expect}
     collector.validate_config(json.loads(json.dumps(doc)))
     return json.dumps(doc, indent=1, sort_keys=True) + '\n'
 

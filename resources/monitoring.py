@@ -10,7 +10,8 @@ and where Prometheus finds its targets.
   collector      the collector on the host (components/collector.py): its script, config, service and
                  timer, which write gpuhost-collector.prom every 30 s - the host's own state, live (GPUs,
                  IOMMU domains, command line, module options, reboot reasons, Xid events, IOMMU page
-                 faults, AER errors). The two files never share a metric family.
+                 faults, AER errors, the NVIDIA driver loaded, declared and built per installed kernel). The
+                 two files never share a metric family.
   file_sd()      the `prometheus_file_sd` output: SGLang's /metrics and the host's node_exporter, with
                  labels that join with Proxmox's exporter (`id="lxc/200"`, `node`), no `job`.
 

@@ -245,10 +245,13 @@ def dashboard(stack: str, d) -> dict:
         _table('NVIDIA driver: host module and container user space', (18, 38, 6, 5), [
             _target('label_replace(gpuhost_nvidia_module_info%s, "side", "host module", "", "") or '
                     'label_replace(gpuhost_nvidia_driver_info{side="container", node="$node", id="node/$node"}, '
-                    '"side", "container user space", "", "")' % H, instant=True, fmt='table')],
+                    '"side", "container user space", "", "") or '
+                    'label_replace(gpuhost_nvidia_driver_declared_info%s, "side", "declared", "", "")' % (H, H),
+                    instant=True, fmt='table')],
             ['side', 'version'],
             description='They must be the same version (alert GpuhostNvidiaDriverLibraryMismatch): the host module '
-                        'live (the collector), the container\'s user space as the last pulumi up found it.'),
+                        'live (the collector), the container\'s user space as the last pulumi up found it; with '
+                        'gpuhost:nvidia.driver, the declared version (alert GpuhostNvidiaDriverDeclaredMismatch).'),
         _panel('timeseries', 'Xid events by GPU and code', (0, 43, 12, 8), [
             _target('sum by (pci_bus_id, xid) (increase(gpuhost_gpu_xid_errors_total%s[$__rate_interval]))' % H,
                     '{{pci_bus_id}} Xid {{xid}}')],
@@ -277,6 +280,16 @@ def dashboard(stack: str, d) -> dict:
             _target('gpuhost_nvidia_module_parameter%s' % H, 'NVreg_{{name}} {{side}}', instant=True)],
             options={'orientation': 'horizontal', 'displayMode': 'basic', 'showUnfilled': True,
                      'reduceOptions': {'calcs': ['lastNotNull'], 'fields': '', 'values': False}}),
+        _count_stat('Installed kernels without the nvidia module', (0, 65, 6, 5), [
+            _target('count(gpuhost_nvidia_kernel_module_built%s == 0) or vector(0)' % H)],
+            description='A boot into one has no GPU driver (alert GpuhostKernelWithoutNvidiaModule); the table beside '
+                        'names them.'),
+        _table('Installed kernels: their nvidia module', (6, 65, 18, 5), [
+            _target('gpuhost_nvidia_kernel_module_info%s or label_replace(gpuhost_nvidia_kernel_module_built%s == 0, '
+                    '"version", "none built", "", "")' % (H, H), instant=True, fmt='table')],
+            ['kernel', 'version'],
+            description='Each kernel of /lib/modules and the nvidia module built for it (modinfo -k KERNEL), live; a '
+                        'kernel the collector could not read is not listed (alert GpuhostNvidiaKernelModulesUnknown).'),
     ]
     for i, p in enumerate(panels, 1):
         p['id'] = i

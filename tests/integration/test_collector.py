@@ -3,7 +3,8 @@ its timer's schedule (the host's own systemd fires the timer and runs the servic
 PID 1's record in the host's journal), node_exporter serves what it writes, a real
 Prometheus scrapes it every second with the rules `make monitoring` renders. With no `pulumi` command run, a GPU
 group flipped to identity fires the critical alert, an Xid 79 counts once (also across restarts of the
-collector) and fires, a container GPU re-bound to vfio-pci out of band fires within a minute; destroy removes
+collector) and fires, a container GPU re-bound to vfio-pci out of band fires within a minute, a kernel installed
+without the nvidia module is read at the next run and its alert pends; destroy removes
 the timer, the script and the files. One lab, one Prometheus, one stack for the whole module."""
 
 import json
@@ -170,6 +171,38 @@ def test_iommu_page_faults_and_aer_errors_are_counted(lab, env):
     wait(lambda: prom.value('gpuhost_gpu_pcie_aer_errors_total{pci_bus_id="0000:61:00.0", severity="nonfatal"}') == 2,
          INTERVAL_S + 10, 'the AER errors counted')
     assert prom.value('gpuhost_iommu_page_faults_total{pci_bus_id="0000:61:00.0"}') == 1
+
+
+def test_a_kernel_installed_without_the_nvidia_module_shows_at_the_next_run_with_no_pulumi_run(lab, env):
+    """Every host, its driver declared or not: a kernel update DKMS has not built the module for is read at the
+    collector's next run (the real modinfo -k on the lab host, its own /lib/modules), its alert pending (15 minutes:
+    DKMS's time after a kernel's install); the module built, both clear. Issue 59, step 5."""
+    prom = env['prom']
+    kernel = '6.8.12-9-pve'
+    built = 'gpuhost_nvidia_kernel_module_built{kernel="%s"}' % kernel
+    assert prom.value('gpuhost_nvidia_kernel_modules_readable%s' % HOST_SEL) == 1
+    assert prom.value('gpuhost_nvidia_kernel_module_built{kernel="%s"}' % lab.host.spec['kernel']) == 1
+    assert prom.value(built) is None
+    ssh = lab.ssh_commands()
+    installed = time.time()
+    lab.host.install_kernel(kernel)
+    try:
+        written_after(lab, installed)
+        wait(lambda: prom.value(built) == 0, 2 * SCRAPE_S + 10, 'the kernel without the module scraped')
+        wait(lambda: 'GpuhostKernelWithoutNvidiaModule' in prom.alerts('pending'), 2 * SCRAPE_S + 10,
+             'GpuhostKernelWithoutNvidiaModule pending')
+        assert not prom.firing('GpuhostKernelWithoutNvidiaModule'), 'DKMS gets its 15 minutes'
+        assert lab.ssh_commands() == ssh, 'nothing reached the host over SSH: no pulumi command ran'
+        dkms = time.time()
+        lab.host.install_kernel(kernel, lab.host.nvidia_module())
+        written_after(lab, dkms)
+        wait(lambda: prom.value(built) == 1, 2 * SCRAPE_S + 10, 'the module built, scraped')
+        wait(lambda: 'GpuhostKernelWithoutNvidiaModule' not in prom.alerts(), 2 * SCRAPE_S + 10,
+             'GpuhostKernelWithoutNvidiaModule gone')
+        assert prom.value('gpuhost_nvidia_kernel_module_info{kernel="%s", version="%s"}' % (
+            kernel, lab.host.nvidia_module())) == 1
+    finally:
+        lab.host.remove_kernel(kernel)
 
 
 def test_destroy_removes_the_timer_the_script_and_the_files(lab, env):

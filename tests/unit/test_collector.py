@@ -65,6 +65,7 @@ def host(tmp_path, monkeypatch):
 
 
 def run(h, cfg, **kw):
+    kw.setdefault('rootfs', h.path())
     return collector.collect(cfg, h.path('sys'), h.path('proc'), log=kw.pop('log', lambda m: None), **kw)
 
 
@@ -140,7 +141,7 @@ def test_the_config_carries_the_declared_state_host_status_uses():
     from resources.host import host_expect
     d = lab_deployment()
     doc = json.loads(program_monitoring.collector_config(d))
-    assert doc['expect'] == json.loads(json.dumps(host_expect(d)))
+    assert doc['expect'] == dict(json.loads(json.dumps(host_expect(d))), nvidia_driver=None)
     assert doc['interval_s'] == 30 and doc['textfile'] == monitoring.COLLECTOR_TEXTFILE
     assert render_tool.load('lab').monitoring.collector_interval_s == 30
 
@@ -303,6 +304,126 @@ def test_identity_on_a_gpu_that_is_not_blackwell_is_a_reboot_reason_not_the_crit
     assert s['gpuhost_reboot_reasons{kind="iommu_group_type"}'] == 1
 
 
+# ------------------------------------------------------------------ the NVIDIA driver, declared and per kernel
+
+KMOD = pytest.mark.skipif(shutil.which('modinfo') is None or shutil.which('depmod') is None,
+                          reason='kmod not installed')
+
+
+def driver_deployment(version='580.105.08'):
+    from tests.unit.config.test_driver_config import with_driver
+    return with_driver({'version': version, 'sha256': 'b' * 64,
+                        'installer': '/root/gpuhost-artifacts/NVIDIA-Linux-x86_64-%s.run' % version})
+
+
+def fake_modinfo(tmp_path, body):
+    path = tmp_path / 'modinfo'
+    path.write_text('#!/bin/sh\n' + body + '\n')
+    os.chmod(str(path), 0o755)
+    return str(path)
+
+
+@KMOD
+def test_each_installed_kernel_and_its_nvidia_module_as_the_real_modinfo_reads_them(host, tmp_path):
+    """The trees the lab lays out as a kernel's package and DKMS leave them (lab/hostsim.py install_kernel), read
+    under the host's root with the real modinfo (`-b ROOT`): the same versions hostscripts/driver_facts.sh reads
+    from /lib/modules (tests/unit/test_driverfacts.py, the same trees)."""
+    running = host.spec['kernel']       # the lab host's own, with the module its NVIDIA driver is
+    host.install_kernel('6.8.12-4-pve', '580.95.05')
+    host.install_kernel('6.8.12-9-pve')
+    logged = []
+    assert collector.kernel_modules(host.path(), collector.find_modinfo(), log=logged.append) == (
+        {running: '580.95.05', '6.8.12-4-pve': '580.95.05', '6.8.12-9-pve': ''}, True)
+    assert logged == []
+    text = run(host, config(tmp_path))
+    assert check_metrics(text) == (0, '')
+    s = samples(text)
+    assert s['gpuhost_nvidia_kernel_modules_readable'] == 1
+    assert s['gpuhost_nvidia_kernel_module_built{kernel="6.8.12-4-pve"}'] == 1
+    assert s['gpuhost_nvidia_kernel_module_built{kernel="6.8.12-9-pve"}'] == 0
+    assert s['gpuhost_nvidia_kernel_module_info{kernel="6.8.12-4-pve",version="580.95.05"}'] == 1
+    assert not [k for k in s if k.startswith('gpuhost_nvidia_kernel_module_info{kernel="6.8.12-9-pve"')], \
+        'no version label for a module that is not there'
+    # DKMS builds it (a kernel's headers installed, `dkms autoinstall -k`): the next run says so.
+    host.install_kernel('6.8.12-9-pve', '580.95.05')
+    s = samples(run(host, config(tmp_path)))
+    assert s['gpuhost_nvidia_kernel_module_built{kernel="6.8.12-9-pve"}'] == 1
+
+
+def test_no_modinfo_or_no_module_tree_is_unknown_not_none_built(host, tmp_path):
+    host.install_kernel('6.8.12-9-pve') if shutil.which('depmod') else os.makedirs(host.path('lib/modules/k'))
+    logged = []
+    assert collector.kernel_modules(host.path(), None, log=logged.append) == ({}, False)
+    assert 'no modinfo (kmod) on the host' in logged[0]
+    assert collector.kernel_modules(str(tmp_path / 'nothing'), '/usr/sbin/modinfo', log=logged.append) == ({}, False)
+    assert 'cannot list %s' % (tmp_path / 'nothing' / 'lib' / 'modules') in logged[1]
+    s = samples(run(host, config(tmp_path), modinfo=lambda: None))
+    assert s['gpuhost_nvidia_kernel_modules_readable'] == 0
+    assert not [k for k in s if k.startswith('gpuhost_nvidia_kernel_module_')], 'nothing guessed'
+    assert s['gpuhost_collector_last_success_timestamp_seconds'] > 0, 'the other alerts are not blinded'
+
+
+def test_a_modinfo_that_fails_otherwise_or_hangs_leaves_those_kernels_out(host, tmp_path):
+    shutil.rmtree(host.path('lib', 'modules'))
+    for k in ('6.8.12-1-pve', '6.8.12-4-pve', '6.8.12-9-pve'):
+        os.makedirs(host.path('lib', 'modules', k))
+    # "not found" only for one kernel; a broken index for another; a version for the third.
+    broken = fake_modinfo(tmp_path, 'case "$4" in\n'
+                                    '6.8.12-1-pve) echo "modinfo: ERROR: Module nvidia not found." >&2; exit 1;;\n'
+                                    '6.8.12-4-pve) echo "modinfo: ERROR: could not open modules.dep.bin" >&2; exit 1;;\n'
+                                    '*) echo 580.95.05;;\nesac')
+    logged = []
+    assert collector.kernel_modules(host.path(), broken, log=logged.append) == (
+        {'6.8.12-1-pve': '', '6.8.12-9-pve': '580.95.05'}, False)
+    assert logged == ['modinfo -k 6.8.12-4-pve -F version nvidia: exit 1, modinfo: ERROR: could not open '
+                      'modules.dep.bin']
+    s = samples(run(host, config(tmp_path), modinfo=lambda: broken))
+    assert s['gpuhost_nvidia_kernel_modules_readable'] == 0
+    assert s['gpuhost_nvidia_kernel_module_built{kernel="6.8.12-1-pve"}'] == 0
+    assert 'gpuhost_nvidia_kernel_module_built{kernel="6.8.12-4-pve"}' not in s
+    # One that does not answer: that kernel and the ones after it are not asked, the run goes on.
+    asked = tmp_path / 'asked'
+    hangs = fake_modinfo(tmp_path, 'echo "$4" >> %s; [ "$4" != 6.8.12-4-pve ] || exec sleep 30; echo 580.95.05' % asked)
+    logged = []
+    assert collector.kernel_modules(host.path(), hangs, timeout=0.5, log=logged.append) == (
+        {'6.8.12-1-pve': '580.95.05'}, False)
+    assert asked.read_text().split() == ['6.8.12-1-pve', '6.8.12-4-pve']
+    assert logged == ['modinfo -k 6.8.12-4-pve: no answer within 0.5 s; kernels not read: 6.8.12-4-pve 6.8.12-9-pve']
+
+
+def test_the_declared_driver_is_exported_only_where_it_is_declared(host, tmp_path):
+    s = samples(run(host, config(tmp_path)))
+    assert not [k for k in s if k.startswith('gpuhost_nvidia_driver_declared_info')], 'the operator\'s driver'
+    d = driver_deployment('580.105.08')
+    assert json.loads(program_monitoring.collector_config(d))['expect']['nvidia_driver'] == '580.105.08'
+    text = run(host, config(tmp_path, d))
+    assert check_metrics(text) == (0, '')
+    s = samples(text)
+    assert s['gpuhost_nvidia_driver_declared_info{version="580.105.08"}'] == 1
+    assert s['gpuhost_nvidia_module_info{version="580.95.05"}'] == 1
+
+
+def test_the_collector_reads_driver_versions_as_the_config_declares_them():
+    """The collector checks its config's driver version with config/runtime.py's grammar, copied (it imports nothing
+    of the program's config): the two accept the same versions."""
+    from config.runtime import DriverVersion
+    check = DriverVersion.__metadata__[0].func
+
+    def accepts(read, error):
+        def one(v):
+            try:
+                read(v)
+                return True
+            except error:
+                return False
+        return one
+    versions = ('580.95.05', '580.159.04', '550.54', '58.1', '580.95.05.1', '580.95.05\n', '580.95.05 ', 'x580.95.05')
+    program = [v for v in versions if accepts(check, ValueError)(v)]
+    assert program == ['580.95.05', '580.159.04', '550.54']
+    assert [v for v in versions if accepts(lambda v: collector._str(v, 'v', collector.DRIVER_VERSION_RE, ''),
+                                           collector.ConfigError)(v)] == program
+
+
 # ------------------------------------------------------------------------------------- the config
 
 @pytest.mark.parametrize('edit,message', [
@@ -311,7 +432,13 @@ def test_identity_on_a_gpu_that_is_not_blackwell_is_a_reboot_reason_not_the_crit
     (lambda c: c.update(textfile='/var/lib/prometheus/node-exporter/gpuhost.txt'),
      "textfile: '/var/lib/prometheus/node-exporter/gpuhost.txt' does not end in .prom"),
     (lambda c: c.update(interval_s=True), 'interval_s: True is not a number of seconds'),
-    (lambda c: c.update(version=2), 'version: 2, this collector reads version 1'),
+    (lambda c: c.update(version=collector.CONFIG_VERSION + 1),
+     'version: %d, this collector reads version %d' % (collector.CONFIG_VERSION + 1, collector.CONFIG_VERSION)),
+    (lambda c: c['expect'].update(nvidia_driver='580.95.05; reboot'),
+     "expect.nvidia_driver: '580.95.05; reboot' is not an NVIDIA driver version (580.95.05), or null"),
+    (lambda c: c['expect'].update(nvidia_driver=580),
+     'expect.nvidia_driver: 580 is not a non-empty string'),
+    (lambda c: c['expect'].pop('nvidia_driver'), "expect: keys ['nvidia_driver'] missing, none unknown"),
     (lambda c: c.update(extra=1), "keys none missing, ['extra'] unknown"),
     (lambda c: c['expect']['nvidia_params'].update(DmaRemapPeerMmio='1; reboot'),
      "expect.nvidia_params.DmaRemapPeerMmio: '1; reboot' is not an integer as a string"),
@@ -319,6 +446,8 @@ def test_identity_on_a_gpu_that_is_not_blackwell_is_a_reboot_reason_not_the_crit
 ])
 def test_a_config_it_refuses_names_the_key_the_value_and_what_to_do(tmp_path, capsys, edit, message):
     cfg = json.loads(program_monitoring.collector_config(lab_deployment()))
+    # (A config it were to accept would write here, not into this machine's /var/lib.)
+    cfg.update(textfile=str(tmp_path / 'x.prom'), state=str(tmp_path / 's.json'))
     edit(cfg)
     path = tmp_path / 'collector.json'
     path.write_text(json.dumps(cfg))
@@ -343,10 +472,12 @@ def test_the_installed_script_is_this_code_and_runs_as_the_module_does(host, tmp
     cfg = config(tmp_path)
     (tmp_path / 'collector.json').write_text(json.dumps(cfg))
     host.kernel_log(XID79)
+    host.install_kernel('6.8.12-9-pve')      # a kernel update DKMS has not built the module for
     # A clean environment, as systemd runs it: no PYTHONPATH, nothing of this checkout.
     env = {'PATH': os.environ['PATH'], 'GPUHOST_LAB': os.environ['GPUHOST_LAB']}
     res = subprocess.run(['/usr/bin/python3', '-I', str(path), '--config', str(tmp_path / 'collector.json'),
-                          '--path.sysfs', host.path('sys'), '--path.procfs', host.path('proc'), '--print'],
+                          '--path.sysfs', host.path('sys'), '--path.procfs', host.path('proc'),
+                          '--path.rootfs', host.path(), '--print'],
                          capture_output=True, text=True, env=env, cwd='/', timeout=60)
     assert res.returncode == 0, res.stderr
     os.unlink(cfg['state'])
@@ -354,6 +485,7 @@ def test_the_installed_script_is_this_code_and_runs_as_the_module_does(host, tmp
     strip = re.compile(r'^gpuhost_collector_last_success_timestamp_seconds .*$', re.M)
     assert strip.sub('', res.stdout) == strip.sub('', ours)
     assert xid(res.stdout, '0000:11:00.0', 79) == 1
+    assert samples(res.stdout)['gpuhost_nvidia_kernel_module_built{kernel="6.8.12-9-pve"}'] == 0
 
 
 def test_units_load_in_systemd_and_run_the_script_on_the_interval():

@@ -228,7 +228,8 @@ def test_rules_pass_promtool_check(tmp_path, stack, changes):
     assert {'GpuhostTargetDown', 'GpuhostRebootRequired', 'GpuhostContainerGpuOnVfio', 'GpuhostIdentityIommuGroup',
             'GpuhostSglangSpeculationMismatch', 'GpuhostSglangThroughputCollapse', 'GpuhostGpuXidCritical',
             'GpuhostGpuXidErrors', 'GpuhostIommuPageFaults', 'GpuhostNvidiaDriverLibraryMismatch',
-            'GpuhostCollectorStale'} <= set(names)
+            'GpuhostCollectorStale', 'GpuhostKernelWithoutNvidiaModule', 'GpuhostNvidiaKernelModulesUnknown',
+            'GpuhostNvidiaDriverDeclaredMismatch'} <= set(names)
 
 
 def test_rules_threshold_follows_the_declared_steps():
@@ -299,7 +300,8 @@ def test_dashboard_structure_and_every_query_parses(tmp_path):
     titles = ' '.join(p['title'] for p in dash['panels']).lower()
     for topic in ('throughput', 'first token', 'inter-token', 'request', 'kv cache', 'accept length', 'accept rate',
                   'gpu assignment', 'reboot', 'identity', 'vfio-pci', 'xid', 'iommu page faults', 'aer',
-                  'container user space', 'collector', 'kernel command line', 'nvidia module parameters'):
+                  'container user space', 'collector', 'kernel command line', 'nvidia module parameters',
+                  'kernels without the nvidia module'):
         assert topic in titles
     exprs = tool.dashboard_exprs(dash)
     assert any('histogram_quantile' in e and 'time_to_first_token_seconds_bucket' in e for e in exprs)
