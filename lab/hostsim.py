@@ -145,8 +145,12 @@ class Host(object):
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
         write_in_place(self.path('proc/osrelease'), spec['kernel'] + '\n')
         self.boot_messages()
+        write(self.path('kmod.lock'), '')    # (there from the start: a test's digest of the host does not see it come)
         kmod().boot(self, {})
         write(self.path('etc/hostname'), spec['node'] + '\n')
+        # nvidia-persistenced's unit as an operator installs it from NVIDIA's samples, disabled until a test enables it
+        # (lab/persistenced.py: the daemon simulated, holding the nvidia module while it runs).
+        write(self.path('etc/systemd/system/nvidia-persistenced.service'), PERSISTENCED_UNIT)
         # root's home as a fresh Debian/Proxmox install has it (the host mounts it over /root): bash run by
         # sshd sources ~/.bashrc.
         for name in ('bashrc', 'profile'):
@@ -522,6 +526,20 @@ class Host(object):
         self.boot_messages()
         # nvidia loads from the initramfs with its options (the GPUs on no other driver bind to it).
         kmod().boot(self, params)
+
+
+PERSISTENCED_UNIT = '''[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 /usr/lib/gpuhost-lab/persistenced.py
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
+'''
 
 
 def nvidia_proc_version(version):

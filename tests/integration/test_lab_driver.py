@@ -37,20 +37,28 @@ def test_unload_install_with_dkms_for_two_kernels_load_fail_and_uninstall(lab):
     res = lab.ssh('modprobe -r nvidia')
     assert (res.exit_code, res.stderr) == (1, 'modprobe: FATAL: Module nvidia is in use.\n')
 
-    # nvidia-persistenced (or SGLang) has /dev/nvidiactl open: the installer unloads what it can, then refuses.
+    # nvidia-persistenced has /dev/nvidiactl and each GPU's node open: the installer unloads what it can, then refuses.
+    lab.start_host_unit('nvidia-persistenced.service')
+    lab.wait_for(lambda: lab.host.module_refcnt() == 2 + 1 + 7, what="persistenced's users counted")
+    fds = lab.ssh('ls -l /proc/$(systemctl show -p MainPID --value nvidia-persistenced)/fd').stdout
+    assert '/dev/nvidiactl' in fds and '/dev/nvidia0' in fds, fds
     path, _ = lab.host.add_artifact(hostsim.nvidia_installer_name(NEW), hostsim.nvidia_installer(NEW))
     install = 'sh %s --silent --dkms --kernel-module-type=open' % path
-    lab.host.hold_nvidia(1)
     res = lab.ssh(install)
     assert res.exit_code == 1 and "ERROR: An NVIDIA kernel module 'nvidia' appears to already be loaded in your " \
         'kernel.' in res.stderr, res
     assert lab.host.nvidia_module() == hostsim.NVIDIA_VERSION and lab.host.module_holders() == []
     res = lab.ssh('rmmod nvidia')
     assert (res.exit_code, res.stderr) == (1, 'rmmod: ERROR: Module nvidia is in use\n')
+    assert lab.ssh('systemctl stop nvidia-persistenced').exit_code == 0
+    assert lab.host.module_refcnt() == 0
+    # A user the test adds (hold_nvidia: what SGLang's open /dev/nvidia* would be).
+    lab.host.hold_nvidia(1)
+    assert lab.ssh('rmmod nvidia').exit_code == 1
     lab.host.release_nvidia(1)
 
     lab.host.install_kernel(OLD_KERNEL, hostsim.NVIDIA_VERSION)
-    res = lab.ssh('modprobe -r nvidia_uvm nvidia_modeset nvidia && ls /sys/module /proc/driver')
+    res = lab.ssh('modprobe -r nvidia && ls /sys/module /proc/driver')
     assert res.exit_code == 0 and 'nvidia' not in res.stdout.split(), res
     assert set(drivers(lab).values()) == {None, 'vfio-pci'}
     res = lab.ssh('%s && dkms install nvidia/%s -k %s && modprobe nvidia_uvm && modprobe nvidia_modeset' % (
