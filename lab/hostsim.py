@@ -25,8 +25,8 @@ program's scripts run unmodified:
   LAB/host/sbin, LAB/host/root                            its /usr/local/sbin and /root
 
 The fake tools (lab/faketools.py: driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot,
-pct, journalctl --dmesg, rmmod, modprobe, dkms) move state between these the way the real ones do, so a forgotten refresh or a missing
-reboot shows up as a difference between configured, installed and running state.
+pct, journalctl --dmesg, rmmod, modprobe, dkms) move state between these the way the real ones do, so a
+forgotten refresh or a missing reboot shows up as a difference between configured, installed and running state.
 
 The nvidia kernel modules' state and its API for tests (load_nvidia, unload_nvidia, hold_nvidia, arm_fsp_failure,
 ...) are lab/kmod.py's; Host has the same names. A boot (create, reboot) loads the nvidia module installed for the
@@ -174,9 +174,16 @@ class Host(object):
     def set_nvidia_module(self, version):
         """The loaded nvidia kernel module's version, changed in place: /sys/module/nvidia/version and
         /proc/driver/nvidia/version (what the containers see) - a test's upgrade of the host driver out of band, with
-        nothing else of the module's state changed (load_nvidia and unload_nvidia change that)."""
+        nothing else of the module's state changed (load_nvidia and unload_nvidia change that) - and the running
+        kernel's installed modules at that version too, as the operator's install left them, so a reboot loads it again
+        (no DKMS record: that is in the host's /var, not to be written from outside while it runs)."""
         write(self.path('sys/module/nvidia/version'), version + '\n')
         write(self.path('proc/driver/nvidia/version'), nvidia_proc_version(version))
+        kernel = self.spec['kernel']
+        dkms = self.path('lib', 'modules', kernel, 'updates', 'dkms')
+        if os.path.exists(os.path.join(dkms, 'nvidia.ko')):
+            kmod().build(dkms, version, kernel)
+            kmod().depmod(self.path(), kernel)
 
     def nvidia_module(self):
         return read(self.path('sys/module/nvidia/version')).strip()
@@ -228,7 +235,7 @@ class Host(object):
             shutil.rmtree(tree)
         os.makedirs(os.path.join(tree, 'kernel'))
         if headers:
-            write(os.path.join(tree, 'build', 'Makefile'), '# the headers of %s (simulated by the gpuhost lab)\n' % kernel)
+            write(os.path.join(tree, 'build', 'Makefile'), '# the headers of %s (the gpuhost lab\'s)\n' % kernel)
         if nvidia:
             kmod().build(os.path.join(tree, 'updates', 'dkms'), nvidia, kernel)
         # depmod as a kernel's or DKMS's install runs it; its warnings are for the files a real tree has besides

@@ -355,7 +355,8 @@ def fsp_fault(host):
 # ------------------------------------------------------------- building, DKMS
 
 def build(dest, version, kernel, license=OPEN_LICENSE):
-    """What compiling the modules for kernel leaves: nvidia.ko, nvidia-uvm.ko, nvidia-modeset.ko, nvidia-drm.ko in dest."""
+    """What compiling the modules for kernel leaves in dest: nvidia.ko, nvidia-uvm.ko, nvidia-modeset.ko,
+    nvidia-drm.ko."""
     os.makedirs(dest, exist_ok=True)
     for module, fname in FILES.items():
         info = {'version': version, 'license': license, 'name': module}

@@ -111,3 +111,10 @@ def test_dkms_installs_for_a_kernel_with_headers_only(host, tmp_path):
     d.install('nvidia', '580.105.08', host.spec['kernel'])
     assert d.status('nvidia', '580.105.08') == ['nvidia/580.105.08, %s, x86_64: installed' % host.spec['kernel']]
     assert host.installed_nvidia() == '580.105.08'
+
+
+def test_a_driver_upgraded_out_of_band_outlives_a_reboot(host):
+    host.set_nvidia_module('580.105.08')
+    assert host.installed_nvidia() == '580.105.08'
+    host.reboot()
+    assert host.nvidia_module() == '580.105.08' and host.module_holders() == ['nvidia_modeset', 'nvidia_uvm']
