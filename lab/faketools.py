@@ -2,7 +2,8 @@
 """The host commands the program runs over SSH that a Debian host without Proxmox lacks, simulated:
 driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot (the lab daemon reboots the host), pct (into
 the lab's containers, and their live state, through the lab daemon: lab/pctbroker.py), and journalctl's kernel
-log - the simulated kernel's messages for `journalctl --dmesg`, everything else the host's real journalctl. Installed as
+log - the simulated kernel's messages for `journalctl --dmesg`, everything else the host's real journalctl - and the
+nvidia kernel modules' rmmod, modprobe and dkms (lab/kmod.py: /sys/module, /lib/modules, /var/lib/dkms). Installed as
 /usr/local/sbin/<tool> on the lab host (lab/labhost.py), first on root's PATH, so the program's scripts call
 them by their real names with their real arguments; systemd and its systemctl are the host's own.
 
@@ -357,6 +358,168 @@ def journalctl(host, args):
                           'MESSAGE': journal_field(e['msg'])}))
 
 
+# ------------------------------------------------------------------ kernel modules
+
+def rmmod(host, args):
+    """kmod's rmmod: each module named unloaded, refused with kmod's messages while held or when not loaded."""
+    import kmod
+    names = [a for a in args if not a.startswith('-')]
+    if not names:
+        die('rmmod: ERROR: missing module name.', 1)
+    code = 0
+    with kmod.locked(host):
+        for arg in names:
+            name = kmod.name_of(arg)
+            try:
+                kmod.unload(host, name)
+            except kmod.ModuleError as e:
+                code = 1
+                if e.kind == 'not loaded':
+                    sys.stderr.write('rmmod: ERROR: Module %s is not currently loaded\n' % name)
+                elif e.detail:
+                    sys.stderr.write('rmmod: ERROR: Module %s is in use by: %s\n' % (name, ' '.join(e.detail)))
+                else:
+                    sys.stderr.write('rmmod: ERROR: Module %s is in use\n' % name)
+    sys.exit(code)
+
+
+def modprobe(host, args):
+    """kmod's modprobe for the nvidia modules: `modprobe [-v] [-q] MODULE [PARAM=VALUE ...]` loads it and what it
+    needs from the running kernel's tree (depmod's modules.dep) with /etc/modprobe.d's options; `modprobe -r [-v] [-q]
+    MODULE ...` unloads each, then what it needed if nothing else uses that, and does nothing for one not loaded."""
+    import kmod
+    remove = quiet = verbose = False
+    words = []
+    for a in args:
+        if a in ('-r', '--remove'):
+            remove = True
+        elif a in ('-q', '--quiet'):
+            quiet = True
+        elif a in ('-v', '--verbose'):
+            verbose = True
+        elif a.startswith('-') and len(a) > 1 and not a.startswith('--') and set(a[1:]) <= set('rqv'):
+            remove, quiet, verbose = remove or 'r' in a, quiet or 'q' in a, verbose or 'v' in a
+        elif a.startswith('-'):
+            die('modprobe (lab): option %s is not simulated' % a, 1)
+        else:
+            words.append(a)
+    if not words:
+        die('modprobe: ERROR: missing parameters. See -h.', 1)
+    kernel = kmod.running_kernel(host)
+    with kmod.locked(host):
+        if remove:
+            for arg in words:
+                name = kmod.name_of(arg)
+                if not kmod.loaded(host, name):
+                    continue
+                if kmod.refcnt(host, name) > 0 or kmod.holders(host, name):
+                    die('modprobe: FATAL: Module %s is in use.' % name, 1)
+                if verbose:
+                    print('rmmod %s' % name)
+                kmod.unload(host, name)
+                for dep in kmod.DEPENDS.get(name, ()):
+                    if kmod.loaded(host, dep) and kmod.refcnt(host, dep) == 0 and not kmod.holders(host, dep):
+                        if verbose:
+                            print('rmmod %s' % dep)
+                        kmod.unload(host, dep)
+            return
+        name, params = kmod.name_of(words[0]), {}
+        conf = host.path('etc/modprobe.d')
+        for f in sorted(os.listdir(conf)) if os.path.isdir(conf) else []:
+            if f.endswith('.conf'):
+                params.update(hostsim.modprobe_nvidia_params(hostsim.read(os.path.join(conf, f))))
+        params.update(hostsim.modprobe_nvidia_params('options nvidia ' + ' '.join(words[1:])) if words[1:] and
+                      name == kmod.NVIDIA else {})
+        order, todo = [], [name]
+        while todo:
+            m = todo.pop()
+            if m not in order:
+                order.insert(0, m)
+                todo.extend(kmod.DEPENDS.get(m, ()))
+        for m in order:
+            if kmod.loaded(host, m):
+                continue
+            path = kmod.module_path(host, m, kernel)
+            info = kmod.installed(host, m, kernel)
+            if info is None:
+                if quiet:
+                    sys.exit(1)
+                die('modprobe: FATAL: Module %s not found in directory /lib/modules/%s' % (m, kernel), 1)
+            if verbose:
+                print('insmod %s %s' % (path.replace(host.path(), '', 1),
+                                        ' '.join('NVreg_%s=%s' % kv for kv in sorted(params.items())) if
+                                        m == kmod.NVIDIA else ''))
+            kmod.load(host, m, info, params if m == kmod.NVIDIA else None)
+
+
+def dkms(host, args):
+    """DKMS 3 for the nvidia module: status [MODULE[/VERSION]] [-k KERNEL], add|build|install|remove|uninstall
+    (MODULE/VERSION or -m MODULE -v VERSION; -k KERNEL, --all), autoinstall [-k KERNEL]. Its tree is the host's
+    /var/lib/dkms, the sources /usr/src/<module>-<version> (NVIDIA's installer puts them there)."""
+    import kmod
+    if not args:
+        die('Error! No action was specified.', 1)
+    cmd, module, ver, kernels, everything = args[0], None, None, [], False
+    it = iter(args[1:])
+    for a in it:
+        if a == '-m':
+            module = next(it, None)
+        elif a == '-v':
+            ver = next(it, None)
+        elif a == '-k':
+            kernels.append(next(it, '').split('/')[0])
+        elif a.startswith('--kernelver='):
+            kernels.append(a.split('=', 1)[1])
+        elif a == '--all':
+            everything = True
+        elif a in ('-q', '--quiet', '--force'):
+            pass
+        elif not a.startswith('-'):
+            if a.startswith('/usr/src/'):
+                a = os.path.basename(a.rstrip('/')).replace('-', '/', 1)
+            module, _, v = a.partition('/')
+            ver = v or ver
+        else:
+            die('Error! Unknown option: %s' % a, 1)
+    d = kmod.Dkms('/var', '/usr/src', '/')
+    running = kmod.running_kernel(host)
+    try:
+        if cmd == 'status':
+            for line in d.status(module, ver, kernels[0] if kernels else None):
+                print(line)
+            return
+        if cmd == 'autoinstall':
+            for m in (sorted(os.listdir(d.tree)) if os.path.isdir(d.tree) else []):
+                for v in d.versions(m):
+                    for k in kernels or [running]:
+                        out = d.install(m, v, k)
+                        print('\n'.join(out))
+            return
+        if not module or not ver:
+            die('Error! Invalid number of arguments passed.\nUsage: %s <module>/<module-version> or '
+                '-m <module>/<module-version> or -m <module> -v <module-version>' % cmd, 1)
+        if cmd == 'add':
+            out = d.add(module, ver)
+        elif cmd in ('build', 'install'):
+            if not os.path.isdir(d.mdir(module, ver)):
+                d.add(module, ver)
+            out = []
+            for k in kernels or [running]:
+                out += getattr(d, cmd)(module, ver, k)
+        elif cmd in ('remove', 'uninstall'):
+            if cmd == 'remove' and everything:
+                out = d.remove(module, ver)
+            else:
+                out = []
+                for k in kernels or [running]:
+                    out += (d.remove(module, ver, k) if cmd == 'remove' else d.uninstall(module, ver, k))
+        else:
+            die('Error! Unknown action specified: "%s"' % cmd, 1)
+    except kmod.DkmsError as e:
+        die('Error! %s' % e, 1)
+    print('\n'.join(out))
+
+
 TOOLS = {
     'driverctl': driverctl,
     'proxmox-boot-tool': proxmox_boot_tool,
@@ -365,6 +528,9 @@ TOOLS = {
     'reboot': reboot,
     'pct': pct,
     'journalctl': journalctl,
+    'rmmod': rmmod,
+    'modprobe': modprobe,
+    'dkms': dkms,
 }
 
 

@@ -40,9 +40,9 @@ mount --bind "$H/proc/driver" /proc/driver
 # deleted at once - nothing can be mounted on a deleted file, so its mount goes first.
 umount /proc/sys/kernel/random/boot_id
 mount --bind "$H/proc/boot_id" /proc/sys/kernel/random/boot_id
-# The running kernel's release is the simulated host's (the machine's is not a Proxmox kernel): uname, a wrapper in
-# /usr/local/sbin (lab/hostsim.py UNAME), reads it here.
-mount --bind "$H/proc/osrelease" /proc/sys/kernel/osrelease
+# The running kernel's release (the spec's kernel: lab/hostsim.py), read by the lab's `uname` (lab/uname.sh). A lab
+# made before it had the file boots with the machine's.
+if [ -f "$H/proc/osrelease" ]; then mount --bind "$H/proc/osrelease" /proc/sys/kernel/osrelease; fi
 # The fake Proxmox tools (and the program's collector script), and root's home (the operator's installers).
 mount --bind "$H/sbin" /usr/local/sbin
 mount --bind "$H/root" /root

@@ -9,10 +9,13 @@ program's scripts run unmodified:
                                driver_override,iommu_group}
   /sys/kernel/iommu_groups/<n>/{type,devices/<bdf>}
   /sys/bus/pci/devices/<bdf>/aer_dev_{correctable,nonfatal,fatal}   (the kernel's AER counters)
-  /sys/module/nvidia/version                              (the loaded module)
+  /sys/module/<m>/{initstate,refcnt,holders/,version}    (the loaded nvidia modules: lab/kmod.py)
+  /lib/modules/<kernel>/                                  (each installed kernel's modules, depmod's index, build/)
   /sys/module/kvm_amd/parameters/{sev,sev_es,sev_snp}     (Y: enabled in the firmware and KVM; the spec's sev_snp)
   /proc/cmdline, /proc/driver/nvidia/params               (the *running* state)
   /proc/sys/kernel/random/boot_id                         (a reboot makes a new one)
+  /proc/sys/kernel/osrelease                              (the running kernel: the spec's; the host's `uname`
+                                                          prints it, lab/uname.sh)
   /dev/nvidia*                                            (the nodes the driver makes at every boot)
   LAB/host/log/kernel.jsonl                               the kernel log, every boot's (journald's part:
                                                           what `journalctl --dmesg` shows, lab/faketools.py)
@@ -22,8 +25,12 @@ program's scripts run unmodified:
   LAB/host/sbin, LAB/host/root                            its /usr/local/sbin and /root
 
 The fake tools (lab/faketools.py: driverctl, proxmox-boot-tool, update-grub, update-initramfs, reboot,
-pct, journalctl --dmesg) move state between these the way the real ones do, so a forgotten refresh or a missing
-reboot shows up as a difference between configured, installed and running state.
+pct, journalctl --dmesg, rmmod, modprobe, dkms) move state between these the way the real ones do, so a
+forgotten refresh or a missing reboot shows up as a difference between configured, installed and running state.
+
+The nvidia kernel modules' state and its API for tests (load_nvidia, unload_nvidia, hold_nvidia, arm_fsp_failure,
+...) are lab/kmod.py's; Host has the same names. A boot (create, reboot) loads the nvidia module installed for the
+running kernel (/lib/modules/<kernel>/updates/dkms/nvidia.ko, as NVIDIA's installer with DKMS leaves it), or none.
 
 Stdlib only: the fake tools run under the host's system python3.
 """
@@ -32,6 +39,7 @@ import fcntl
 import json
 import os
 import stat
+import sys
 import time
 
 # shutil, tempfile and uuid are imported where used: each fake tool (pct, driverctl, ...) is a process of its own
@@ -59,6 +67,15 @@ AER_TYPES = {
 }
 AER_TYPES['fatal'] = AER_TYPES['nonfatal']
 AER_TOTAL = {'correctable': 'TOTAL_ERR_COR', 'nonfatal': 'TOTAL_ERR_NONFATAL', 'fatal': 'TOTAL_ERR_FATAL'}
+
+
+def kmod():
+    """lab/kmod.py (imported by its file's directory, whichever way this module was: `hostsim` or `lab.hostsim`)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import kmod as module
+    return module
 
 
 class Host(object):
@@ -99,7 +116,8 @@ class Host(object):
         write(self.path('sys/bus/pci/drivers_probe'), '')
         for gpu in spec['gpus']:
             self.add_device(gpu, '0x030200')
-            self.bind(gpu['bdf'], gpu.get('driver', DEFAULT_DRIVER))
+            if gpu.get('driver', DEFAULT_DRIVER) != DEFAULT_DRIVER:
+                self.bind(gpu['bdf'], gpu['driver'])   # nvidia binds its GPUs when it loads (below)
             for severity in AER_TYPES:
                 self.write_aer(gpu['bdf'], severity, {})
         for dev in spec.get('devices', []):
@@ -115,24 +133,24 @@ class Host(object):
             write(self.path('etc/default/grub'), GRUB_TEMPLATE.format(default=default_args))
             write(self.path('etc/gpuhost-lab-grub-root'), root_args + '\n')
         driver = spec.get('nvidia_version', NVIDIA_VERSION)
-        self.set_nvidia_module(driver)
         self.install_kernel(spec['kernel'], driver)
+        kmod().dkms_record(self, driver, spec['kernel'])
         self.set_sev_snp(spec.get('sev_snp', True))
         self.add_artifact(nvidia_installer_name(driver), nvidia_installer(driver))
         cuda = spec.get('cuda_version', CUDA_VERSION)
         self.add_artifact(cuda_installer_name(cuda, driver), cuda_installer(cuda))
         write(self.path('boot/cmdline'), spec['cmdline'] + '\n')
         write_in_place(self.path('proc/cmdline'), self.boot_line(spec['cmdline']) + '\n')
-        # The kernel the host runs is the spec's, not the machine's: /proc/sys/kernel/osrelease (lab/host-init.sh
-        # binds it) and uname, which reads it (uname(2) itself cannot be simulated).
-        write_in_place(self.path('proc/osrelease'), spec['kernel'] + '\n')
-        write(self.path('sbin', 'uname'), UNAME)
-        os.chmod(self.path('sbin', 'uname'), 0o755)
         import uuid
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
-        self.write_nvidia_params(spec.get('nvidia_params', {}))
+        write_in_place(self.path('proc/osrelease'), spec['kernel'] + '\n')
         self.boot_messages()
+        write(self.path('kmod.lock'), '')    # (there from the start: a test's digest of the host does not see it come)
+        kmod().boot(self, {})
         write(self.path('etc/hostname'), spec['node'] + '\n')
+        # nvidia-persistenced's unit as an operator installs it from NVIDIA's samples, disabled until a test enables it
+        # (lab/persistenced.py: the daemon simulated, holding the nvidia module while it runs).
+        write(self.path('etc/systemd/system/nvidia-persistenced.service'), PERSISTENCED_UNIT)
         # root's home as a fresh Debian/Proxmox install has it (the host mounts it over /root): bash run by
         # sshd sources ~/.bashrc.
         for name in ('bashrc', 'profile'):
@@ -154,35 +172,75 @@ class Host(object):
             write(self.path('sys/module/kvm_amd/parameters', name), 'Y\n' if on else 'N\n')
 
     def set_nvidia_module(self, version):
-        """The nvidia kernel module the host runs: /sys/module/nvidia/version and /proc/driver/nvidia/version
-        (what the containers see). A test changes it to upgrade the host driver out of band."""
+        """The loaded nvidia kernel module's version, changed in place: /sys/module/nvidia/version and
+        /proc/driver/nvidia/version (what the containers see) - a test's upgrade of the host driver out of band, with
+        nothing else of the module's state changed (load_nvidia and unload_nvidia change that) - and the running
+        kernel's installed modules at that version too, as the operator's install left them, so a reboot loads it again
+        (no DKMS record: that is in the host's /var, not to be written from outside while it runs)."""
         write(self.path('sys/module/nvidia/version'), version + '\n')
         write(self.path('proc/driver/nvidia/version'), nvidia_proc_version(version))
+        kernel = self.spec['kernel']
+        dkms = self.path('lib', 'modules', kernel, 'updates', 'dkms')
+        if os.path.exists(os.path.join(dkms, 'nvidia.ko')):
+            kmod().build(dkms, version, kernel)
+            kmod().depmod(self.path(), kernel)
 
     def nvidia_module(self):
         return read(self.path('sys/module/nvidia/version')).strip()
 
-    def install_kernel(self, kernel, nvidia=None):
-        """A kernel's module tree, /lib/modules/KERNEL, as installing its package leaves it - with, given its version,
-        the nvidia module NVIDIA's installer with DKMS builds for it (updates/dkms/nvidia.ko) - indexed by the real
-        depmod, so the host's real modinfo reads it (`modinfo -F version -k KERNEL nvidia`). A test installs a kernel
+    # The nvidia modules' state (lab/kmod.py): what tests call.
+    def nvidia_loaded(self):
+        return kmod().nvidia_loaded(self)
+
+    def load_nvidia(self, version=None, modules=None, params=None):
+        k = kmod()
+        k.load_nvidia(self, version, modules or k.BOOT_MODULES, params)
+
+    def unload_nvidia(self):
+        kmod().unload_nvidia(self)
+
+    def hold_nvidia(self, n=1, module='nvidia'):
+        kmod().hold(self, module, n)
+
+    def release_nvidia(self, n=1, module='nvidia'):
+        kmod().release(self, module, n)
+
+    def module_refcnt(self, module='nvidia'):
+        return kmod().refcnt(self, module)
+
+    def module_holders(self, module='nvidia'):
+        return kmod().holders(self, module)
+
+    def installed_nvidia(self, kernel=None):
+        """The nvidia module's version modprobe would load under kernel (None: the running one), None if none."""
+        info = kmod().installed(self, 'nvidia', kernel or self.spec['kernel'])
+        return info.get('version') if info else None
+
+    def arm_fsp_failure(self, bdfs=None, version=None, status='0x177'):
+        kmod().arm_fsp_failure(self, bdfs, version, status)
+
+    def disarm_fsp_failure(self):
+        kmod().disarm_fsp_failure(self)
+
+    def install_kernel(self, kernel, nvidia=None, headers=True):
+        """A kernel's module tree, /lib/modules/KERNEL, as installing its package leaves it - with its headers
+        (build/, what DKMS and NVIDIA's installer build against) unless headers=False, and, given a version, the
+        nvidia modules NVIDIA's installer with DKMS builds for it (updates/dkms/nvidia.ko, nvidia-uvm.ko, ...; no DKMS
+        record: that is in the host's /var, kmod.dkms_record) - indexed by the real depmod, so the host's real modinfo
+        reads it (`modinfo -F version -k KERNEL nvidia`) and the lab's modprobe finds it. A test installs a kernel
         without the module: the host's next boot into it would have no GPU driver."""
         import shutil
-        import subprocess
         tree = self.path('lib', 'modules', kernel)
         if os.path.isdir(tree):
             shutil.rmtree(tree)
         os.makedirs(os.path.join(tree, 'kernel'))
+        if headers:
+            write(os.path.join(tree, 'build', 'Makefile'), '# the headers of %s (the gpuhost lab\'s)\n' % kernel)
         if nvidia:
-            ko = os.path.join(tree, 'updates', 'dkms', 'nvidia.ko')
-            os.makedirs(os.path.dirname(ko))
-            with open(ko, 'wb') as f:
-                f.write(module_elf({'version': nvidia, 'license': 'Dual MIT/GPL', 'name': 'nvidia',
-                                    'vermagic': '%s SMP preempt mod_unload modversions ' % kernel}))
+            kmod().build(os.path.join(tree, 'updates', 'dkms'), nvidia, kernel)
         # depmod as a kernel's or DKMS's install runs it; its warnings are for the files a real tree has besides
         # (modules.order, modules.builtin*), which no read of the nvidia module needs.
-        subprocess.run([shutil.which('depmod') or '/usr/sbin/depmod', '-b', self.path(), kernel], check=True,
-                       capture_output=True)
+        kmod().depmod(self.path(), kernel)
 
     def remove_kernel(self, kernel):
         import shutil
@@ -254,6 +312,8 @@ class Host(object):
         """Bind (or unbind, driver=None) a device at runtime, as driver_override + drivers_probe do."""
         if driver is not None and driver not in GPU_DRIVERS:
             raise SystemExit('driver %s is not loaded on this host' % driver)
+        if driver == 'nvidia' and not kmod().nvidia_loaded(self):
+            driver = None    # no driver to probe: the device stays without one until nvidia loads
         old = self.driver(bdf)
         if old:
             try:
@@ -291,14 +351,15 @@ class Host(object):
 
     def probe_gpus(self):
         """The drivers a boot binds: driverctl's overrides (by address: whatever sits at the address gets it),
-        else nvidia. A fresh boot probes in bus order, so minors are handed out again from 0."""
+        else nvidia if it is loaded. A fresh boot probes in bus order, so minors are handed out again from 0."""
         overrides = self.overrides()
         import shutil
         shutil.rmtree(self.path('proc/driver/nvidia/gpus'), ignore_errors=True)
         for bdf in self.gpu_bdfs():
             self.bind(bdf, None)
+        default = DEFAULT_DRIVER if kmod().nvidia_loaded(self) else None
         for bdf in sorted(self.gpu_bdfs()):
-            self.bind(bdf, overrides.get(bdf, DEFAULT_DRIVER))
+            self.bind(bdf, overrides.get(bdf, default))
             write(self.pci(bdf, 'driver_override'), (overrides[bdf] if bdf in overrides else '(null)') + '\n')
 
     def renumber(self, moves):
@@ -410,9 +471,7 @@ class Host(object):
         self.kernel_log('Linux version %s (build@pve) #1 SMP PREEMPT_DYNAMIC PMX' % self.spec['kernel'], 5)
         self.kernel_log('Command line: %s' % read(self.path('proc/cmdline')).strip(), 6)
         self.kernel_log('AMD-Vi: Interrupt remapping enabled', 6)
-        self.kernel_log('nvidia: loading out-of-tree module taints kernel.', 4)
-        self.kernel_log('NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build' % (
-            self.nvidia_module()), 6)
+        # (nvidia's lines are its load's: lab/kmod.py)
 
     def installed_cmdline(self):
         return read(self.path('boot/cmdline')).strip()
@@ -456,28 +515,44 @@ class Host(object):
         write_in_place(self.path('proc/cmdline'), self.boot_line(cmdline) + '\n')
         import uuid
         write_in_place(self.path('proc/boot_id'), str(uuid.uuid4()) + '\n')
+        write_in_place(self.path('proc/osrelease'), self.spec['kernel'] + '\n')
         gtype = domain_type(cmdline)
         spec = self.spec
         for dev in spec['gpus'] + spec.get('devices', []):
             write(os.path.join(self.group_dir(dev['group']), 'type'), gtype + '\n')
+        kmod().clear(self)
         self.probe_gpus()
         params = {}
         d = self.path('boot/initrd-modprobe.d')
         for name in sorted(os.listdir(d)):
             params.update(modprobe_nvidia_params(read(os.path.join(d, name))))
-        self.write_nvidia_params(params)
         # The kernel's AER counters start again at boot; the log starts a new boot.
         for bdf in self.gpu_bdfs():
             for severity in AER_TYPES:
                 self.write_aer(bdf, severity, {})
         self.boot_messages()
+        # nvidia loads from the initramfs with its options (the GPUs on no other driver bind to it).
+        kmod().boot(self, params)
+
+
+PERSISTENCED_UNIT = '''[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 /usr/lib/gpuhost-lab/persistenced.py
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
+'''
 
 
 def nvidia_proc_version(version):
     """/proc/driver/nvidia/version as the open kernel module writes it."""
-    return ('NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  '
-            '(dvs-builder@U22-I3-AE18-23-3)  Tue Sep 23 09:50:16 UTC 2025\n'
-            'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n' % version)
+    return ('NVRM version: %s\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n'
+            % kmod().flavour_line(version))
 
 
 def nvidia_installer_name(version):
@@ -491,38 +566,115 @@ def cuda_installer_name(version, driver=NVIDIA_VERSION):
 # SIMULATED installers: shell scripts that leave in a container what NVIDIA's leave there (files, versions,
 # messages), and refuse what NVIDIA's refuse in a container. Their text - and so their sha256, which
 # Pulumi.lab.yaml pins - depends only on the version (tests/unit/test_lab_runtime.py holds them to it).
-UNAME = r'''#!/bin/bash
-# uname - the gpuhost lab host's (lab/hostsim.py): the real /usr/bin/uname with the machine's kernel release
-# replaced by the simulated host's running kernel (/proc/sys/kernel/osrelease, bound from LAB/host/proc/osrelease).
-set -eu
-out=$(/usr/bin/uname "$@")
-machine=$(/usr/bin/uname -r)
-release=$(cat /proc/sys/kernel/osrelease)
-printf '%s\n' "${out//"$machine"/"$release"}"
-'''
-
 NVIDIA_INSTALLER = r'''#!/bin/sh
 # NVIDIA-Linux-x86_64-@VERSION@.run - SIMULATED by the gpuhost lab (lab/hostsim.py), not NVIDIA's installer.
 # With --no-kernel-module it installs what NVIDIA's installs in an LXC container: the user-space libraries
 # (libcuda.so.@VERSION@, libnvidia-ml.so.@VERSION@ and their .so.1 links) and nvidia-smi, replacing any other
 # version's. nvidia-smi compares its own version with the running kernel module's (/proc/driver/nvidia/version)
 # and fails as NVML does when they differ.
+# Without it (on the host) it first unloads the nvidia modules (refusing as NVIDIA's does when one stays loaded),
+# needs the kernel's headers (/lib/modules/<kernel>/build), removes an earlier install, builds the kernel modules
+# for the running kernel (uname -r) or --kernel-name's - with --dkms through DKMS (/usr/src/nvidia-<version>, `dkms
+# install`), else into /lib/modules/<kernel>/kernel/drivers/video - runs depmod, installs the user space and loads
+# nvidia (modprobe) unless --skip-module-load or the kernel is not the running one. --uninstall removes all that.
 set -eu
 version=@VERSION@
 kernel=yes
+dkms=no
+type=open
+kname=
+load=yes
+uninstall=no
 for a in "$@"; do
   case $a in
     --no-kernel-module|--no-kernel-modules) kernel=no ;;
     -s|--silent|--no-questions|--ui=none|--no-nouveau-check|--accept-license|--no-x-check|--no-install-compat32-libs) ;;
+    --dkms) dkms=yes ;;
+    --no-dkms) dkms=no ;;
+    --kernel-module-type=open|-m=kernel-open|--kernel-module-build-directory=kernel-open) type=open ;;
+    --kernel-module-type=proprietary|-m=kernel|--kernel-module-build-directory=kernel) type=proprietary ;;
+    --kernel-name=?*|-k=?*) kname=${a#*=} ;;
+    --skip-module-load) load=no ;;
+    --uninstall) uninstall=yes ;;
     *) echo "ERROR: Unrecognised option: '$a'" >&2; exit 1 ;;
   esac
 done
 mkdir -p /var/log
 log=/var/log/nvidia-installer.log
 echo "nvidia-installer log file '$log'" > "$log"
-if [ $kernel = yes ]; then
-  echo "ERROR: Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module was built against the wrong or improperly configured kernel sources" | tee -a "$log" >&2
+echo "nvidia-installer command line:" >> "$log"
+for a in "$@"; do echo "    $a" >> "$log"; done
+fail() {
+  echo "ERROR: $1" | tee -a "$log" >&2
+  echo "ERROR: Installation has failed.  Please see the file '/var/log/nvidia-installer.log' for details.  You may find suggestions on fixing installation problems in the README available on the Linux driver download page at www.nvidia.com." | tee -a "$log" >&2
   exit 1
+}
+lib=/usr/lib/x86_64-linux-gnu
+unload_modules() {
+  for m in nvidia_drm nvidia_modeset nvidia_uvm nvidia_peermem nvidia; do
+    if [ -e "/sys/module/$m/refcnt" ]; then rmmod "$m" >> "$log" 2>&1 || true; fi
+  done
+  for m in nvidia_drm nvidia_modeset nvidia_uvm nvidia_peermem nvidia; do
+    if [ -e "/sys/module/$m/refcnt" ]; then
+      fail "An NVIDIA kernel module '$m' appears to already be loaded in your kernel.  This may be because it is in use (for example, by an X server, a CUDA program, or the NVIDIA Persistence Daemon), but this may also happen if your kernel was configured without support for module unloading.  Please be sure to exit any programs that may be using the GPU(s) before attempting to upgrade your driver.  If no GPU-based programs are running, you know that your kernel supports module unloading, and you still receive this message, then an error may have occurred that has corrupted an NVIDIA kernel module's usage count, for which the simplest remedy is to reboot your computer."
+    fi
+  done
+}
+remove_modules() {   # an earlier install's kernel modules: DKMS's, then the installer's own
+  if [ -d /var/lib/dkms/nvidia ]; then
+    for d in /var/lib/dkms/nvidia/*/; do
+      v=${d%/}; v=${v##*/}
+      case $v in kernel-*) continue ;; esac
+      dkms remove "nvidia/$v" --all >> "$log" 2>&1
+      rm -rf "/usr/src/nvidia-$v"
+    done
+  fi
+  for tree in /lib/modules/*/; do
+    [ -d "${tree}kernel/drivers/video" ] || continue
+    found=no
+    for ko in nvidia.ko nvidia-uvm.ko nvidia-modeset.ko nvidia-drm.ko; do
+      if [ -e "${tree}kernel/drivers/video/$ko" ]; then rm -f "${tree}kernel/drivers/video/$ko"; found=yes; fi
+    done
+    k=${tree%/}; k=${k##*/}
+    if [ $found = yes ]; then depmod -a "$k"; fi
+  done
+}
+if [ $uninstall = yes ]; then
+  unload_modules
+  remove_modules
+  rm -f "$lib"/libcuda.so* "$lib"/libnvidia-ml.so* /usr/bin/nvidia-smi
+  echo "Uninstallation of existing driver: NVIDIA Accelerated Graphics Driver for Linux-x86_64 ($version) is complete." | tee -a "$log"
+  exit 0
+fi
+if [ $kernel = yes ]; then
+  running=$(uname -r)
+  k=${kname:-$running}
+  echo "-> Installing NVIDIA driver version $version" >> "$log"
+  echo "-> Kernel module type: $type; kernel: $k" >> "$log"
+  unload_modules
+  if [ ! -e "/lib/modules/$k/build" ]; then
+    fail "Unable to find the kernel source tree for the currently running kernel.  Please make sure you have installed the kernel source files for your kernel and that they are properly configured; on Red Hat Linux systems, for example, be sure you have the 'kernel-source' or 'kernel-devel' RPM installed.  If you know the correct kernel source files are installed, you may specify the kernel source path with the '--kernel-source-path' command line option."
+  fi
+  if [ $type = open ]; then license='Dual MIT/GPL'; else license=NVIDIA; fi
+  remove_modules
+  if [ $dkms = yes ]; then
+    src=/usr/src/nvidia-$version
+    mkdir -p "$src"
+    printf 'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="%s"\nAUTOINSTALL="yes"\nMODULE_LICENSE="%s"\n' "$version" "$license" > "$src/dkms.conf"
+    for i in 0 1 2 3; do
+      set -- nvidia nvidia-uvm nvidia-modeset nvidia-drm
+      shift $i
+      printf 'BUILT_MODULE_NAME[%s]="%s"\nDEST_MODULE_LOCATION[%s]="/kernel/drivers/video"\n' $i "$1" $i >> "$src/dkms.conf"
+    done
+    echo "-> Installing DKMS kernel module:" >> "$log"
+    dkms add "nvidia/$version" >> "$log" 2>&1 || fail "Failed to run \`dkms add -m nvidia -v $version\`"
+    if ! dkms install "nvidia/$version" -k "$k" >> "$log" 2>&1; then
+      fail "Failed to install the kernel module through DKMS. No kernel module was installed; please try installing again without DKMS, or check the DKMS logs for more information."
+    fi
+  else
+    python3 /usr/lib/gpuhost-lab/kmod.py build "/lib/modules/$k/kernel/drivers/video" "$version" "$k" "$license"
+    depmod -a "$k"
+  fi
 fi
 lib=/usr/lib/x86_64-linux-gnu
 mkdir -p "$lib"
@@ -559,6 +711,9 @@ esac
 NVSMI
 chmod 755 /usr/bin/nvidia-smi.new
 mv -f /usr/bin/nvidia-smi.new /usr/bin/nvidia-smi
+if [ $kernel = yes ] && [ $load = yes ] && [ "$k" = "$running" ]; then
+  modprobe nvidia >> "$log" 2>&1 || fail "Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module was built against the wrong or improperly configured kernel sources, with a version of gcc that differs from the one used to build the target kernel, or if another driver, such as nouveau, is present and prevents the NVIDIA kernel module from obtaining ownership of the NVIDIA GPU(s), or no NVIDIA GPU installed in this system is supported by this NVIDIA Linux graphics driver release."
+fi
 echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: $version) is now complete." | tee -a "$log"
 '''
 

@@ -66,7 +66,8 @@ DEFAULT_SPEC = os.path.join(HERE, 'spec', 'default.json')
 TEMPLATE = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
 # The Proxmox-only tools the host lacks, simulated (lab/faketools.py), and journalctl's kernel log (--dmesg: the
 # simulated kernel's; the rest is the host's real journal).
-TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct', 'journalctl')
+TOOLS = ('driverctl', 'proxmox-boot-tool', 'update-grub', 'update-initramfs', 'reboot', 'pct', 'journalctl', 'rmmod',
+         'modprobe', 'dkms')
 # Real seconds the host stays down in a reboot (no sshd, no API); the spec's reboot_down_secs or
 # this environment variable (read by the lab daemon) overrides it.
 REBOOT_DOWN_SECS = 3.0
@@ -137,6 +138,8 @@ def prepare(lab, spec_path):
     # The fake tools, by their real names, first on root's PATH in the host (its /usr/local/sbin).
     for tool in TOOLS:
         os.symlink(labhost.IN_CODE + '/faketools.py', host.path('sbin', tool))
+    # uname -r: the simulated kernel's release (what NVIDIA's installer and `modinfo -k $(uname -r)` build and read for).
+    os.symlink(labhost.IN_CODE + '/uname.sh', host.path('sbin', 'uname'))
     # Where the fake tools find the lab inside the host.
     hostsim.write(host.path('etc/gpuhost-lab.json'), json.dumps({'lab': labhost.IN_LAB}) + '\n')
     # The host's identity for its journal (/var/log/journal/<machine-id>), the same across its reboots.
