@@ -62,10 +62,11 @@ STATE_VERSION = 1
 EXIT_CONFIG = 2     # the config file is missing or refused: nothing was written
 EXIT_WRITE = 1      # the textfile could not be written
 # Xid codes operators page on (NVIDIA's Xid catalog): 79 the GPU has fallen off the bus, 48 a double-bit
-# ECC error, 94/95 contained/uncontained ECC errors, 119/120 GSP RPC timeout / GSP error. Each needs the
-# GPU reset (94: to remap the row); their series are written from 0 for every GPU, so the first event is
-# an increase Prometheus sees, not a series that appears at 1.
-CRITICAL_XIDS = (48, 79, 94, 95, 119, 120)
+# ECC error, 94/95 contained/uncontained ECC errors, 119/120 GSP RPC timeout / GSP error, 143 a GPU that did
+# not initialise (its FSP/GSP did not boot: after a driver load or upgrade). Each needs the GPU reset (94: to
+# remap the row); their series are written from 0 for every GPU, so the first event is an increase Prometheus
+# sees, not a series that appears at 1.
+CRITICAL_XIDS = (48, 79, 94, 95, 119, 120, 143)
 AER_SEVERITIES = (('correctable', 'aer_dev_correctable', 'TOTAL_ERR_COR'),
                   ('nonfatal', 'aer_dev_nonfatal', 'TOTAL_ERR_NONFATAL'),
                   ('fatal', 'aer_dev_fatal', 'TOTAL_ERR_FATAL'))

@@ -24,7 +24,7 @@ state=$dir/state
 mkdir -p "$dir"
 chmod 0700 "$dir"
 say() { echo "gpuhost: $*" >&2; }
-get() { sed -n "s/^$1 //p" "$state" 2>/dev/null | tail -n 1; }
+get() { if [ -f "$state" ]; then sed -n "s/^$1 //p" "$state" | tail -n 1; fi; }
 put() {
   { grep -v "^$1 " "$state" 2>/dev/null || true; echo "$1 $2"; } > "$state.tmp"
   mv -f "$state.tmp" "$state"

@@ -623,6 +623,7 @@ unload_modules() {
 remove_modules() {   # an earlier install's kernel modules: DKMS's, then the installer's own
   if [ -d /var/lib/dkms/nvidia ]; then
     for d in /var/lib/dkms/nvidia/*/; do
+      [ -d "$d" ] || continue   # (none left: the pattern itself)
       v=${d%/}; v=${v##*/}
       case $v in kernel-*) continue ;; esac
       dkms remove "nvidia/$v" --all >> "$log" 2>&1

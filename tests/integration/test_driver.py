@@ -1,37 +1,50 @@
-"""The host's NVIDIA driver declared (gpuhost:nvidia.driver; issue 59) on a deployed lab stack: declared at the version
-the host runs, the first `up` adopts it and changes nothing; a new version is priced at preview (old -> new, reloaded
-in place, SGLang stops) and, until the upgrade lands (docs/driver-plan.md step 3), `up` stops at the driver with one
-line and the host unchanged; a kernel installed without the module is warned at preview as a build."""
+"""The host's NVIDIA driver declared (gpuhost:nvidia.driver; issue 59) on a deployed lab stack, in order on one lab:
+declared at the version the host runs, the first `up` adopts it and changes nothing; a kernel installed without the
+module is warned at preview; a holder of the GPUs other than SGLang keeps an upgrade from touching anything (said at
+preview, refused by `up`, the host unchanged); then an upgrade A -> B in place: priced at preview, SGLang stopped once,
+the modules reloaded at B for every kernel, the container's user space at B, the proof, SGLang serving, the VM's GPU
+bindings and the VM unchanged, nvidia-persistenced running again, and a second `up` with nothing to do; last, a
+version whose load fails to initialise the GPUs (the FSP's boot error): the previous version is put back and loaded,
+SGLang serves on it again, the run stops with the kernel log's lines, and the collector's textfile counts the Xid."""
 
 import copy
+import hashlib
 import re
 
 import pytest
 
+from lab import hostsim
+from resources import monitoring
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 STACK = 'driver'
-A, B = '580.95.05', '580.105.08'
+A, B, C = '580.95.05', '580.105.08', '580.119.02'
 RUN = '/root/gpuhost-artifacts/NVIDIA-Linux-x86_64-%s.run'
+VM_GPUS = ('0000:81:00.0', '0000:91:00.0', '0000:e1:00.0', '0000:f1:00.0')
 
 
-def with_driver(cfg, version, sha256=None):
+def with_driver(cfg, version, sha256):
     cfg = copy.deepcopy(cfg)
-    declared = cfg['gpuhost:runtime'].pop('nvidia')
+    cfg['gpuhost:runtime'].pop('nvidia')
     cfg['gpuhost:nvidia'] = dict(cfg.get('gpuhost:nvidia') or {}, driver={
-        'version': version, 'installer': RUN % version, 'sha256': sha256 or declared['sha256']})
+        'version': version, 'installer': RUN % version, 'sha256': sha256})
     return cfg
 
 
 @pytest.fixture(scope='module')
 def deployed(lab):
     cfg = lab.stack_config()
-    lab.write_stack(STACK, with_driver(cfg, A))
+    lab.write_stack(STACK, with_driver(cfg, A, cfg['gpuhost:runtime']['nvidia']['sha256']))
     res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    return lab, cfg, res
+    # Version B's installer, uploaded beside A's as an operator does.
+    text = hostsim.nvidia_installer(B)
+    lab.host.add_artifact(hostsim.nvidia_installer_name(B), text)
+    return lab, with_driver(cfg, B, hashlib.sha256(text.encode()).hexdigest()), res
 
 
-def one_line(text):
-    return ' '.join(text.split())
+def both(res):
+    """The CLI's output: with --diff it writes the diagnostics to stderr."""
+    return ' '.join((res.stdout + res.stderr).split())
 
 
 def test_declared_at_the_running_version_the_first_up_adopts_it_and_a_second_changes_nothing(deployed):
@@ -49,38 +62,101 @@ def test_declared_at_the_running_version_the_first_up_adopts_it_and_a_second_cha
     assert (lab.host_digest(), lab.unit_starts()) == (digest, starts)
 
 
-def test_a_new_version_is_priced_at_preview_and_up_stops_at_it_with_the_host_unchanged(deployed):
-    lab, cfg, _ = deployed
-    lab.write_stack(STACK, with_driver(cfg, B, sha256='b' * 64))
-    try:
-        digest, starts = lab.host_digest(), lab.unit_starts()
-        res = lab.pulumi('preview', '--diff', stack=STACK)
-        pre = one_line(res.stdout + res.stderr)    # with --diff the CLI writes the diagnostics to stderr
-        assert ('host-nvidia-driver: 580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels '
-                '%s): the modules can be reloaded in place (nothing but SGLang holds them): SGLang in '
-                'container 200 (sglang-qwen.service) stops for it, then restarts on the new user space. The VM\'s '
-                'GPUs stay on vfio-pci, untouched. This release does not change a host\'s driver yet' % lab.host.spec['kernel']) in pre, pre
-        assert re.search(r'~ version *: "580.95.05" => "580.105.08"', pre), pre
-        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
-        assert res.returncode != 0
-        out = one_line(res.stdout)
-        assert ('gpuhost: host-nvidia-driver: 580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for '
-                'kernels %s)' % lab.host.spec['kernel']) in out and '`up` stops at this step with nothing changed' in out, out
-        assert (lab.host_digest(), lab.unit_starts()) == (digest, starts)
-        assert lab.host.nvidia_module() == A
-    finally:
-        lab.write_stack(STACK, with_driver(cfg, A))
-
-
 def test_a_kernel_without_the_module_is_warned_at_preview_as_a_build(deployed):
     lab, _, _ = deployed
     lab.host.install_kernel('6.8.12-9-pve')
     try:
-        res = lab.pulumi('preview', '--refresh', '--diff', stack=STACK)
-        pre = one_line(res.stdout + res.stderr)
+        pre = both(lab.pulumi('preview', '--refresh', '--diff', stack=STACK))
         assert ('host-nvidia-driver: DANGER - kernel 6.8.12-9-pve has no nvidia 580.95.05 module built: a boot into '
                 'it runs without the GPU driver') in pre, pre
         assert ('host-nvidia-driver: the loaded module is 580.95.05 as declared, but kernel 6.8.12-9-pve has no '
                 'nvidia 580.95.05 module built') in pre, pre
     finally:
         lab.host.remove_kernel('6.8.12-9-pve')
+
+
+def test_another_holder_of_the_gpus_keeps_the_upgrade_from_touching_anything(deployed):
+    lab, cfg_b, _ = deployed
+    # A monitoring agent on the host with the GPUs open (the lab's persistenced daemon under another unit's name).
+    res = lab.ssh('systemd-run --unit=gpu-monitor /usr/bin/python3 /usr/lib/gpuhost-lab/persistenced.py && sleep 1 && '
+                  'systemctl show -p MainPID --value gpu-monitor')
+    assert res.exit_code == 0, res
+    pid = res.stdout.strip()
+    try:
+        lab.write_stack(STACK, cfg_b)
+        digest, starts = lab.host_digest(), lab.unit_starts()
+        held = ('580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels %s): nothing is touched - '
+                'the modules are held by python3 (pid %s, on the host) besides SGLang, and gpuhost:host.reboot is never. '
+                'Stop what holds them, or allow a reboot (gpuhost:host.reboot: when-required), and re-run' % (
+                    lab.host.spec['kernel'], pid))
+        pre = both(lab.pulumi('preview', '--diff', stack=STACK))
+        assert 'host-nvidia-driver: ' + held in pre, pre
+        up = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        assert up.returncode != 0 and 'gpuhost: host-nvidia-driver: ' + held in both(up), both(up)
+        assert (lab.host_digest(), lab.unit_starts()) == (digest, starts)
+        assert lab.host.nvidia_module() == A
+    finally:
+        lab.ssh('systemctl stop gpu-monitor')
+
+
+def test_an_upgrade_in_place_reloads_the_modules_and_sglang_serves_on_the_new_user_space(deployed):
+    lab, cfg_b, _ = deployed
+    lab.write_stack(STACK, cfg_b)
+    assert lab.ssh('systemctl start nvidia-persistenced').exit_code == 0
+    kernel = lab.host.spec['kernel']
+    before = lab.outputs(STACK)
+    vm_before = ({b: lab.host.driver(b) for b in VM_GPUS}, before['vm'])
+    overrides = lab.ssh('driverctl list-overrides').stdout
+    starts = lab.unit_starts()
+    pre = both(lab.pulumi('preview', '--diff', stack=STACK))
+    assert ('host-nvidia-driver: 580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels %s): the '
+            'modules can be reloaded in place (nothing but SGLang holds them): SGLang in container 200 '
+            '(sglang-qwen.service) stops for it, then restarts on the new user space. The VM\'s GPUs stay on vfio-pci, '
+            'untouched' % kernel) in pre, pre
+    assert re.search(r'~ version *: "580.95.05" => "580.105.08"', pre), pre
+    up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
+    assert 'host-nvidia-driver: 580.95.05 -> 580.105.08: loaded, every container GPU up on it' in up, up
+    assert lab.host.nvidia_module() == B
+    assert lab.host.installed_nvidia(kernel) == B
+    after = lab.outputs(STACK)
+    assert after['nvidia_driver']['loaded'] == B and after['nvidia_driver']['kernels_missing'] == []
+    assert after['runtime']['container_driver'] == B and after['runtime']['host_driver'] == B
+    assert after['gpu_proof']['ok'] is True and after['gpu_proof']['at'] != before['gpu_proof']['at']
+    assert after['sglang_unit']['active'] is True
+    assert lab.unit_starts() == starts + 1        # stopped by the upgrade, started once on B
+    assert ({b: lab.host.driver(b) for b in VM_GPUS}, after['vm']) == vm_before
+    assert lab.ssh('driverctl list-overrides').stdout == overrides
+    assert lab.ssh('systemctl is-active nvidia-persistenced').stdout.strip() == 'active'
+    again = lab.preview_json(STACK, '--refresh')
+    assert [s for s in again['steps'] if s['op'] not in ('same', 'read', 'refresh')] == []
+
+
+def test_a_version_that_does_not_bring_the_gpus_up_is_undone_and_stops_the_run(deployed):
+    lab, cfg_b, _ = deployed
+    text = hostsim.nvidia_installer(C)
+    lab.host.add_artifact(hostsim.nvidia_installer_name(C), text)
+    lab.host.arm_fsp_failure(version=C)      # C's load logs the FSP boot error for every GPU it binds
+    cfg = copy.deepcopy(cfg_b)
+    cfg['gpuhost:nvidia']['driver'].update(version=C, installer=RUN % C,
+                                           sha256=hashlib.sha256(text.encode()).hexdigest())
+    lab.write_stack(STACK, cfg)
+    starts = lab.unit_starts()
+    try:
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        out = both(res)
+        assert res.returncode != 0
+        assert ('gpuhost: host-nvidia-driver: 580.119.02 did not bring the GPUs up: the kernel log since the load: '
+                'NVRM: GPU 0000:01:00.0: Error status 0x177 while polling for FSP boot complete') in out, out
+        assert ('580.105.08 is back and loaded; the rollout stops at this host (its SGLang runs again on '
+                '580.105.08)') in out, out
+        assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (B, B)
+        assert lab.unit_starts() == starts + 1          # stopped for the upgrade, started again on B
+        assert lab.ct_exec(['systemctl', 'is-active', 'sglang-qwen.service']).stdout.strip() == 'active'
+        # The collector's next run counts C's Xid 143 (GpuhostGpuXidCritical), with no pulumi command.
+        assert lab.ssh('systemctl start gpuhost-collector.service').exit_code == 0
+        prom = lab.ssh('cat %s/gpuhost-collector.prom' % monitoring.TEXTFILE_DIR).stdout
+        assert re.search(r'gpuhost_gpu_xid_errors_total\{[^}]*pci_bus_id="0000:01:00.0"[^}]*xid="143"[^}]*\} [1-9]',
+                         prom), prom
+    finally:
+        lab.host.disarm_fsp_failure()
+        lab.write_stack(STACK, cfg_b)
