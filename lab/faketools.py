@@ -538,7 +538,8 @@ def main():
     tool = os.path.basename(sys.argv[0])
     host = hostsim.Host(lab_dir())
     # Fault injection for tests: a file LAB/host/faults/<tool> (or <tool>.<subcommand>) makes the
-    # tool fail with the file's text, or hang if the text is `hang`.
+    # tool fail with the file's text, hang if the text is `hang`, or take N seconds more, then do its work, if it is
+    # `slow N` (a long step - a DKMS build - at a test's length).
     for name in (tool, '%s.%s' % (tool, sys.argv[1] if len(sys.argv) > 1 else '')):
         fault = host.path('faults', name)
         if os.path.exists(fault):
@@ -546,6 +547,9 @@ def main():
                 text = f.read()
             if text.strip() == 'hang':
                 hang()
+            if text.startswith('slow '):
+                time.sleep(float(text.split()[1]))
+                continue
             die(text or '%s: injected failure' % tool, 1)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     TOOLS[tool](host, sys.argv[1:])

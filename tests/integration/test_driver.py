@@ -5,11 +5,16 @@ preview, refused by `up`, the host unchanged); then an upgrade A -> B in place: 
 the modules reloaded at B for every kernel, the container's user space at B, the proof, SGLang serving, the VM's GPU
 bindings and the VM unchanged, nvidia-persistenced running again, and a second `up` with nothing to do; last, a
 version whose load fails to initialise the GPUs (the FSP's boot error): the previous version is put back and loaded,
-SGLang serves on it again, the run stops with the kernel log's lines, and the collector's textfile counts the Xid."""
+SGLang serves on it again, the run stops with the kernel log's lines, and the collector's textfile counts the Xid; and
+a Ctrl-C in the middle of an install, followed by an `up` that converges with that one install."""
 
 import copy
 import hashlib
+import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -160,3 +165,42 @@ def test_a_version_that_does_not_bring_the_gpus_up_is_undone_and_stops_the_run(d
     finally:
         lab.host.disarm_fsp_failure()
         lab.write_stack(STACK, cfg_b)
+
+
+def host_log(lab):
+    return lab.ssh('cat /var/lib/gpuhost/jobs/gpuhost-driver/log 2>/dev/null').stdout
+
+
+def test_a_ctrl_c_in_the_middle_of_an_install_leaves_the_job_running_and_the_next_up_converges(deployed):
+    lab, cfg_b, _ = deployed
+    text = hostsim.nvidia_installer(C)
+    cfg = copy.deepcopy(cfg_b)
+    cfg['gpuhost:nvidia']['driver'].update(version=C, installer=RUN % C,
+                                           sha256=hashlib.sha256(text.encode()).hexdigest())
+    lab.write_stack(STACK, cfg)
+    # The DKMS build takes 8 s (a real one takes minutes): the operator's Ctrl-C lands in it.
+    os.makedirs(lab.host.path('faults'), exist_ok=True)
+    with open(lab.host.path('faults', 'dkms.install'), 'w') as f:
+        f.write('slow 8')
+    jobs_started = 'journalctl --no-pager -o cat _PID=1 | grep -c "Started gpuhost-driver-.*gpuhost job gpuhost-driver"'
+    before = int(lab.ssh(jobs_started).stdout.strip() or 0)
+    try:
+        proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=lab.project,
+                                env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        deadline = time.time() + 120
+        while 'installing 580.119.02' not in host_log(lab):
+            assert time.time() < deadline and proc.poll() is None, 'the install never started'
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)       # the terminal's Ctrl-C: the whole foreground group
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and 'Traceback' not in out, out[-3000:]
+        # The job goes on by itself: the next `up` follows it to its end and carries on.
+        up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
+        assert 'host-nvidia-driver: 580.105.08 -> 580.119.02: loaded' in up, up
+    finally:
+        os.unlink(lab.host.path('faults', 'dkms.install'))
+    assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (C, C)
+    assert int(lab.ssh(jobs_started).stdout.strip()) == before + 1, 'one job, one install'
+    assert host_log(lab).count('installing 580.119.02') == 1
+    assert lab.outputs(STACK)['runtime']['container_driver'] == C
