@@ -46,14 +46,15 @@ def unit_text(lab):
         return f.read()
 
 
-def snapshot(lab):
+def snapshot(lab, beside_upgrade=False):
     """What an operator would call 'touched': the host's files and bindings, the container's unit and
-    how often SGLang was started."""
+    how often SGLang was started (beside_upgrade: but what an earlier release's `up` rewrites by design, the
+    collector's files, lablib.UPGRADE_REWRITES)."""
     try:
         unit = unit_text(lab)
     except FileNotFoundError:
         unit = None
-    return lab.host_digest(), unit, lab.unit_starts()
+    return lab.host_digest_beside_upgrade() if beside_upgrade else lab.host_digest(), unit, lab.unit_starts()
 
 
 def steps(preview):
@@ -81,16 +82,17 @@ def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
         assert hosts == {'gpu01', 'gpu02', 'gpu03'}, sorted(plan)
         assert not any('gpu03-vm' in urn for urn in plan)          # the host without a VM
         up_new_guests(fleet, STACK)
-    before = {n: fleet.labs[n].host_digest() for n in ('gpu01', 'gpu02', 'gpu03')}
+    before = {n: fleet.labs[n].host_digest_beside_upgrade() for n in ('gpu01', 'gpu02', 'gpu03')}
     plan = steps(fleet.preview_json(STACK))
     # (Each smoke test reaches its host through an SSH agent now - the lab keeps its keys in files: a new
-    # connection, so it runs again.)
+    # connection, so it runs again; each collector's script and config are this release's: lablib.UPGRADE_REWRITES.)
     providers = {u: op for u, op in plan.items() if '::pulumi:providers:gpuhost::' in u}
     assert sorted(providers.values()) == ['create'] * 3, plan
-    assert sorted((u.rsplit('::', 1)[-1], op) for u, op in plan.items() if u not in providers) == [
-        ('%s-sglang-smoke-test' % n, 'update') for n in ('gpu01', 'gpu02', 'gpu03')], plan
+    assert sorted((u.rsplit('::', 1)[-1], op) for u, op in plan.items() if u not in providers) == sorted(
+        [('%s-sglang-smoke-test' % n, 'update') for n in ('gpu01', 'gpu02', 'gpu03')] +
+        [('%s-collector' % n, 'update') for n in ('gpu01', 'gpu02', 'gpu03')]), plan
     fleet.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
-    assert {n: fleet.labs[n].host_digest() for n in before} == before, 'the upgrade changed a host'
+    assert {n: fleet.labs[n].host_digest_beside_upgrade() for n in before} == before, 'the upgrade changed a host'
     state = fleet.pulumi('stack', 'export', stack=STACK).stdout
     assert 'pulumi-python:dynamic' not in state
     out = fleet.outputs(STACK)
@@ -124,13 +126,17 @@ def test_three_hosts_deploy_from_empty_each_with_its_own_resources(fleet):
 def test_no_op_rerun_changes_nothing_on_any_host(fleet):
     """Also issue 46's upgrade test for a fleet stack: an `up` of main before issues 45 and 46 (a plugin process per
     host and pass, the rollout order as dependency edges), then this release plans nothing and changes nothing."""
-    before = {n: snapshot(fleet.labs[n]) for n in ('gpu01', 'gpu02', 'gpu03')}
+    before = {n: snapshot(fleet.labs[n], beside_upgrade=True) for n in ('gpu01', 'gpu02', 'gpu03')}
     with previous_release(fleet, PER_HOST_RELEASE, PER_HOST_FILES):
         fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    assert {n: snapshot(fleet.labs[n]) for n in before} == before
+    assert {n: snapshot(fleet.labs[n], beside_upgrade=True) for n in before} == before
+    # That release wrote its own collector back; this one plans that alone, once (lablib.UPGRADE_REWRITES).
+    assert sorted(u.rsplit('::', 1)[-1] for u, op in steps(fleet.preview_json(STACK)).items()) == [
+        'gpu01-collector', 'gpu02-collector', 'gpu03-collector']
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
     fleet.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
-    assert {n: snapshot(fleet.labs[n]) for n in before} == before
+    assert {n: snapshot(fleet.labs[n], beside_upgrade=True) for n in before} == before
 
 
 def test_added_host_touches_no_other_host(fleet):

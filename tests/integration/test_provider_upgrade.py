@@ -19,21 +19,22 @@ def test_a_stack_deployed_with_dynamic_providers_moves_onto_the_plugin_without_a
     before = json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout)
     dynamic = [r['urn'] for r in before['deployment']['resources'] if r['type'].startswith('pulumi-python:dynamic/')]
     assert len(dynamic) >= 10, 'the previous release did not deploy its dynamic resources: %s' % dynamic
-    starts, digest = lab.unit_starts(), lab.host_digest()
+    starts, digest = lab.unit_starts(), lab.host_digest_beside_upgrade()
 
     # The plan: the host's provider instance is new; every resource is the one deployed, moved by its alias. The
     # smoke test reaches the host through an SSH agent now (the lab keeps its key in a file): a new connection, so
-    # it runs again.
+    # it runs again; the collector's script and config are this release's (lablib.UPGRADE_REWRITES).
     plan = lab.preview_json(STACK)
     ops = {s['urn']: s['op'] for s in plan['steps'] if s['op'] != 'same'}
     created = {u: op for u, op in ops.items() if '::pulumi:providers:gpuhost::' in u}
     assert list(created.values()) == ['create'], ops
     assert {u.rsplit('::', 1)[-1]: op for u, op in ops.items() if u not in created} == {
-        'sglang-smoke-test': 'update'}, ops
+        'sglang-smoke-test': 'update', 'collector': 'update'}, ops
 
     lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
     assert lab.unit_starts() == starts, 'the upgrade restarted SGLang'
-    assert lab.host_digest() == digest, 'the upgrade changed the host'
+    assert lab.host_digest_beside_upgrade() == digest, 'the upgrade changed the host'
+    digest = lab.host_digest()
     after = json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout)['deployment']['resources']
     assert not [r['type'] for r in after if r['type'].startswith('pulumi-python:dynamic')]
     moved = {r['urn'].rsplit('::', 1)[-1] for r in after if r['type'].startswith('gpuhost:index:') and r.get('custom')}
@@ -72,13 +73,13 @@ def test_a_credential_kept_in_a_file_leaves_the_state_of_a_stack_the_plugin_rele
     with previous_release(lab, PLUGIN_RELEASE, PLUGIN_FILES):
         lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert leaked() == ['the API password', 'the SSH key'], 'the plugin release no longer leaks: wrong release?'
-    starts, digest = lab.unit_starts(), lab.host_digest()
+    starts, digest = lab.unit_starts(), lab.host_digest_beside_upgrade()
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
     assert leaked() == []
     lab.pulumi('refresh', '--yes', stack=STACK)
     assert leaked() == []
     lab.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
-    assert lab.unit_starts() == starts and lab.host_digest() == digest
+    assert lab.unit_starts() == starts and lab.host_digest_beside_upgrade() == digest
 
 
 def test_a_stack_the_per_host_plugin_deployed_moves_onto_one_shared_process_without_a_change(lab):
@@ -88,8 +89,12 @@ def test_a_stack_the_per_host_plugin_deployed_moves_onto_one_shared_process_with
     tests above left.)"""
     with previous_release(lab, PER_HOST_RELEASE, PER_HOST_FILES):
         lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
-    starts, digest = lab.unit_starts(), lab.host_digest()
-    lab.pulumi('preview', '--expect-no-changes', stack=STACK)
+    starts, digest = lab.unit_starts(), lab.host_digest_beside_upgrade()
+    # Nothing to plan but this release's collector (lablib.UPGRADE_REWRITES), rewritten once.
+    plan = lab.preview_json(STACK)
+    assert {s['urn'].rsplit('::', 1)[-1]: s['op'] for s in plan['steps'] if s['op'] != 'same'} == {
+        'collector': 'update'}
+    lab.pulumi('up', '--yes', '--refresh', stack=STACK)
     lab.pulumi('up', '--yes', '--refresh', '--expect-no-changes', stack=STACK)
     assert lab.unit_starts() == starts, 'the upgrade restarted SGLang'
-    assert lab.host_digest() == digest, 'the upgrade changed the host'
+    assert lab.host_digest_beside_upgrade() == digest, 'the upgrade changed the host'
