@@ -418,6 +418,12 @@ def _has_vm(d):
     return d.vm is not None
 
 
+def _driver_is_the_operators(d):
+    """Without gpuhost:nvidia.driver the host's module is a prerequisite; declared, the program loads it (and an
+    upgrade cut off by a Ctrl-C has it unloaded while its job runs on: the next `up` follows that job, never refused)."""
+    return d.nvidia.driver is None
+
+
 def _pins_nvidia(d):
     """The user space is pinned to a version the host's module must already run - not where the driver is declared
     (gpuhost:nvidia.driver): then the program brings the module to that version itself (resources/driver.py)."""
@@ -431,7 +437,8 @@ CHECKS = (
     Check('the GPUs of gpuhost:host.gpus at their addresses (and the VM\'s PCI mappings)', 'host', _inventory),
     Check('no container GPU bound to vfio-pci', 'host', _vfio),
     Check('no modprobe configuration that undoes the GPU settings', 'host', _modprobe),
-    Check('NVIDIA kernel driver loaded, with the device nodes the container uses', 'host', _nvidia_loaded),
+    Check('NVIDIA kernel driver loaded, with the device nodes the container uses', 'host', _nvidia_loaded,
+          applies=_driver_is_the_operators),
     Check('the host\'s nvidia module is gpuhost:runtime.nvidia.version', 'host', _nvidia_version,
           applies=_pins_nvidia),
     Check('every installed kernel has the nvidia module built for it', 'host', _kernels_have_nvidia, up=False),

@@ -184,20 +184,27 @@ def test_a_ctrl_c_in_the_middle_of_an_install_leaves_the_job_running_and_the_nex
         f.write('slow 8')
     jobs_started = 'journalctl --no-pager -o cat _PID=1 | grep -c "Started gpuhost-driver-.*gpuhost job gpuhost-driver"'
     before = int(lab.ssh(jobs_started).stdout.strip() or 0)
+
+    def started():
+        return lab.ssh('cat /var/lib/gpuhost/jobs/gpuhost-driver/started 2>/dev/null').stdout
+    earlier = started()
     try:
         proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=lab.project,
                                 env=lab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         deadline = time.time() + 120
-        while 'installing 580.119.02' not in host_log(lab):
+        # This run's job (a start of its own: the last job's log, the failed C's above, says "installing" too).
+        while not (started() != earlier and 'installing 580.119.02' in host_log(lab)):
             assert time.time() < deadline and proc.poll() is None, 'the install never started'
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)       # the terminal's Ctrl-C: the whole foreground group
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode != 0 and 'Traceback' not in out, out[-3000:]
         # The job goes on by itself: the next `up` follows it to its end and carries on.
+        # (Its modules are unloaded mid-install: this run finds none loaded, and follows the job that loads C.)
         up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
-        assert 'host-nvidia-driver: 580.105.08 -> 580.119.02: loaded' in up, up
+        assert 're-attached to job gpuhost-driver, still running on the host' in up, up
+        assert '-> 580.119.02: loaded, every container GPU up on it' in up, up
     finally:
         os.unlink(lab.host.path('faults', 'dkms.install'))
     assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (C, C)
