@@ -4,35 +4,27 @@ module and the container's user space (gpuhost:runtime.nvidia follows it)."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from config.runtime import NVIDIA_RUN_RE, DriverVersion, Installer
+from config.runtime import DriverVersion, NvidiaRuntime
 from config.values import Model
 
 
-class NvidiaDriver(Installer):
+class NvidiaDriver(NvidiaRuntime):
     """The host's NVIDIA kernel driver, from NVIDIA's .run installer (the same file the container's user space comes
-    from): a file on the host or a URL the host downloads it from, with its sha256."""
+    from, so the same rules: a file on the host or a URL the host downloads it from, with its sha256, the version in
+    its name)."""
+    KEY: ClassVar[str] = 'gpuhost:nvidia.driver'
     version: DriverVersion = Field(description='The driver version the host\'s kernel module runs, for every installed '
                                                'kernel (DKMS), and the container\'s user space with it')
     modules: Literal['open'] = Field('open', description='The kernel modules\' flavour: open (NVIDIA\'s open kernel '
                                                          'modules; Blackwell GPUs run no other)')
 
-    @model_validator(mode='after')
-    def _name(self):
-        self.file_name('gpuhost:nvidia.driver', NVIDIA_RUN_RE, 'NVIDIA\'s driver installer '
-                       '(NVIDIA-Linux-x86_64-<version>.run, as NVIDIA names it)', 'driver', self.version)
-        return self
-
     def runtime(self) -> dict:
         """gpuhost:runtime.nvidia as it follows the driver: the same installer, the same version."""
-        out = {'version': self.version, 'sha256': self.sha256}
-        for key in ('installer', 'source', 'token'):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
+        return self.model_dump(exclude={'modules'}, exclude_none=True)
 
 
 class Nvidia(Model):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Annotated, Optional
+from typing import Annotated, ClassVar, Optional
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
@@ -158,13 +158,14 @@ class Installer(Model):
 
 
 class NvidiaRuntime(Installer):
+    KEY: ClassVar[str] = 'gpuhost:runtime.nvidia'   # what messages name (config/nvidia.py's driver: its own)
     version: DriverVersion = Field(description='The NVIDIA user space version: exactly the host\'s loaded module '
                                                '(/sys/module/nvidia/version), or NVML fails with "Driver/library '
                                                'version mismatch"')
 
     @model_validator(mode='after')
     def _name(self):
-        self.file_name('gpuhost:runtime.nvidia', NVIDIA_RUN_RE, 'NVIDIA\'s driver installer '
+        self.file_name(self.KEY, NVIDIA_RUN_RE, 'NVIDIA\'s driver installer '
                        '(NVIDIA-Linux-x86_64-<version>.run, as NVIDIA names it)', 'driver', self.version)
         return self
 

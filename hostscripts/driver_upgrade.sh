@@ -108,6 +108,10 @@ if [ "$(get to)" != "$new" ] || [ "$step" = done ] || [ "$step" = restored ] || 
     say "the installer of the running version $from (NVIDIA-Linux-x86_64-$from.run) is not in $(dirname "$installer") or /var/lib/gpuhost/installers: it is what a failed upgrade goes back to. Put it there and re-run; nothing was changed"
     exit 3
   fi
+  if ! command -v dkms >/dev/null; then
+    say "dkms is not installed on the host, and the module is built with DKMS for every installed kernel (a kernel update rebuilds it): apt install dkms and re-run; nothing was changed"
+    exit 3
+  fi
   for k in $(kernels); do
     if [ ! -d "/lib/modules/$k/build/" ]; then
       say "kernel $k has no headers (/lib/modules/$k/build), so DKMS cannot build the module for it: apt install proxmox-headers-$k (or remove the kernel) and re-run; nothing was changed"

@@ -11,7 +11,6 @@ would change the driver stops at this resource with one line and nothing changed
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 from resources.fields import ANY, N, ROLLOUT, S, SERVICE, arr, mapof, obj, optional, secret
@@ -131,8 +130,7 @@ def upgrade_job(props: dict) -> jobs.Job:
     `pulumi` (a Ctrl-C or a drop mid-install leaves it running; the next `up` re-attaches to it, never a second one),
     and records its step on the host for a job started again after it died."""
     inst, service = props['installer'], props.get('service') or {}
-    with open(os.path.join(remote.SCRIPTS, 'driver_upgrade.sh')) as f:
-        body = f.read()
+    body = remote.script('driver_upgrade.sh')
     args = (props['version'], inst['path'], inst['sha256'], str(service.get('vmid', '-')),
             service.get('unit_name', '-'), ','.join(props.get('container_gpus') or []) or '-',
             ','.join(props.get('vm_gpus') or []) or '-')

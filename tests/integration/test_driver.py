@@ -83,10 +83,15 @@ def test_a_kernel_without_the_module_is_warned_at_preview_as_a_build(deployed):
 def test_another_holder_of_the_gpus_keeps_the_upgrade_from_touching_anything(deployed):
     lab, cfg_b, _ = deployed
     # A monitoring agent on the host with the GPUs open (the lab's persistenced daemon under another unit's name).
-    res = lab.ssh('systemd-run --unit=gpu-monitor /usr/bin/python3 /usr/lib/gpuhost-lab/persistenced.py && sleep 1 && '
+    users = lab.host.module_refcnt()
+    res = lab.ssh('systemd-run --unit=gpu-monitor /usr/bin/python3 /usr/lib/gpuhost-lab/persistenced.py && '
                   'systemctl show -p MainPID --value gpu-monitor')
     assert res.exit_code == 0, res
     pid = res.stdout.strip()
+    deadline = time.time() + 30
+    while lab.host.module_refcnt() == users:      # until it holds the GPUs open (its fds counted)
+        assert time.time() < deadline, 'the holder never opened the GPUs'
+        time.sleep(0.2)
     try:
         lab.write_stack(STACK, cfg_b)
         digest, starts = lab.host_digest(), lab.unit_starts()
