@@ -1,5 +1,5 @@
 set -euo pipefail
-# driver_upgrade.sh NEW INSTALLER SHA256 VMID UNIT CT_GPUS VM_GPUS: the host's NVIDIA kernel driver to version NEW, as a
+# driver_upgrade.sh NEW INSTALLER SHA256 VMID UNIT CT_GPUS VM_GPUS [HOW]: the host's NVIDIA kernel driver to version NEW, as a
 # durable job on the host (resources/driver.py; docs/driver-plan.md step 3). A job, never a plain command: a command is
 # ended on the host at its time limit (hostscripts/guard.sh), and an install cut in half leaves a host with no driver.
 #
@@ -7,6 +7,11 @@ set -euo pipefail
 #   VMID UNIT  the container and its SGLang unit, stopped for the reload (`-`: none)
 #   CT_GPUS    the container's GPUs (comma list): on nvidia and in nvidia-smi at NEW before anything serves
 #   VM_GPUS    the VM's GPUs (comma list, or `-`): on vfio-pci, never touched - their bindings compared before and after
+#   HOW        reload (the default: unload in place) or reboot (the modules are held by what only a reboot ends: after
+#              the drain they are held back at the next boot by /etc/modprobe.d/gpuhost-driver-hold.conf - blacklisted,
+#              and their loads by name refused -,
+#              the job ends with `reboot FROM NEW`; the caller reboots the host and starts the job again, which finds
+#              the new boot with nothing loaded and goes on to the install). A started upgrade keeps its HOW.
 #
 # Steps, each recorded in /var/lib/gpuhost/driver/state before it starts (a job started again after the host or the
 # job died goes on from the step it was in - never a second install over a half one: an install found cut short is
@@ -16,10 +21,15 @@ set -euo pipefail
 # initialisation failures, the IOMMU still translating), done. A check that fails puts the previous version back
 # (its installer, kept on the host) and starts what was stopped; a module still in use is loaded again as it was.
 #
-# stdout's last line is the outcome: `upgraded FROM NEW`, `restored FROM NEW` (exit 5), `in use` (exit 4). Progress
+# stdout's last line is the outcome: `upgraded FROM NEW`, `reboot FROM NEW` (the host must reboot now, then the job is
+# started again), `restored FROM NEW` (exit 5), `in use` (exit 4). Progress
 # and the reasons are stderr lines `gpuhost: ...` (the job's log). Exit 3: refused before anything changed.
-new=$1 installer=$2 sha=$3 vmid=$4 unit=$5 ct_gpus=$6 vm_gpus=$7
+new=$1 installer=$2 sha=$3 vmid=$4 unit=$5 ct_gpus=$6 vm_gpus=$7 how=${8:-reload}
+case $how in reload|reboot) ;; *) echo "gpuhost: HOW is reload or reboot, not $how" >&2; exit 2 ;; esac
 dir=/var/lib/gpuhost/driver
+# The modules held back at the boot a reboot upgrade asks for: its own file (no other file of /etc/modprobe.d is
+# touched), gone once NEW loads or the previous version is back.
+HOLD=/etc/modprobe.d/gpuhost-driver-hold.conf
 state=$dir/state
 mkdir -p "$dir"
 chmod 0700 "$dir"
@@ -36,6 +46,29 @@ bindings() {   # the VM's GPUs' drivers and the driverctl overrides: what must b
   [ "$vm_gpus" = - ] && return 0
   for b in ${vm_gpus//,/ }; do echo "$b $(readlink "/sys/bus/pci/devices/$b/driver" 2>/dev/null || echo none)"; done
   driverctl list-overrides 2>/dev/null || true
+}
+boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo -; }
+hold() {   # the modules not loaded at the next boot: neither by udev (blacklist) nor by name (nvidia-modprobe, a unit)
+  local m
+  {
+    echo "# gpuhost: the NVIDIA driver upgrade $(get from) -> $new holds the nvidia modules back at the next boot, so that"
+    echo "# it can install $new with nothing loaded (resources/driver.py); removed by it once $new loads or $(get from) is back."
+    for m in nvidia nvidia_uvm nvidia_modeset nvidia_drm nvidia_peermem; do
+      echo "blacklist $m"
+      echo "install $m /bin/false"
+    done
+  } > "$HOLD.tmp"
+  mv -f "$HOLD.tmp" "$HOLD"
+  # Where the modules load from the initramfs, its copy of /etc/modprobe.d is what the boot reads.
+  update-initramfs -u -k all >&2
+  put held yes
+}
+unhold() {   # the hold gone, from the initramfs too (a boot with it would come up without a GPU driver)
+  if [ -f "$HOLD" ] || [ "$(get held)" = yes ]; then
+    rm -f "$HOLD"
+    update-initramfs -u -k all >&2 || say "update-initramfs failed: the initramfs may still hold the nvidia modules back; run update-initramfs -u -k all"
+    put held no
+  fi
 }
 ct_running() { [ "$vmid" != - ] && pct status "$vmid" 2>/dev/null | grep -q 'status: running'; }
 unload() {
@@ -120,10 +153,12 @@ if [ "$(get to)" != "$new" ] || [ "$step" = done ] || [ "$step" = restored ] || 
   done
   rm -f "$state"
   put to "$new"; put from "$from"; put previous "$previous"; put vm "$(bindings | sha256sum | cut -d' ' -f1)"
+  put how "$how"
   put step drain
   step=drain
 fi
-from=$(get from) previous=$(get previous)
+from=$(get from) previous=$(get previous) how=$(get how)
+how=${how:-reload}
 
 if [ "$step" = drain ]; then
   if ct_running && pct exec "$vmid" -- systemctl is-active --quiet "$unit"; then
@@ -136,13 +171,36 @@ if [ "$step" = drain ]; then
     say "stopping nvidia-persistenced"
     systemctl stop nvidia-persistenced
   fi
-  put step unload; step=unload
+  if [ "$how" = reboot ]; then put step hold; step=hold; else put step unload; step=unload; fi
+fi
+
+if [ "$step" = hold ]; then
+  say "holding the nvidia modules back at the next boot ($HOLD)"
+  hold
+  put boot "$(boot_id)"
+  put step reboot; step=reboot
+fi
+
+if [ "$step" = reboot ]; then
+  if [ "$(boot_id)" = "$(get boot)" ]; then
+    say "the host must reboot now: $from stays loaded until then"
+    echo "reboot $from $new"
+    exit 0
+  fi
+  if [ "$(loaded)" = - ]; then
+    say "rebooted with the nvidia modules held back: nothing is loaded"
+    put step install; step=install
+  else
+    say "rebooted, but $(loaded) is loaded despite $HOLD (in the initramfs?): unloading it in place"
+    put step unload; step=unload
+  fi
 fi
 
 if [ "$step" = unload ]; then
   say "unloading the nvidia modules ($from)"
   if ! err=$(unload 2>&1); then
     say "$err"
+    unhold
     load >/dev/null 2>&1 || true
     resume
     rm -f "$state"
@@ -166,6 +224,7 @@ if [ "$step" = install ] || [ "$step" = installing ]; then
 fi
 
 if [ "$step" = load ]; then
+  unhold
   put cursor "$(cursor)"
   say "loading $new"
   load >&2 || true     # a load that fails is what the check reads
@@ -188,6 +247,7 @@ fi
 
 if [ "$step" = restore ]; then
   say "putting $from back ($previous)"
+  unhold
   unload >&2 || true
   sh "$installer" --uninstall --silent >&2 || true
   installed_run "$previous" >&2

@@ -436,6 +436,12 @@ def modprobe(host, args):
             if m not in order:
                 order.insert(0, m)
                 todo.extend(kmod.DEPENDS.get(m, ()))
+        refused = None if kmod.loaded(host, name) else kmod.refused_by_install(host, name)
+        if refused:
+            # kmod 30's words (Debian 12), the install command's exit status as it gives it.
+            sys.stderr.write("modprobe: ERROR: ../libkmod/libkmod-module.c:1047 command_do() Error running install "
+                             "command '%s' for module %s: retcode 1\n" % (refused[1], refused[0]))
+            die("modprobe: ERROR: could not insert '%s': Invalid argument" % name, 1)
         for m in order:
             if kmod.loaded(host, m):
                 continue

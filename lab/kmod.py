@@ -321,15 +321,60 @@ def clear(host):
             host.bind(bdf, None)
 
 
+def modprobe_rules(host, conf='etc/modprobe.d'):
+    """/etc/modprobe.d's (conf: the initramfs's copy, boot/initrd-modprobe.d) `blacklist MODULE` (udev's loads by alias skip it; a load by name or as a dependency does
+    not) and `install MODULE COMMAND` (modprobe runs COMMAND instead of loading MODULE) lines: (blacklisted set,
+    {module: command})."""
+    black, install = set(), {}
+    conf = host.path(conf)
+    for f in sorted(os.listdir(conf)) if os.path.isdir(conf) else []:
+        if not f.endswith('.conf'):
+            continue
+        with open(os.path.join(conf, f)) as fh:
+            for line in fh:
+                words = line.split('#', 1)[0].split()
+                if len(words) == 2 and words[0] == 'blacklist':
+                    black.add(name_of(words[1]))
+                elif len(words) >= 3 and words[0] == 'install':
+                    install[name_of(words[1])] = ' '.join(words[2:])
+    return black, install
+
+
+def refused_by_install(host, module, conf='etc/modprobe.d'):
+    """The install command modprobe would run for module or a module it needs (those first, as kmod goes) instead of
+    loading it, when that command fails ((module, command)), else None. The lab runs no command: `/bin/true` and
+    `true` succeed, any other fails, as `/bin/false` does."""
+    _, install = modprobe_rules(host, conf)
+    order, todo = [], [module]
+    while todo:
+        m = todo.pop()
+        if m not in order:
+            order.insert(0, m)
+            todo.extend(DEPENDS.get(m, ()))
+    for m in order:
+        cmd = install.get(m)
+        if cmd is not None and cmd not in ('/bin/true', 'true'):
+            return m, cmd
+    return None
+
+
 def boot(host, params):
-    """What a boot loads: the running kernel's nvidia modules, if installed (else the GPUs stay without a driver)."""
+    """What a boot loads: the running kernel's nvidia modules, if installed (else the GPUs stay without a driver) -
+    nvidia by udev's alias (a blacklisted nvidia is not), nvidia_uvm and nvidia_modeset by name with what they need
+    (nvidia-modprobe: an install command that fails keeps them, and the nvidia they need, from loading). nvidia loads
+    from the initramfs (hostsim.Host.reboot): its copy of /etc/modprobe.d is what counts, as update-initramfs left it."""
     clear(host)
     info = installed(host, NVIDIA, running_kernel(host))
     if info:
+        initrd = 'boot/initrd-modprobe.d'
+        black, _ = modprobe_rules(host, initrd)
         for m in BOOT_MODULES:
-            mod_info = installed(host, m, running_kernel(host))
-            if mod_info:
-                load(host, m, mod_info, params, pid=1)
+            if (m == NVIDIA and m in black) or refused_by_install(host, m, initrd):
+                continue
+            for dep in DEPENDS.get(m, ()) + (m,):
+                mod_info = installed(host, dep, running_kernel(host))
+                if mod_info and not loaded(host, dep):
+                    load(host, dep, mod_info, params, pid=1)
 
 
 # ------------------------------------------------------------------- FSP faults

@@ -4,8 +4,10 @@ kernel (a kernel without it boots with no GPU driver).
 
 Facts (hostscripts/driver_facts.sh, transport/driverfacts.py) -> desired -> the smallest change, priced at preview:
 per host the old and new version, whether the modules can be reloaded in place (nothing but SGLang holds them) or the
-host must reboot, and that SGLang stops for it. The upgrade itself is step 3 of the plan: until it lands, an `up` that
-would change the driver stops at this resource with one line and nothing changed (no stack sets the key yet).
+host must reboot, and that SGLang stops for it. The upgrade is a durable job on the host (hostscripts/driver_upgrade.sh):
+in place where nothing but SGLang holds the modules; across a reboot where something else does and
+gpuhost:host.reboot is when-required (the job holds the modules back at the next boot, the host reboots, the job goes
+on with nothing loaded). What an `up` does not yet do itself stops at this resource with one line, nothing changed.
 """
 
 from __future__ import annotations
@@ -88,9 +90,8 @@ def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboo
 NOT_YET = ('this release does not yet %s (docs/driver-plan.md): `up` stops at this step with nothing changed; until '
            'then do it by hand (docs/operator-guide.md) or declare the version the host runs')
 # What an `up` does itself; the other kinds are priced, and stopped at with NOT_YET.
-DONE_BY_UP = ('none', 'load', 'reload')
-NOT_YET_WHAT = {'build': 'build the module for a kernel by itself', 'reboot': 'reboot a host into a new driver',
-                'held': 'change a driver that other processes hold'}
+DONE_BY_UP = ('none', 'load', 'reload', 'reboot')
+NOT_YET_WHAT = {'build': 'build the module for a kernel by itself', 'held': 'change a driver that other processes hold'}
 
 
 def price(p: Plan, service: dict | None) -> str:
@@ -125,15 +126,16 @@ def not_yet(p: Plan) -> str:
 
 # ------------------------------------------------------------------- the upgrade
 
-def upgrade_job(props: dict) -> jobs.Job:
+def upgrade_job(props: dict, how: str = 'reload') -> jobs.Job:
     """hostscripts/driver_upgrade.sh as a durable job on the host: it outlives the SSH command, the connection and
     `pulumi` (a Ctrl-C or a drop mid-install leaves it running; the next `up` re-attaches to it, never a second one),
-    and records its step on the host for a job started again after it died."""
+    and records its step on the host for a job started again after it died. how: reload (in place) or reboot (the
+    modules held back at the next boot; an upgrade already started keeps the way it started with)."""
     inst, service = props['installer'], props.get('service') or {}
     body = remote.script('driver_upgrade.sh')
     args = (props['version'], inst['path'], inst['sha256'], str(service.get('vmid', '-')),
             service.get('unit_name', '-'), ','.join(props.get('container_gpus') or []) or '-',
-            ','.join(props.get('vm_gpus') or []) or '-')
+            ','.join(props.get('vm_gpus') or []) or '-', how)
     return jobs.Job(name='gpuhost-driver', label='the NVIDIA driver upgrade to %s' % props['version'],
                     spec=jobs.spec_of({'version': props['version'], 'installer': inst['path'], 'sha256': inst['sha256']}),
                     interpreter='bash', body=body, args=args, limit_s=int(float(props.get('timeout') or 3600)),
@@ -142,8 +144,9 @@ def upgrade_job(props: dict) -> jobs.Job:
 
 
 def upgrade(target: remote.Target, props: dict, p: Plan) -> None:
-    """The installer on the host (downloaded first where it is declared by source), then the upgrade job; one line
-    for the operator whatever ends it."""
+    """The installer on the host (downloaded first where it is declared by source), then the upgrade job - for a
+    reboot, the job up to the hold, the reboot, and the job again on the new boot; one line for the operator whatever
+    ends it."""
     inst = props['installer']
     if inst.get('source'):
         from resources.runtime import fetch_installers
@@ -154,9 +157,25 @@ def upgrade(target: remote.Target, props: dict, p: Plan) -> None:
                                               'timeout': props.get('timeout') or 3600, 'stall': props.get('stall')},
                                   'installer_tokens': props.get('installer_tokens')}, {'container_driver': None})
     started = time.monotonic()
-    job = upgrade_job(props)
+    how = 'reboot' if p.kind == 'reboot' else 'reload'
+    done = run_job(target, props, p, how)
+    if done.startswith('reboot '):
+        from resources.host import reboot_and_wait
+        info('%s: the nvidia modules are held back at the next boot (held by %s); rebooting %s' % (
+            LABEL, ', '.join(p.others) or 'other processes', target.host))
+        reboot_and_wait(target)
+        info('%s: %s is back with nothing loaded; installing %s' % (LABEL, target.host, p.new))
+        run_job(target, props, p, how)
+    info('%s: %s -> %s: loaded, every container GPU up on it (%d s); the container\'s user space and SGLang follow' % (
+        LABEL, p.old or 'not loaded', p.new, time.monotonic() - started))
+
+
+def run_job(target: remote.Target, props: dict, p: Plan, how: str) -> str:
+    """The upgrade job to its end; its outcome line (`upgraded FROM NEW`, `reboot FROM NEW`), or one line for the
+    operator."""
+    job = upgrade_job(props, how)
     try:
-        jobs.run(target, job)
+        return (jobs.run(target, job).out or '').strip()
     except jobs.JobFailed as e:
         from resources.runtime import _exit_status, _job_log
         why = _job_log(e)
@@ -169,8 +188,6 @@ def upgrade(target: remote.Target, props: dict, p: Plan) -> None:
             raise DriverError('%s: %s' % (LABEL, why)) from None
         raise DriverError('%s: the upgrade to %s failed: %s (its log: %s on the host); the next `up` goes on from the '
                           'step it was in' % (LABEL, p.new, why, job.log_path)) from None
-    info('%s: %s -> %s: loaded, every container GPU up on it (%d s); the container\'s user space and SGLang follow' % (
-        LABEL, p.old or 'not loaded', p.new, time.monotonic() - started))
 
 
 # ------------------------------------------------------------------- the provider

@@ -216,3 +216,49 @@ def test_a_ctrl_c_in_the_middle_of_an_install_leaves_the_job_running_and_the_nex
     assert int(lab.ssh(jobs_started).stdout.strip()) == before + 1, 'one job, one install'
     assert host_log(lab).count('installing 580.119.02') == 1
     assert lab.outputs(STACK)['runtime']['container_driver'] == C
+
+
+def test_a_driver_held_by_another_process_is_upgraded_across_one_reboot_where_allowed(deployed):
+    """gpuhost:host.reboot: when-required and a holder of the GPUs other than SGLang (a monitoring agent on the host):
+    priced as a reboot at preview; `up` drains SGLang, holds the modules back at the next boot (its own file in
+    /etc/modprobe.d and the initramfs), reboots once, installs D with nothing loaded, loads it, removes the hold - a
+    later boot loads D -, and SGLang serves on D's user space; the VM's GPUs stay on vfio-pci."""
+    lab, cfg_b, _ = deployed
+    D = '580.126.09'
+    text = hostsim.nvidia_installer(D)
+    lab.host.add_artifact(hostsim.nvidia_installer_name(D), text)
+    cfg = copy.deepcopy(cfg_b)
+    cfg['gpuhost:nvidia']['driver'].update(version=D, installer=RUN % D,
+                                           sha256=hashlib.sha256(text.encode()).hexdigest())
+    cfg['gpuhost:host']['reboot'] = 'when-required'
+    lab.write_stack(STACK, cfg)
+    users = lab.host.module_refcnt()
+    assert lab.ssh('systemd-run --unit=gpu-monitor /usr/bin/python3 /usr/lib/gpuhost-lab/persistenced.py').exit_code == 0
+    deadline = time.time() + 30
+    while lab.host.module_refcnt() == users:
+        assert time.time() < deadline, 'the holder never opened the GPUs'
+        time.sleep(0.2)
+    pid = lab.ssh('systemctl show -p MainPID --value gpu-monitor').stdout.strip()
+    kernel, reboots, old = lab.host.spec['kernel'], len(lab.reboots()), lab.host.nvidia_module()   # C, after the above
+    vm_gpus = {b: lab.host.driver(b) for b in VM_GPUS}
+    try:
+        pre = both(lab.pulumi('preview', '--diff', stack=STACK))
+        assert ('host-nvidia-driver: %s -> 580.126.09 (open kernel modules, built with DKMS for kernels %s): the '
+                'modules cannot be unloaded in place - held by python3 (pid %s, on the host) - so the host reboots '
+                'into 580.126.09 (gpuhost:host.reboot: when-required): SGLang in container 200 (sglang-qwen.service) '
+                'stops for it, then restarts on the new user space, and every guest stops while it reboots' % (
+                    old, kernel, pid)) in pre, pre
+        up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
+    finally:
+        lab.ssh('systemctl stop gpu-monitor 2>/dev/null || true')
+    assert ('host-nvidia-driver: the nvidia modules are held back at the next boot (held by python3 (pid %s, on the '
+            'host)); rebooting' % pid) in up, up
+    assert '-> 580.126.09: loaded, every container GPU up on it' in up, up
+    assert len(lab.reboots()) == reboots + 1, 'one reboot'
+    assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (D, D)
+    assert lab.ssh('test -e /etc/modprobe.d/gpuhost-driver-hold.conf').exit_code == 1, 'the hold is gone'
+    after = lab.outputs(STACK)
+    assert after['runtime']['container_driver'] == D and after['sglang_unit']['active'] is True
+    assert {b: lab.host.driver(b) for b in VM_GPUS} == vm_gpus
+    # Nothing holds it back at a later boot either: the initramfs the next boot reads has no hold.
+    assert not os.path.exists(lab.host.path('boot', 'initrd-modprobe.d', 'gpuhost-driver-hold.conf'))

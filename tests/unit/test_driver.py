@@ -7,6 +7,8 @@ from transport.driverfacts import DriverFacts
 A, B = '580.95.05', '580.105.08'
 OPEN = 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (dvs-builder@U16)  '
 SERVICE = {'vmid': 200, 'unit_name': 'sglang.service'}
+PROPS = {'version': A, 'installer': {'path': '/root/NVIDIA-Linux-x86_64-%s.run' % A, 'sha256': '0' * 64},
+         'service': SERVICE, 'container_gpus': ['0000:01:00.0'], 'vm_gpus': []}
 
 
 def facts(loaded=A, kernels=None, running='6.8.12-4-pve'):
@@ -76,6 +78,14 @@ def test_another_holder_means_a_reboot_where_allowed_and_nothing_touched_where_n
     assert p.kind == 'reboot'
     assert p.others == ['dcgm-exporter (pid 5150, on the host)', 'nvidia-smi (pid 777, container 201)',
                         '2 processes whose open files could not be read']
+    assert driver.price(p, SERVICE) == (
+        '580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels 6.8.12-4-pve): the modules cannot '
+        'be unloaded in place - held by dcgm-exporter (pid 5150, on the host), nvidia-smi (pid 777, container 201), 2 '
+        'processes whose open files could not be read - so the host reboots into 580.105.08 (gpuhost:host.reboot: '
+        'when-required): SGLang in container 200 (sglang.service) stops for it, then restarts on the new user '
+        'space, and every guest stops while it reboots')
+    assert p.kind in driver.DONE_BY_UP      # `up` does it (the job holds the modules back at the next boot)
+    assert driver.upgrade_job(dict(PROPS, version=B), 'reboot').args[-1] == 'reboot'
     held = driver.plan(f, B, 'open', 200, 'never')
     assert held.kind == 'held'
     assert driver.price(held, SERVICE) == (

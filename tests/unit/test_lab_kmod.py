@@ -118,3 +118,27 @@ def test_a_driver_upgraded_out_of_band_outlives_a_reboot(host):
     assert host.installed_nvidia() == '580.105.08'
     host.reboot()
     assert host.nvidia_module() == '580.105.08' and host.module_holders() == ['nvidia_modeset', 'nvidia_uvm']
+
+
+def test_a_boot_honours_modprobe_d_a_blacklist_keeps_udevs_load_an_install_line_every_load(host):
+    """As kmod does at boot, with the initramfs's copy of /etc/modprobe.d (update-initramfs): `blacklist nvidia`
+    stops udev's load by alias but not nvidia-modprobe's loads by name (nvidia_uvm needs nvidia, and loads it); an
+    `install nvidia /bin/false` line stops every load of it; a file written and not put into the initramfs does not
+    count at boot."""
+    hold = host.path('etc/modprobe.d', 'gpuhost-driver-hold.conf')
+    hostsim.write(hold, 'blacklist nvidia\n')
+    host.update_initramfs()
+    host.reboot()
+    assert host.nvidia_loaded() and host.module_holders() == ['nvidia_modeset', 'nvidia_uvm']
+    hostsim.write(hold, ''.join('blacklist %s\ninstall %s /bin/false\n' % (m, m) for m in kmod.DEPENDS))
+    host.reboot()
+    assert host.nvidia_loaded(), 'not in the initramfs yet'
+    host.update_initramfs()
+    host.reboot()
+    assert not host.nvidia_loaded() and not os.path.isdir(host.path('sys/module/nvidia'))
+    assert host.driver(VFIO) == 'vfio-pci'
+    assert kmod.refused_by_install(host, 'nvidia_uvm') == ('nvidia', '/bin/false')
+    os.unlink(hold)
+    host.update_initramfs()
+    host.reboot()
+    assert host.nvidia_module() == hostsim.NVIDIA_VERSION
