@@ -8,11 +8,13 @@ import json
 import re
 from typing import Optional
 
-from pydantic import Field, ValidationError
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from config.deployment import Deployment, parse
 from config.errors import did_you_mean, format_errors
-from config.values import ConfigError, Model, show
+from config.values import ConfigError, Model, http_url, show
 
 
 FLEET_KEYS = ('hosts', 'rollout')
@@ -21,10 +23,78 @@ FLEET_KEYS = ('hosts', 'rollout')
 HOST_NAME_RE = re.compile(r'^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$')
 
 
+def prometheus_url(value: str) -> str:
+    return http_url(value, 'the http(s) URL of a Prometheus server (its HTTP API answers under /api/v1)',
+                    'http://prometheus.example.internal:9090',
+                    'put an authenticating proxy on the operator\'s network in front of it, or leave the key out '
+                    '(the program then reads each host\'s /metrics itself)')
+
+
+PrometheusUrl = Annotated[str, AfterValidator(prometheus_url)]
+
+
+class CanarySlo(Model):
+    """Absolute service levels the canary must meet in every load band it is judged in (the median of its windows'
+    figures); absent, only the comparison with the baseline counts."""
+    itl_p95_ms: Optional[float] = Field(None, gt=0, le=60000, description='Inter-token latency, p95 of a window, '
+                                                                           'in milliseconds')
+    ttft_p95_ms: Optional[float] = Field(None, gt=0, le=3600000, description='Time to first token, p95 of a '
+                                                                              'window, in milliseconds')
+    e2e_p95_s: Optional[float] = Field(None, gt=0, le=86400, description='End-to-end request latency, p95 of a '
+                                                                         'window, in seconds')
+    aborted_ratio: Optional[float] = Field(None, ge=0, le=1, description='Aborted requests per request in a window')
+
+
+class Canary(Model):
+    """gpuhost:rollout.canary: a change that restarts SGLang with another serving behaviour reaches the first host
+    of the first lane first, is judged against hosts still on the old setting under the fleet's own traffic, and
+    rolls on only when it holds (docs/canary-plan.md)."""
+    baseline: Literal['restart', 'running'] = Field(
+        'restart', description='restart: a host still on the old setting restarts at the same moment as the canary '
+                               '(same start, same warm-up: what Kayenta advises); running: the other hosts as they '
+                               'run, nothing restarted')
+    prometheus: Optional[PrometheusUrl] = Field(
+        None, description='Read the hosts\' SGLang metrics from this Prometheus (its HTTP API); absent, the program '
+                          'reads each host\'s /metrics itself')
+    window_s: int = Field(30, ge=5, le=3600, description='One sample per host and metric per window')
+    max_duration_s: int = Field(3600, ge=10, le=86400, description='The longest the judgement may take; '
+                                                                  'inconclusive then')
+    min_samples: int = Field(50, ge=3, le=10000, description='Windows needed per side and load band before a band '
+                                                            'is judged (Kayenta advises ~50 points per metric)')
+    bands: list[float] = Field([1, 8, 32, 128], min_length=1, max_length=16,
+                               description='Load band edges in running requests (the baseline\'s mean in a window); '
+                                           'a window below the first edge is idle and not judged')
+    confidence: float = Field(0.98, ge=0.5, lt=1, description='The Mann-Whitney U test\'s confidence that the '
+                                                             'canary is worse (one-sided)')
+    tolerance: float = Field(0.1, ge=0, le=10, description='How much worse than the baseline (relative, in the '
+                                                           'band\'s medians) the canary may be and still pass')
+    traffic_tolerance: float = Field(0.25, ge=0, le=10, description='How far the canary\'s request rate in a window '
+                                                                    'may be from the baseline\'s (relative) for '
+                                                                    'the window to count')
+    slo: CanarySlo = Field(CanarySlo(), description='Absolute service levels')
+    inconclusive: Literal['rollback', 'proceed'] = Field(
+        'rollback', description='What too little traffic within max_duration_s does: the canary goes back '
+                                '(rollback), or the rollout goes on (proceed)')
+
+    @model_validator(mode='after')
+    def _consistent(self):
+        if sorted(set(self.bands)) != list(self.bands) or self.bands[0] <= 0:
+            raise ValueError('bands %s: the load band edges must be positive and increasing, e.g. [1, 8, 32, 128]'
+                             % show(list(self.bands)))
+        if self.max_duration_s < self.window_s * self.min_samples:
+            raise ValueError('max_duration_s %d is shorter than min_samples %d windows of window_s %d s (%d s): no '
+                             'band could ever be judged; raise max_duration_s to at least %d or lower the others' % (
+                                 self.max_duration_s, self.min_samples, self.window_s,
+                                 self.window_s * self.min_samples, self.window_s * self.min_samples))
+        return self
+
+
 class Rollout(Model):
     max_unavailable: int = Field(1, ge=1, le=64, description='How many hosts may restart SGLang (or reboot) at '
                                                              'the same time; the next waits for /health and '
                                                              '/server_info of the one before it')
+    canary: Optional[Canary] = Field(None, description='Judge a change on the first host against the others under '
+                                                       'real traffic before it goes on (off when absent)')
 
 
 class FleetHost(object):
@@ -135,6 +205,15 @@ def parse_fleet(data: dict) -> Fleet:
             raise prefixed(e, 'host %s (gpuhost:hosts[%d] merged over the shared gpuhost:* settings)' % (
                 name, i)) from None
     check_fleet(out)
+    if rollout.canary is not None and len(out) < 2:
+        raise ConfigError('gpuhost:rollout.canary: set, but gpuhost:hosts lists one host; a canary is judged against '
+                          'hosts still on the old setting - list at least two hosts or remove gpuhost:rollout.canary')
+    if rollout.canary is not None:
+        # The judge and its configuration are here (resources/canary.py); the rollout that runs it is the next step
+        # of docs/canary-plan.md. Until then the key is refused, never silently ignored.
+        raise ConfigError('gpuhost:rollout.canary: this release does not yet run a canary judgement during a rollout '
+                          '(docs/canary-plan.md); remove gpuhost:rollout.canary - a change rolls out host by host as '
+                          'before')
     return Fleet(out, rollout, True)
 
 

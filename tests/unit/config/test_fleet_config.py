@@ -250,3 +250,30 @@ def test_a_failed_rollout_step_says_where_the_rollout_stopped_and_other_steps_do
     with pytest.raises(Failed) as e:
         SglangUnitProvider().read('id', bad)   # a refresh is no rollout step
     assert 'rollout' not in str(e.value)
+
+
+@pytest.mark.parametrize('canary,message', [
+    ({'bands': [8, 1]}, r'gpuhost:rollout.canary: bands \[8.0, 1.0\]: the load band edges must be positive and '
+                        r'increasing, e.g. \[1, 8, 32, 128\]'),
+    ({'window_s': 60, 'max_duration_s': 600}, r'gpuhost:rollout.canary: max_duration_s 600 is shorter than '
+                                              r'min_samples 50 windows of window_s 60 s \(3000 s\)'),
+    ({'prometheus': 'http://admin:secret@prom:9090'}, r'gpuhost:rollout.canary.prometheus: holds credentials'),
+    ({'prometheus': 'prom:9090'}, r"gpuhost:rollout.canary.prometheus: 'prom:9090' is not the http\(s\) URL of a "
+                                  r"Prometheus server"),
+    ({'baseline': 'shadow'}, r"gpuhost:rollout.canary.baseline: 'shadow' is not one of the allowed values: 'restart' "
+                             r"or 'running'"),
+    ({'slo': {'itl_p95': 50}}, r'gpuhost:rollout.canary.slo.itl_p95 is not a setting here \(did you mean '
+                               r'itl_p95_ms\?\)'),
+])
+def test_canary_refusals_name_the_key_the_value_and_the_fix(canary, message):
+    with pytest.raises(config.ConfigError, match=message) as e:
+        fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'canary': canary})
+    assert 'admin:secret' not in str(e.value)
+
+
+def test_a_canary_needs_hosts_to_compare_with_and_is_refused_until_the_rollout_runs_it():
+    with pytest.raises(config.ConfigError, match='gpuhost:rollout.canary: set, but gpuhost:hosts lists one host'):
+        fleet(entry('gpu01', 1), rollout={'canary': {}})
+    with pytest.raises(config.ConfigError, match=r'gpuhost:rollout.canary: this release does not yet run a canary '
+                                                 r'judgement during a rollout \(docs/canary-plan.md\)'):
+        fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'canary': {'window_s': 10}})
