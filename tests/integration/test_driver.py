@@ -1,6 +1,6 @@
 """The host's NVIDIA driver declared (gpuhost:nvidia.driver; issue 59) on a deployed lab stack, in order on one lab:
 declared at the version the host runs, the first `up` adopts it and changes nothing; a kernel installed without the
-module is warned at preview; a holder of the GPUs other than SGLang keeps an upgrade from touching anything (said at
+module is warned at preview and built by `up` with nothing stopped (one without headers refused, nothing changed); a holder of the GPUs other than SGLang keeps an upgrade from touching anything (said at
 preview, refused by `up`, the host unchanged); then an upgrade A -> B in place: priced at preview, SGLang stopped once,
 the modules reloaded at B for every kernel, the container's user space at B, the proof, SGLang serving, the VM's GPU
 bindings and the VM unchanged, nvidia-persistenced running again, and a second `up` with nothing to do; last, a
@@ -67,17 +67,42 @@ def test_declared_at_the_running_version_the_first_up_adopts_it_and_a_second_cha
     assert (lab.host_digest(), lab.unit_starts()) == (digest, starts)
 
 
-def test_a_kernel_without_the_module_is_warned_at_preview_as_a_build(deployed):
+def test_a_kernel_without_the_module_is_warned_at_preview_and_built_by_up_with_nothing_stopped(deployed):
     lab, _, _ = deployed
-    lab.host.install_kernel('6.8.12-9-pve')
+    new, bare = '6.8.12-9-pve', '6.8.12-10-pve'
+    lab.host.install_kernel(new)          # as `apt` installs a pve kernel: its headers, no nvidia module yet
     try:
         pre = both(lab.pulumi('preview', '--refresh', '--diff', stack=STACK))
         assert ('host-nvidia-driver: DANGER - kernel 6.8.12-9-pve has no nvidia 580.95.05 module built: a boot into '
                 'it runs without the GPU driver') in pre, pre
         assert ('host-nvidia-driver: the loaded module is 580.95.05 as declared, but kernel 6.8.12-9-pve has no '
-                'nvidia 580.95.05 module built') in pre, pre
+                'nvidia 580.95.05 module built: a boot into it runs without it. `up` builds it with DKMS; nothing '
+                'stops') in pre, pre
+        starts = lab.unit_starts()
+        up = both(lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK))
+        assert 'host-nvidia-driver: 580.95.05 built with DKMS for kernel 6.8.12-9-pve' in up, up
+        assert 'building 580.95.05 for kernel 6.8.12-9-pve with DKMS' in host_log(lab)
+        assert lab.unit_starts() == starts                     # SGLang never stopped
+        assert lab.host.nvidia_module() == A and lab.host.installed_nvidia(new) == A
+        assert lab.outputs(STACK)['nvidia_driver']['kernels_missing'] == []
+        # A kernel without its headers: DKMS cannot build for it - refused with the fix, the host untouched (and the
+        # refresh's warning is that kernel's alone: the one built above has its module).
+        lab.host.install_kernel(bare, headers=False)
+        digest = lab.host_digest()
+        res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK, check=False)
+        out = both(res)
+        assert res.returncode != 0 and 'Traceback' not in out, out
+        assert ('gpuhost: host-nvidia-driver: kernel 6.8.12-10-pve has no headers (/lib/modules/6.8.12-10-pve/build), '
+                'so DKMS cannot build the module for it: apt install proxmox-headers-6.8.12-10-pve (or remove the '
+                'kernel) and re-run; nothing was changed') in out, out
+        assert 'DANGER - kernel 6.8.12-10-pve has no nvidia' in out and 'DANGER - kernel 6.8.12-9-pve' not in out, out
+        assert (lab.host_digest(), lab.unit_starts(), lab.host.nvidia_module()) == (digest, starts, A)
     finally:
-        lab.host.remove_kernel('6.8.12-9-pve')
+        # As removing the kernels' packages does (DKMS's kernel prerm hook first).
+        lab.ssh('dkms remove nvidia/580.95.05 -k 6.8.12-9-pve')
+        lab.host.remove_kernel(new)
+        if os.path.isdir(lab.host.path('lib', 'modules', bare)):
+            lab.host.remove_kernel(bare)
 
 
 def test_another_holder_of_the_gpus_keeps_the_upgrade_from_touching_anything(deployed):
