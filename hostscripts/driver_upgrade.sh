@@ -2,6 +2,8 @@ set -euo pipefail
 # driver_upgrade.sh NEW INSTALLER SHA256 VMID UNIT CT_GPUS VM_GPUS [HOW]: the host's NVIDIA kernel driver to version NEW, as a
 # durable job on the host (resources/driver.py; docs/driver-plan.md step 3). A job, never a plain command: a command is
 # ended on the host at its time limit (hostscripts/guard.sh), and an install cut in half leaves a host with no driver.
+# driver_upgrade.sh build VERSION KERNEL...: the loaded VERSION built with DKMS for each KERNEL that lacks it (a kernel
+# update installed without the module), as the same job: nothing stopped, nothing unloaded, the loaded module untouched.
 #
 #   NEW        the version (580.105.08)          INSTALLER  its .run on the host, checked against SHA256
 #   VMID UNIT  the container and its SGLang unit, stopped for the reload (`-`: none)
@@ -20,10 +22,49 @@ set -euo pipefail
 # version, each container GPU on nvidia and in nvidia-smi, the kernel log since the load free of NVRM's GPU
 # initialisation failures, the IOMMU still translating), done. A check that fails puts the previous version back
 # (its installer, kept on the host) and starts what was stopped; a module still in use is loaded again as it was.
+# A build records nothing: `dkms install` of a version already installed for a kernel does it again, harmlessly.
 #
 # stdout's last line is the outcome: `upgraded FROM NEW`, `reboot FROM NEW` (the host must reboot now, then the job is
-# started again), `restored FROM NEW` (exit 5), `in use` (exit 4). Progress
-# and the reasons are stderr lines `gpuhost: ...` (the job's log). Exit 3: refused before anything changed.
+# started again), `restored FROM NEW` (exit 5), `in use` (exit 4), `built VERSION KERNEL...`. Progress and the reasons
+# are stderr lines `gpuhost: ...` (the job's log). Exit 3: refused before anything changed.
+say() { echo "gpuhost: $*" >&2; }
+kernels() { for t in /lib/modules/*/; do [ -d "$t" ] && { t=${t%/}; echo "${t##*/}"; }; done; }
+headers() {   # KERNEL...: refused (exit 3) at the first without headers, before anything changes
+  local k
+  for k in "$@"; do
+    if [ ! -d "/lib/modules/$k/build/" ]; then
+      say "kernel $k has no headers (/lib/modules/$k/build), so DKMS cannot build the module for it: apt install proxmox-headers-$k (or remove the kernel) and re-run; nothing was changed"
+      exit 3
+    fi
+  done
+}
+no_dkms() {   # VERSION: why DKMS cannot build VERSION, in $why and what to do first in $fix (why empty: it can)
+  why= fix=
+  if ! command -v dkms >/dev/null; then
+    why="dkms is not installed on the host" fix="install dkms (apt install dkms), then "
+  elif [ -z "$(dkms status -m nvidia -v "$1" 2>/dev/null)" ]; then
+    why="\`dkms status -m nvidia\` has no nvidia/$1 - the running driver was not installed with DKMS"
+  fi
+}
+
+if [ "${1:-}" = build ]; then
+  version=${2:?usage: driver_upgrade.sh build VERSION KERNEL...}
+  shift 2
+  [ "$#" -gt 0 ] || { say "no kernel to build $version for"; exit 2; }
+  no_dkms "$version"
+  if [ -n "$why" ]; then
+    say "$why, so $version cannot be built for kernel${2:+s} $*: ${fix}re-install $version with the installer's --dkms (docs/operator-guide.md: the host's NVIDIA driver), or remove the kernel; nothing was changed"
+    exit 3
+  fi
+  headers "$@"
+  for k in "$@"; do
+    say "building $version for kernel $k with DKMS"
+    dkms install "nvidia/$version" -k "$k" >&2
+  done
+  echo "built $version $*"
+  exit 0
+fi
+
 new=$1 installer=$2 sha=$3 vmid=$4 unit=$5 ct_gpus=$6 vm_gpus=$7 how=${8:-reload}
 case $how in reload|reboot) ;; *) echo "gpuhost: HOW is reload or reboot, not $how" >&2; exit 2 ;; esac
 dir=/var/lib/gpuhost/driver
@@ -33,14 +74,12 @@ HOLD=/etc/modprobe.d/gpuhost-driver-hold.conf
 state=$dir/state
 mkdir -p "$dir"
 chmod 0700 "$dir"
-say() { echo "gpuhost: $*" >&2; }
 get() { if [ -f "$state" ]; then sed -n "s/^$1 //p" "$state" | tail -n 1; fi; }
 put() {
   { grep -v "^$1 " "$state" 2>/dev/null || true; echo "$1 $2"; } > "$state.tmp"
   mv -f "$state.tmp" "$state"
 }
 loaded() { head -n 1 /sys/module/nvidia/version 2>/dev/null || echo -; }
-kernels() { for t in /lib/modules/*/; do [ -d "$t" ] && { t=${t%/}; echo "${t##*/}"; }; done; }
 bindings() {   # the VM's GPUs' drivers and the driverctl overrides: what must be the same after
   local b
   [ "$vm_gpus" = - ] && return 0
@@ -145,12 +184,8 @@ if [ "$(get to)" != "$new" ] || [ "$step" = done ] || [ "$step" = restored ] || 
     say "dkms is not installed on the host, and the module is built with DKMS for every installed kernel (a kernel update rebuilds it): apt install dkms and re-run; nothing was changed"
     exit 3
   fi
-  for k in $(kernels); do
-    if [ ! -d "/lib/modules/$k/build/" ]; then
-      say "kernel $k has no headers (/lib/modules/$k/build), so DKMS cannot build the module for it: apt install proxmox-headers-$k (or remove the kernel) and re-run; nothing was changed"
-      exit 3
-    fi
-  done
+  # shellcheck disable=SC2046
+  headers $(kernels)
   rm -f "$state"
   put to "$new"; put from "$from"; put previous "$previous"; put vm "$(bindings | sha256sum | cut -d' ' -f1)"
   put how "$how"

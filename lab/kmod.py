@@ -476,7 +476,11 @@ class Dkms(object):
             raise DkmsError("Your kernel headers for kernel %s cannot be found at %s/build or %s/source.\nPlease "
                             "install the linux-headers-%s package or use the --kernelsourcedir option to tell DKMS "
                             "where it's located." % (kernel, tree, tree, kernel))
-        conf = hostsim.read(os.path.join(self.mdir(module, ver, 'source'), 'dkms.conf'))
+        conf_path = os.path.join(self.mdir(module, ver, 'source'), 'dkms.conf')
+        if not os.path.exists(conf_path):
+            # DKMS 3's read_conf (die 4) when the sources the tree's symlink points at are gone.
+            raise DkmsError('Could not locate dkms.conf file.\nFile: %s does not exist.' % conf_path)
+        conf = hostsim.read(conf_path)
         lic = OPEN_LICENSE
         for line in conf.splitlines():
             if line.startswith('MODULE_LICENSE='):
@@ -527,11 +531,26 @@ class DkmsError(Exception):
     pass
 
 
+def dkms_conf(version, license=OPEN_LICENSE):
+    """The dkms.conf NVIDIA's installer writes beside the sources it puts in /usr/src/nvidia-<v> with --dkms: the same
+    text as the simulated installer's (hostsim.NVIDIA_INSTALLER, whose own text stays as it is: Pulumi.lab.yaml pins its
+    sha256)."""
+    text = 'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="%s"\nAUTOINSTALL="yes"\nMODULE_LICENSE="%s"\n' % (version, license)
+    for i, module in enumerate(FILES):
+        text += 'BUILT_MODULE_NAME[%d]="%s"\nDEST_MODULE_LOCATION[%d]="/kernel/drivers/video"\n' % (
+            i, FILES[module][:-len('.ko')], i)
+    return text
+
+
 def dkms_record(host, version, kernel):
-    """The DKMS tree of a host whose module NVIDIA's installer built with --dkms for kernel (before the host boots:
-    hostsim.Host.create; the source symlink points at /usr/src/nvidia-<v>, which the lab does not lay out)."""
+    """What NVIDIA's installer with --dkms leaves for kernel, before the host boots (hostsim.Host.create): the DKMS
+    tree in the host's /var, and the sources with their dkms.conf in /usr/src/nvidia-<v> - written into the upper layer
+    of the host's root (LAB/host-os/upper, lab/labhost.py) before that overlay is mounted, so a later `dkms install
+    nvidia/<v> -k <kernel>` builds from them as on a real host."""
     d = Dkms(host.path('var'), '/usr/src', host.path())
     os.makedirs(d.mdir(NVIDIA, version, kernel, ARCH, 'module'), exist_ok=True)
+    hostsim.write(os.path.join(host.lab, 'host-os', 'upper', 'usr', 'src', 'nvidia-%s' % version, 'dkms.conf'),
+                  dkms_conf(version))
     hostsim.relink(d.mdir(NVIDIA, version, 'source'), '/usr/src/nvidia-%s' % version)
     build(d.mdir(NVIDIA, version, kernel, ARCH, 'module'), version, kernel)
     hostsim.relink(d.mdir(NVIDIA, 'kernel-%s-%s' % (kernel, ARCH)), '%s/%s/%s' % (version, kernel, ARCH))

@@ -7,12 +7,14 @@ per host the old and new version, whether the modules can be reloaded in place (
 host must reboot, and that SGLang stops for it. The upgrade is a durable job on the host (hostscripts/driver_upgrade.sh):
 in place where nothing but SGLang holds the modules; across a reboot where something else does and
 gpuhost:host.reboot is when-required (the job holds the modules back at the next boot, the host reboots, the job goes
-on with nothing loaded). What an `up` does not yet do itself stops at this resource with one line, nothing changed.
+on with nothing loaded); the loaded version built for a kernel that lacks it (the same job's build mode: nothing
+stops). What an `up` does not do itself stops at this resource with one line, nothing changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 from resources.fields import ANY, N, ROLLOUT, S, SERVICE, arr, mapof, obj, optional, secret
@@ -55,6 +57,11 @@ class Plan:
     kernels: list
     others: list          # what holds the modules besides the container's SGLang, as sentences
     vmid: int | None
+    refused: str | None = None   # a build `up` cannot do, and why (build_refusal): nothing is touched
+
+
+# The kinds that stop the host's SGLang (the upgrade job drains it): a rollout step that waits for its turn.
+GOES_DOWN = ('load', 'reload', 'reboot')
 
 
 # The host's own holder an upgrade stops first (and starts again after), as NVIDIA's driver container does.
@@ -73,10 +80,37 @@ def holders_besides(facts: driverfacts.DriverFacts, vmid) -> list:
     return out
 
 
+# Why a build cannot be done, in the job's words too (hostscripts/driver_upgrade.sh build: it checks again, for a host
+# changed since this read). Nothing is touched either way.
+NO_HEADERS = ('kernel %s has no headers (/lib/modules/%s/build), so DKMS cannot build the module for it: apt install '
+              'proxmox-headers-%s (or remove the kernel) and re-run; nothing was changed')
+NO_DKMS = ('%s, so %s cannot be built for kernel%s %s: %sre-install %s with the installer\'s --dkms (docs/operator-guide.md: '
+           'the host\'s NVIDIA driver), or remove the kernel; nothing was changed')
+
+
+def build_refusal(facts: driverfacts.DriverFacts, version: str, kernels: list) -> str | None:
+    """Why DKMS cannot build `version` for `kernels`, from the facts (None: it can, or the host did not say - the
+    job then finds out): no dkms, no nvidia/<version> in DKMS (the running driver was installed without it), or a
+    kernel without its headers."""
+    several = 's' if len(kernels) > 1 else ''
+    if facts.dkms_tool is False:
+        return NO_DKMS % ('dkms is not installed on the host', version, several, ' '.join(kernels),
+                          'install dkms (apt install dkms), then ', version)
+    if facts.dkms is not None and not any(e.module == 'nvidia' and e.version == version for e in facts.dkms):
+        return NO_DKMS % ('`dkms status -m nvidia` has no nvidia/%s - the running driver was not installed with DKMS' %
+                          version, version, several, ' '.join(kernels), '', version)
+    for k in kernels:
+        if facts.headers.get(k) is False:
+            return NO_HEADERS % (k, k, k)
+    return None
+
+
 def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboot: str) -> Plan:
     missing = kernels_missing(facts, version)
     if facts.loaded == version and facts.flavour in (modules, None):
-        return Plan('build' if missing else 'none', facts.loaded, version, missing, [], vmid)
+        if missing:
+            return Plan('build', facts.loaded, version, missing, [], vmid, build_refusal(facts, version, missing))
+        return Plan('none', facts.loaded, version, [], [], vmid)
     # The kernels the new version is built for: every installed one (DKMS), the running one at least.
     kernels = sorted(set(facts.kernels) | ({facts.running} if facts.running else set()))
     if facts.loaded is None:
@@ -90,8 +124,8 @@ def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboo
 NOT_YET = ('this release does not yet %s (docs/driver-plan.md): `up` stops at this step with nothing changed; until '
            'then do it by hand (docs/operator-guide.md) or declare the version the host runs')
 # What an `up` does itself; the other kinds are priced, and stopped at with NOT_YET.
-DONE_BY_UP = ('none', 'load', 'reload', 'reboot')
-NOT_YET_WHAT = {'build': 'build the module for a kernel by itself', 'held': 'change a driver that other processes hold'}
+DONE_BY_UP = ('none', 'build', 'load', 'reload', 'reboot')
+NOT_YET_WHAT = {'held': 'change a driver that other processes hold'}
 
 
 def price(p: Plan, service: dict | None) -> str:
@@ -101,9 +135,11 @@ def price(p: Plan, service: dict | None) -> str:
     kernels = ', '.join(p.kernels) or 'none found'
     if p.kind == 'build':
         return ('the loaded module is %s as declared, but kernel%s %s %s no nvidia %s module built: a boot into %s '
-                'runs without it. `up` builds it with DKMS; nothing stops' % (
+                'runs without it. %s' % (
                     p.new, 's' if len(p.kernels) > 1 else '', kernels, 'have' if len(p.kernels) > 1 else 'has', p.new,
-                    'them' if len(p.kernels) > 1 else 'it'))
+                    'them' if len(p.kernels) > 1 else 'it',
+                    '`up` cannot build it: ' + p.refused if p.refused else
+                    '`up` builds it with DKMS; nothing stops'))
     head = '%s -> %s (open kernel modules, built with DKMS for kernels %s)' % (p.old or 'not loaded', p.new, kernels)
     if p.kind == 'load':
         return '%s: no nvidia module is loaded; `up` installs %s and loads it' % (head, p.new)
@@ -126,6 +162,46 @@ def not_yet(p: Plan) -> str:
 
 # ------------------------------------------------------------------- the upgrade
 
+# One job for every change of a host's driver (an upgrade, a build): one at a time on the host.
+JOB = 'gpuhost-driver'
+
+
+def build_job(props: dict, p: Plan) -> jobs.Job:
+    """hostscripts/driver_upgrade.sh's build mode as the durable job: `dkms install nvidia/<version> -k <kernel>` for
+    each kernel that lacks it - nothing stopped, nothing unloaded."""
+    return jobs.Job(name=JOB, label='the NVIDIA driver build of %s for kernel%s %s' % (
+                        p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels)),
+                    spec=jobs.spec_of({'build': p.new, 'kernels': p.kernels}),
+                    interpreter='bash', body=remote.script('driver_upgrade.sh'), args=('build', p.new) + tuple(p.kernels),
+                    limit_s=int(float(props.get('timeout') or 3600)), stall_s=int(float(props.get('stall') or 600)),
+                    limit_key='gpuhost:runtime.install_timeout_s', stall_key='gpuhost:runtime.stall_timeout_s',
+                    prefix='gpuhost')
+
+
+def build(target: remote.Target, props: dict, p: Plan) -> None:
+    """The loaded version built for the kernels that lack it; one line for the operator whatever ends it. Never over
+    another change of the driver in flight (an upgrade a Ctrl-C left running): that one is not stopped for a build."""
+    started = time.monotonic()
+    job = build_job(props, p)
+    now = jobs.poll(target, job)
+    if now.running and now.spec not in (None, job.spec):
+        raise DriverError('%s: another change of the driver is running on the host (job %s); nothing was changed - '
+                          're-run `up` once it ends (watch it: %s)' % (LABEL, JOB, job.watch_hint()))
+    try:
+        jobs.run(target, job)
+    except jobs.JobFailed as e:
+        from resources.runtime import _exit_status, _job_log
+        why = _job_log(e)
+        if _exit_status(e) == 3:
+            raise DriverError('%s: %s' % (LABEL, why)) from None
+        raise DriverError('%s: the build of %s for kernel%s %s failed: %s (its log: %s on the host); nothing was '
+                          'stopped and %s stays loaded; the next `up` builds it again' % (
+                              LABEL, p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels), why,
+                              job.log_path, p.new)) from None
+    info('%s: %s built with DKMS for kernel%s %s (%d s); nothing was stopped' % (
+        LABEL, p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels), time.monotonic() - started))
+
+
 def upgrade_job(props: dict, how: str = 'reload') -> jobs.Job:
     """hostscripts/driver_upgrade.sh as a durable job on the host: it outlives the SSH command, the connection and
     `pulumi` (a Ctrl-C or a drop mid-install leaves it running; the next `up` re-attaches to it, never a second one),
@@ -136,7 +212,7 @@ def upgrade_job(props: dict, how: str = 'reload') -> jobs.Job:
     args = (props['version'], inst['path'], inst['sha256'], str(service.get('vmid', '-')),
             service.get('unit_name', '-'), ','.join(props.get('container_gpus') or []) or '-',
             ','.join(props.get('vm_gpus') or []) or '-', how)
-    return jobs.Job(name='gpuhost-driver', label='the NVIDIA driver upgrade to %s' % props['version'],
+    return jobs.Job(name=JOB, label='the NVIDIA driver upgrade to %s' % props['version'],
                     spec=jobs.spec_of({'version': props['version'], 'installer': inst['path'], 'sha256': inst['sha256']}),
                     interpreter='bash', body=body, args=args, limit_s=int(float(props.get('timeout') or 3600)),
                     stall_s=int(float(props.get('stall') or 600)), limit_key='gpuhost:runtime.install_timeout_s',
@@ -192,6 +268,15 @@ def run_job(target: remote.Target, props: dict, p: Plan, how: str) -> str:
 
 # ------------------------------------------------------------------- the provider
 
+# goes_down's decision, for the apply that follows it on the same thread (provider/__main__.py step()).
+_turn = threading.local()
+
+
+def _turn_key(props) -> tuple:
+    conn = props.get('connection') or {}
+    return (conn.get('host'), conn.get('port'), props.get('version'))
+
+
 def read(target: remote.Target) -> driverfacts.DriverFacts:
     return driverfacts.parse(remote.run(target, 'driver_facts.sh', []).stdout)
 
@@ -210,8 +295,16 @@ class NvidiaDriverProvider(ObservedProvider):
     OUTPUTS = {'installed': mapof(S), 'running_kernel': optional(S), 'applied': S}
 
     def goes_down(self, props) -> bool:
-        """A change of the driver stops the host's SGLang (provider/rollout.py): it waits for its turn."""
-        return True
+        """Whether this change of the driver stops the host's SGLang (provider/rollout.py: then it waits for its turn):
+        an upgrade or a load does, a build for a new kernel does not. Read from the host now; unreadable, it may. The
+        apply on this thread next re-reads, and refuses a plan that now stops SGLang after this said it would not (a
+        host changed in between: it did not wait for its turn)."""
+        try:
+            _facts, p = self.plan_for(props)
+        except (OperatorError, remote.RemoteError):
+            return True
+        _turn.ungated = None if p.kind in GOES_DOWN else _turn_key(props)
+        return _turn.ungated is None
 
     def plan_for(self, props) -> tuple:
         target = remote.Target.from_inputs(props['connection'])
@@ -230,19 +323,31 @@ class NvidiaDriverProvider(ObservedProvider):
         except (OperatorError, remote.RemoteError) as e:
             warn('%s: %s - what the change costs could not be read: %s' % (LABEL, props['version'], e))
             return
-        if p.kind in DONE_BY_UP[1:]:
+        if p.kind == 'build' and p.refused:
+            warn('%s: %s' % (LABEL, price(p, props.get('service'))))
+        elif p.kind in DONE_BY_UP[1:]:
             info('%s: %s' % (LABEL, price(p, props.get('service'))))
         elif p.kind != 'none':
             info('%s: %s. %s' % (LABEL, price(p, props.get('service')), not_yet(p)))
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
+        ungated, _turn.ungated = getattr(_turn, 'ungated', None) == _turn_key(props), None
         facts, p = self.plan_for(props)
+        if ungated and p.kind in GOES_DOWN:
+            raise DriverError('%s: the host\'s driver changed while this `up` ran (%s now, where nothing was to stop, '
+                              'so it did not wait for its turn in the rollout); nothing was changed - re-run `up`' % (
+                                  LABEL, price(p, props.get('service'))))
         if p.kind == 'held':
             raise DriverError('%s: %s.' % (LABEL, price(p, props.get('service'))))
+        if p.kind == 'build' and p.refused:
+            raise DriverError('%s: %s' % (LABEL, p.refused))
         if p.kind not in DONE_BY_UP:
             raise DriverError('%s: %s; %s.' % (LABEL, price(p, props.get('service')), not_yet(p)))
-        if p.kind != 'none':
+        if p.kind == 'build':
+            build(target, props, p)
+            facts = read(target)
+        elif p.kind != 'none':
             upgrade(target, props, p)
             facts = read(target)
         return dict(props, **observe(facts, props['version']))

@@ -1,15 +1,18 @@
 """The host's NVIDIA driver declared (gpuhost:nvidia.driver; issue 59) on a deployed lab stack, in order on one lab:
 declared at the version the host runs, the first `up` adopts it and changes nothing; a kernel installed without the
-module is warned at preview; a holder of the GPUs other than SGLang keeps an upgrade from touching anything (said at
-preview, refused by `up`, the host unchanged); then an upgrade A -> B in place: priced at preview, SGLang stopped once,
+module is warned at preview and built by `up` with nothing stopped (one without headers refused, nothing changed); a
+holder of the GPUs other than SGLang keeps an upgrade from touching anything (said at preview, refused by `up`, the
+host unchanged); then an upgrade A -> B in place: priced at preview, SGLang stopped once,
 the modules reloaded at B for every kernel, the container's user space at B, the proof, SGLang serving, the VM's GPU
 bindings and the VM unchanged, nvidia-persistenced running again, and a second `up` with nothing to do; last, a
 version whose load fails to initialise the GPUs (the FSP's boot error): the previous version is put back and loaded,
 SGLang serves on it again, the run stops with the kernel log's lines, and the collector's textfile counts the Xid; and
-a Ctrl-C in the middle of an install, followed by an `up` that converges with that one install."""
+a Ctrl-C in the middle of an install, and an SSH drop there, each followed by an `up` that converges with that one
+install; and, with gpuhost:host.reboot: when-required, a driver another process holds upgraded across one reboot."""
 
 import copy
 import hashlib
+import json
 import os
 import re
 import signal
@@ -67,17 +70,44 @@ def test_declared_at_the_running_version_the_first_up_adopts_it_and_a_second_cha
     assert (lab.host_digest(), lab.unit_starts()) == (digest, starts)
 
 
-def test_a_kernel_without_the_module_is_warned_at_preview_as_a_build(deployed):
+def test_a_kernel_without_the_module_is_warned_at_preview_and_built_by_up_with_nothing_stopped(deployed):
     lab, _, _ = deployed
-    lab.host.install_kernel('6.8.12-9-pve')
+    new, bare = '6.8.12-9-pve', '6.8.12-10-pve'
+    lab.host.install_kernel(new)          # as `apt` installs a pve kernel: its headers, no nvidia module yet
     try:
         pre = both(lab.pulumi('preview', '--refresh', '--diff', stack=STACK))
         assert ('host-nvidia-driver: DANGER - kernel 6.8.12-9-pve has no nvidia 580.95.05 module built: a boot into '
                 'it runs without the GPU driver') in pre, pre
         assert ('host-nvidia-driver: the loaded module is 580.95.05 as declared, but kernel 6.8.12-9-pve has no '
-                'nvidia 580.95.05 module built') in pre, pre
+                'nvidia 580.95.05 module built: a boot into it runs without it. `up` builds it with DKMS; nothing '
+                'stops') in pre, pre
+        starts = lab.unit_starts()
+        up = both(lab.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK))
+        assert 'host-nvidia-driver: 580.95.05 built with DKMS for kernel 6.8.12-9-pve' in up, up
+        assert 'building 580.95.05 for kernel 6.8.12-9-pve with DKMS' in host_log(lab)
+        assert lab.unit_starts() == starts                     # SGLang never stopped
+        assert lab.host.nvidia_module() == A and lab.host.installed_nvidia(new) == A
+        assert lab.outputs(STACK)['nvidia_driver']['kernels_missing'] == []
+        # A kernel without its headers: DKMS cannot build for it - refused with the fix, the host untouched (and the
+        # refresh's warning is that kernel's alone: the one built above has its module).
+        lab.host.install_kernel(bare, headers=False)
+        digest = lab.host_digest()
+        driver = next(r['urn'] for r in json.loads(lab.pulumi('stack', 'export', stack=STACK).stdout)['deployment'][
+            'resources'] if r['urn'].endswith('::host-nvidia-driver'))     # (that step alone: its refusal is the point)
+        res = lab.pulumi('up', '--yes', '--skip-preview', '--refresh', '--target', driver, stack=STACK, check=False)
+        out = both(res)
+        assert res.returncode != 0 and 'Traceback' not in out, out
+        assert ('gpuhost: host-nvidia-driver: kernel 6.8.12-10-pve has no headers (/lib/modules/6.8.12-10-pve/build), '
+                'so DKMS cannot build the module for it: apt install proxmox-headers-6.8.12-10-pve (or remove the '
+                'kernel) and re-run; nothing was changed') in out, out
+        assert 'DANGER - kernel 6.8.12-10-pve has no nvidia' in out and 'DANGER - kernel 6.8.12-9-pve' not in out, out
+        assert (lab.host_digest(), lab.unit_starts(), lab.host.nvidia_module()) == (digest, starts, A)
     finally:
-        lab.host.remove_kernel('6.8.12-9-pve')
+        # As removing the kernels' packages does (DKMS's kernel prerm hook first).
+        lab.ssh('dkms remove nvidia/580.95.05 -k 6.8.12-9-pve')
+        lab.host.remove_kernel(new)
+        if os.path.isdir(lab.host.path('lib', 'modules', bare)):
+            lab.host.remove_kernel(bare)
 
 
 def test_another_holder_of_the_gpus_keeps_the_upgrade_from_touching_anything(deployed):
@@ -172,6 +202,13 @@ def test_a_version_that_does_not_bring_the_gpus_up_is_undone_and_stops_the_run(d
         lab.write_stack(STACK, cfg_b)
 
 
+def slow_dkms(lab):
+    """The DKMS build takes 8 s (a real one takes minutes): an interruption lands in the middle of the install."""
+    os.makedirs(lab.host.path('faults'), exist_ok=True)
+    with open(lab.host.path('faults', 'dkms.install'), 'w') as f:
+        f.write('slow 8')
+
+
 def host_log(lab):
     return lab.ssh('cat /var/lib/gpuhost/jobs/gpuhost-driver/log 2>/dev/null').stdout
 
@@ -183,10 +220,7 @@ def test_a_ctrl_c_in_the_middle_of_an_install_leaves_the_job_running_and_the_nex
     cfg['gpuhost:nvidia']['driver'].update(version=C, installer=RUN % C,
                                            sha256=hashlib.sha256(text.encode()).hexdigest())
     lab.write_stack(STACK, cfg)
-    # The DKMS build takes 8 s (a real one takes minutes): the operator's Ctrl-C lands in it.
-    os.makedirs(lab.host.path('faults'), exist_ok=True)
-    with open(lab.host.path('faults', 'dkms.install'), 'w') as f:
-        f.write('slow 8')
+    slow_dkms(lab)      # the operator's Ctrl-C lands in it
     jobs_started = 'journalctl --no-pager -o cat _PID=1 | grep -c "Started gpuhost-driver-.*gpuhost job gpuhost-driver"'
     before = int(lab.ssh(jobs_started).stdout.strip() or 0)
 
@@ -216,6 +250,43 @@ def test_a_ctrl_c_in_the_middle_of_an_install_leaves_the_job_running_and_the_nex
     assert int(lab.ssh(jobs_started).stdout.strip()) == before + 1, 'one job, one install'
     assert host_log(lab).count('installing 580.119.02') == 1
     assert lab.outputs(STACK)['runtime']['container_driver'] == C
+
+
+def test_an_ssh_drop_in_the_middle_of_an_install_fails_the_up_in_one_line_and_the_next_up_converges(deployed):
+    lab, cfg_b, _ = deployed
+    lab.write_stack(STACK, cfg_b)         # B from the C the Ctrl-C above left (or from A, run alone)
+    slow_dkms(lab)
+    jobs_started = 'journalctl --no-pager -o cat _PID=1 | grep -c "Started gpuhost-driver-.*gpuhost job gpuhost-driver"'
+    before = int(lab.ssh(jobs_started).stdout.strip() or 0)
+    log_before = host_log(lab)
+    try:
+        # The job's start runs on the host (the upgrade to B begins), then the connection drops before its exit status
+        # is back: the `up` ends with one line naming the lost connection and the step; the job goes on installing.
+        lab.drop_ssh_at(1, mode='after', match='job.sh')
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        raw = res.stdout + res.stderr
+        assert res.returncode != 0 and 'Traceback' not in raw, raw[-3000:]
+        lost = [line for line in raw.splitlines() if 'lost during start of job gpuhost-driver' in line]
+        # (the engine's live line of the step and its diagnostics: the whole message on each)
+        assert any(line.strip().startswith('error: gpuhost: connection to root@') for line in lost), raw
+        assert all('gpuhost: connection to root@' in line and
+                   'the step may have completed on the host. Safe to re-run' in line for line in lost), raw
+        # The next `up` follows the job to its end, through a poll whose connection drops too, mid-install (it
+        # reconnects and follows on).
+        drops = len([e for e in lab.ssh_log() if e.get('drop')])
+        lab.drop_ssh_at(2, mode='during', match='job.sh')
+        up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
+        assert 're-attached to job gpuhost-driver, still running on the host' in up, up
+        assert '-> 580.105.08: loaded, every container GPU up on it' in up, up
+        assert len([e for e in lab.ssh_log() if e.get('drop')]) == drops + 1, 'no poll was dropped'
+    finally:
+        os.unlink(lab.host.path('faults', 'dkms.install'))
+        if lab.ssh_drop_pending():
+            os.unlink(lab.control('ssh-drop.json'))
+    assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (B, B)
+    assert int(lab.ssh(jobs_started).stdout.strip()) == before + 1, 'one job, one install'
+    assert host_log(lab).count('installing 580.105.08') == 1 and host_log(lab) != log_before
+    assert lab.outputs(STACK)['runtime']['container_driver'] == B
 
 
 def test_a_driver_held_by_another_process_is_upgraded_across_one_reboot_where_allowed(deployed):

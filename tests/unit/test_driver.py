@@ -93,3 +93,87 @@ def test_another_holder_means_a_reboot_where_allowed_and_nothing_touched_where_n
         'the modules are held by dcgm-exporter (pid 5150, on the host), nvidia-smi (pid 777, container 201), 2 '
         'processes whose open files could not be read besides SGLang, and gpuhost:host.reboot is never. Stop what '
         'holds them, or allow a reboot (gpuhost:host.reboot: when-required), and re-run')
+
+
+def build_facts(**kw):
+    from transport.driverfacts import parse_dkms
+    f = facts(kernels={'6.8.12-4-pve': A, '6.8.12-9-pve': ''})
+    f.dkms_tool = True
+    f.dkms = [parse_dkms('nvidia/%s, 6.8.12-4-pve, x86_64: installed' % A)]
+    f.headers = {'6.8.12-4-pve': True, '6.8.12-9-pve': True}
+    for k, v in kw.items():
+        setattr(f, k, v)
+    return f
+
+
+def test_a_build_is_done_by_up_and_does_not_take_the_host_down():
+    p = driver.plan(build_facts(), A, 'open', 200, 'never')
+    assert (p.kind, p.kernels, p.refused) == ('build', ['6.8.12-9-pve'], None)
+    assert 'build' in driver.DONE_BY_UP and 'build' not in driver.GOES_DOWN
+    assert driver.price(p, SERVICE).endswith('`up` builds it with DKMS; nothing stops')
+    job = driver.build_job({'timeout': 3600, 'stall': 600}, p)
+    assert (job.name, job.args) == ('gpuhost-driver', ('build', A, '6.8.12-9-pve'))
+    assert job.label == 'the NVIDIA driver build of 580.95.05 for kernel 6.8.12-9-pve'
+
+
+def test_a_kernel_without_headers_is_refused_naming_it_and_the_fix():
+    f = build_facts(headers={'6.8.12-4-pve': True, '6.8.12-9-pve': False})
+    p = driver.plan(f, A, 'open', 200, 'never')
+    assert p.refused == (
+        'kernel 6.8.12-9-pve has no headers (/lib/modules/6.8.12-9-pve/build), so DKMS cannot build the module for it: '
+        'apt install proxmox-headers-6.8.12-9-pve (or remove the kernel) and re-run; nothing was changed')
+    assert driver.price(p, SERVICE).endswith('a boot into it runs without it. `up` cannot build it: ' + p.refused)
+
+
+def test_a_driver_installed_without_dkms_is_refused_saying_what_to_do():
+    from transport.driverfacts import parse_dkms
+    other = build_facts(dkms=[parse_dkms('nvidia/%s, 6.8.12-4-pve, x86_64: installed' % B)])
+    assert driver.plan(other, A, 'open', 200, 'never').refused == (
+        '`dkms status -m nvidia` has no nvidia/580.95.05 - the running driver was not installed with DKMS, so '
+        '580.95.05 cannot be built for kernel 6.8.12-9-pve: re-install 580.95.05 with the installer\'s --dkms '
+        '(docs/operator-guide.md: the host\'s NVIDIA driver), or remove the kernel; nothing was changed')
+    absent = build_facts(dkms_tool=False, dkms=[])
+    assert driver.plan(absent, A, 'open', 200, 'never').refused.startswith(
+        'dkms is not installed on the host, so 580.95.05 cannot be built for kernel 6.8.12-9-pve: install dkms (apt '
+        'install dkms), then re-install 580.95.05 with the installer\'s --dkms')
+    # Not read (dkms failed): the job finds out, not a guess here.
+    assert driver.plan(build_facts(dkms=None), A, 'open', 200, 'never').refused is None
+
+
+def test_the_job_refuses_with_the_same_words():
+    """hostscripts/driver_upgrade.sh's build mode checks again on the host (changed since the read): its words are
+    the program's."""
+    from transport import remote
+    text = remote.script('driver_upgrade.sh')
+    assert driver.NO_HEADERS % ('$k', '$k', '$k') in text
+    assert driver.NO_DKMS % ('$why', '$version', '${2:+s}', '$*', '${fix}', '$version') in text
+
+
+def test_goes_down_only_for_a_plan_that_stops_sglang(monkeypatch):
+    prov = driver.NvidiaDriverProvider()
+    props = {'connection': {'host': '10.0.0.1', 'port': 22}, 'version': A, 'modules': 'open', 'service': SERVICE}
+    monkeypatch.setattr(driver, 'read', lambda target: build_facts())
+    monkeypatch.setattr(driver.remote.Target, 'from_inputs', classmethod(lambda cls, conn: None))
+    monkeypatch.setattr(driver.driverfacts, 'container_processes', lambda target, vmid: [])
+    assert prov.goes_down(props) is False
+    monkeypatch.setattr(driver, 'read', lambda target: facts(loaded=B))
+    assert prov.goes_down(props) is True
+
+    def unreachable(target):
+        raise driver.remote.RemoteError('connection refused')
+    monkeypatch.setattr(driver, 'read', unreachable)
+    assert prov.goes_down(props) is True
+
+
+def test_a_host_changed_between_its_turn_and_the_apply_is_refused(monkeypatch):
+    prov = driver.NvidiaDriverProvider()
+    props = {'connection': {'host': '10.0.0.1', 'port': 22}, 'version': A, 'modules': 'open', 'service': SERVICE}
+    monkeypatch.setattr(driver.remote.Target, 'from_inputs', classmethod(lambda cls, conn: None))
+    monkeypatch.setattr(driver.driverfacts, 'container_processes', lambda target, vmid: [])
+    monkeypatch.setattr(driver, 'read', lambda target: build_facts())
+    assert prov.goes_down(props) is False           # a build: it did not wait for its turn
+    monkeypatch.setattr(driver, 'read', lambda target: facts(loaded=None))    # unloaded out of band since
+    import pytest
+    with pytest.raises(driver.DriverError, match='changed while this `up` ran .* did not wait for its turn in the '
+                                                 'rollout\\); nothing was changed - re-run `up`'):
+        prov.apply(props)

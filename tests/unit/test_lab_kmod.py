@@ -142,3 +142,40 @@ def test_a_boot_honours_modprobe_d_a_blacklist_keeps_udevs_load_an_install_line_
     host.update_initramfs()
     host.reboot()
     assert host.nvidia_module() == hostsim.NVIDIA_VERSION
+
+
+def tmp_path_of(host):
+    import pathlib
+    return pathlib.Path(host.lab)
+
+
+def test_a_created_host_has_its_drivers_dkms_sources_and_dkms_builds_a_new_kernel_from_them(host):
+    """As NVIDIA's installer with --dkms leaves a host: /usr/src/nvidia-<v>/dkms.conf (in the host root's upper layer,
+    written before it is mounted), the same text the simulated installer writes; a kernel installed later is built
+    from it. Its sources gone, DKMS 3's read_conf message."""
+    v = host.spec.get('nvidia_version', hostsim.NVIDIA_VERSION)
+    src = os.path.join(host.lab, 'host-os', 'upper', 'usr', 'src')
+    conf = os.path.join(src, 'nvidia-' + v, 'dkms.conf')
+    with open(conf) as f:
+        text = f.read()
+    # The simulated installer's own lines that write it, run here.
+    run = hostsim.nvidia_installer(v)
+    part = run[run.index('    mkdir -p "$src"\n'):run.index('    echo "-> Installing DKMS kernel module:"')]
+    out = tmp_path_of(host) / 'from-run'
+    os.makedirs(out)
+    import subprocess
+    subprocess.run(['bash', '-c', part], check=True, env={'src': str(out), 'version': v, 'license': kmod.OPEN_LICENSE,
+                                                          'PATH': os.environ['PATH']})
+    assert (out / 'dkms.conf').read_text() == text
+    d = kmod.Dkms(host.path('var'), src, host.path())
+    # (the tree's source link is the host's absolute /usr/src/...: read it under this test's root)
+    os.unlink(d.mdir('nvidia', v, 'source'))
+    os.symlink(os.path.join(src, 'nvidia-' + v), d.mdir('nvidia', v, 'source'))
+    host.install_kernel('6.8.12-9-pve')
+    d.install('nvidia', v, '6.8.12-9-pve')
+    assert host.installed_nvidia('6.8.12-9-pve') == v
+    os.unlink(conf)
+    host.install_kernel('6.8.12-10-pve')
+    with pytest.raises(kmod.DkmsError, match='^Could not locate dkms.conf file.\nFile: .*/source/dkms.conf does not '
+                                             'exist.$'):
+        d.install('nvidia', v, '6.8.12-10-pve')
