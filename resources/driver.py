@@ -23,6 +23,14 @@ from transport.operator import OperatorError, info, warn
 LABEL = 'host-nvidia-driver'
 
 
+def label(props: dict) -> str:
+    """The resource's logical name, which starts the operator's lines: in a fleet the host's name before it
+    (`gpu01-host-nvidia-driver`, as the program names it) - the plugin's log lines carry no resource, and every host's
+    price and outcome would read alike."""
+    host = (props.get('rollout') or {}).get('host')
+    return '%s-%s' % (host, LABEL) if host else LABEL
+
+
 class DriverError(OperatorError):
     pass
 
@@ -164,13 +172,13 @@ def upgrade(target: remote.Target, props: dict, p: Plan) -> None:
         if code == 5:
             raise DriverError('%s: %s; the rollout stops at this host (its SGLang runs again on %s). Read the '
                               'kernel log (journalctl --dmesg) on the host before trying %s again' % (
-                                  LABEL, why, p.old, p.new)) from None
+                                  label(props), why, p.old, p.new)) from None
         if code in (3, 4):
-            raise DriverError('%s: %s' % (LABEL, why)) from None
+            raise DriverError('%s: %s' % (label(props), why)) from None
         raise DriverError('%s: the upgrade to %s failed: %s (its log: %s on the host); the next `up` goes on from the '
-                          'step it was in' % (LABEL, p.new, why, job.log_path)) from None
+                          'step it was in' % (label(props), p.new, why, job.log_path)) from None
     info('%s: %s -> %s: loaded, every container GPU up on it (%d s); the container\'s user space and SGLang follow' % (
-        LABEL, p.old or 'not loaded', p.new, time.monotonic() - started))
+        label(props), p.old or 'not loaded', p.new, time.monotonic() - started))
 
 
 # ------------------------------------------------------------------- the provider
@@ -211,20 +219,20 @@ class NvidiaDriverProvider(ObservedProvider):
         try:
             _facts, p = self.plan_for(props)
         except (OperatorError, remote.RemoteError) as e:
-            warn('%s: %s - what the change costs could not be read: %s' % (LABEL, props['version'], e))
+            warn('%s: %s - what the change costs could not be read: %s' % (label(props), props['version'], e))
             return
         if p.kind in DONE_BY_UP[1:]:
-            info('%s: %s' % (LABEL, price(p, props.get('service'))))
+            info('%s: %s' % (label(props), price(p, props.get('service'))))
         elif p.kind != 'none':
-            info('%s: %s. %s' % (LABEL, price(p, props.get('service')), not_yet(p)))
+            info('%s: %s. %s' % (label(props), price(p, props.get('service')), not_yet(p)))
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
         facts, p = self.plan_for(props)
         if p.kind == 'held':
-            raise DriverError('%s: %s.' % (LABEL, price(p, props.get('service'))))
+            raise DriverError('%s: %s.' % (label(props), price(p, props.get('service'))))
         if p.kind not in DONE_BY_UP:
-            raise DriverError('%s: %s; %s.' % (LABEL, price(p, props.get('service')), not_yet(p)))
+            raise DriverError('%s: %s; %s.' % (label(props), price(p, props.get('service')), not_yet(p)))
         if p.kind != 'none':
             upgrade(target, props, p)
             facts = read(target)
@@ -248,7 +256,7 @@ class NvidiaDriverProvider(ObservedProvider):
         if out['kernels_missing']:
             warn('%s: DANGER - kernel%s %s %s no nvidia %s module built: a boot into %s runs without the GPU driver '
                  '(or another version than the container\'s user space). `pulumi up` builds it' % (
-                     LABEL, 's' if len(out['kernels_missing']) > 1 else '', ', '.join(out['kernels_missing']),
+                     label(props), 's' if len(out['kernels_missing']) > 1 else '', ', '.join(out['kernels_missing']),
                      'have' if len(out['kernels_missing']) > 1 else 'has', props['version'],
                      'them' if len(out['kernels_missing']) > 1 else 'it'))
         return out

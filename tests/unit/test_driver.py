@@ -83,3 +83,10 @@ def test_another_holder_means_a_reboot_where_allowed_and_nothing_touched_where_n
         'the modules are held by dcgm-exporter (pid 5150, on the host), nvidia-smi (pid 777, container 201), 2 '
         'processes whose open files could not be read besides SGLang, and gpuhost:host.reboot is never. Stop what '
         'holds them, or allow a reboot (gpuhost:host.reboot: when-required), and re-run')
+
+
+def test_in_a_fleet_each_line_names_its_host_as_the_resource_does():
+    # The plugin's log lines carry no resource: three hosts' prices would otherwise read alike.
+    assert driver.label({'version': B}) == 'host-nvidia-driver'
+    assert driver.label({'version': B, 'rollout': {'host': 'gpu03', 'order': ['gpu01', 'gpu03'], 'before': ['gpu01'],
+                                                   'after': [], 'max_unavailable': 1}}) == 'gpu03-host-nvidia-driver'
