@@ -307,3 +307,47 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
     run('config', 'set', '--path', 'shards[2]', 'organization/gpuhost/shard-b')
     res = run('preview', check=False)
     assert res.returncode != 0 and 'shards: organization/gpuhost/shard-b is listed twice' in res.stdout + res.stderr
+
+
+def test_a_driver_upgrade_rolls_one_host_at_a_time_the_first_host_first(fleet):
+    """Issue 59's fleet case: the host's NVIDIA driver declared at the version every host runs (the first `up` adopts
+    it, nothing restarted), then A -> B with max_unavailable 1: priced per host at preview, each host reloaded in place
+    at B with its container's user space, SGLang stopped once per host, one host down at a time in rollout order."""
+    import hashlib
+    import time
+    from lab import hostsim
+    from tests.integration.test_driver import A, B, with_driver
+    order = ['gpu01', 'gpu03', 'gpu04']
+    labs = [fleet.labs[n] for n in order]
+    shared = current(fleet)
+    sha_a = shared['gpuhost:runtime']['nvidia']['sha256']
+    starts = [lab.unit_starts() for lab in labs]
+    fleet.write_stack(STACK, with_driver(shared, A, sha_a))
+    adopt = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert '-host-nvidia-driver: ' not in adopt.stdout + adopt.stderr      # nothing to do on any host
+    assert [lab.unit_starts() for lab in labs] == starts
+    assert {n: h['nvidia_driver']['loaded'] for n, h in fleet.outputs(STACK)['hosts'].items()} == dict.fromkeys(order, A)
+    # B's installer, uploaded to each host beside A's as an operator does.
+    text = hostsim.nvidia_installer(B)
+    for lab in labs:
+        lab.host.add_artifact(hostsim.nvidia_installer_name(B), text)
+    fleet.write_stack(STACK, with_driver(shared, B, hashlib.sha256(text.encode()).hexdigest()))
+    res = fleet.pulumi('preview', '--diff', stack=STACK)
+    pre = ' '.join((res.stdout + res.stderr).split())
+    for n, lab in zip(order, labs):
+        assert ('%s-host-nvidia-driver: 580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels %s): '
+                'the modules can be reloaded in place' % (n, lab.host.spec['kernel'])) in pre, (n, pre)
+    t0 = time.time()
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = fleet.outputs(STACK)['hosts']
+    for n, lab, before in zip(order, labs, starts):
+        assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (B, B), n
+        assert out[n]['nvidia_driver']['loaded'] == B and out[n]['runtime']['container_driver'] == B, n
+        assert out[n]['sglang_unit']['active'] is True, n
+        assert lab.unit_starts() == before + 1, n          # stopped by its upgrade, started once on B
+    # Each host's window: SGLang stopped by the driver's job until it serves again on B.
+    windows = {n: [iv for iv in lab.down_intervals() if iv[0] >= t0] for n, lab in zip(order, labs)}
+    assert all(len(w) == 1 for w in windows.values()), windows
+    assert max_overlap([w[0] for w in windows.values()]) == 1, windows
+    assert sorted(order, key=lambda n: windows[n][0][0]) == order, windows
+    fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
