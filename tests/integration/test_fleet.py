@@ -351,3 +351,37 @@ def test_a_driver_upgrade_rolls_one_host_at_a_time_the_first_host_first(fleet):
     assert max_overlap([w[0] for w in windows.values()]) == 1, windows
     assert sorted(order, key=lambda n: windows[n][0][0]) == order, windows
     fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
+
+
+def test_a_driver_that_fails_on_the_second_host_stops_the_rollout_there(fleet):
+    """C's load fails to initialise gpu03's GPUs (the FSP's boot error): gpu01 runs C, gpu03 is back on B and the run
+    stops naming it, gpu04 behind it is never touched. (The last test: the fleet is left as the failure left it.)"""
+    import hashlib
+    from lab import hostsim
+    from tests.integration.test_driver import B, C, RUN
+    order = ['gpu01', 'gpu03', 'gpu04']
+    labs = dict((n, fleet.labs[n]) for n in order)
+    text = hostsim.nvidia_installer(C)
+    for lab in labs.values():
+        lab.host.add_artifact(hostsim.nvidia_installer_name(C), text)
+    cfg = current(fleet)
+    cfg['gpuhost:nvidia']['driver'].update(version=C, installer=RUN % C, sha256=hashlib.sha256(text.encode()).hexdigest())
+    fleet.write_stack(STACK, cfg)
+    labs['gpu03'].host.arm_fsp_failure(version=C)
+    starts = {n: lab.unit_starts() for n, lab in labs.items()}
+    untouched = labs['gpu04'].host_digest()
+    try:
+        res = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        labs['gpu03'].host.disarm_fsp_failure()
+    out = ' '.join((res.stdout + res.stderr).split())
+    assert res.returncode != 0
+    assert ('rollout stopped at host gpu03 (its NVIDIA driver): hosts done before it in its lane: gpu01; not started, '
+            'still on their old unit: gpu04') in out, out[-3000:]
+    assert 'gpu03-host-nvidia-driver: 580.119.02 did not bring the GPUs up' in out, out[-3000:]
+    assert (labs['gpu01'].host.nvidia_module(), labs['gpu01'].host.installed_nvidia()) == (C, C)
+    assert (labs['gpu03'].host.nvidia_module(), labs['gpu03'].host.installed_nvidia()) == (B, B)
+    assert labs['gpu01'].unit_starts() == starts['gpu01'] + 1 and labs['gpu03'].unit_starts() == starts['gpu03'] + 1
+    assert labs['gpu03'].ct_exec(['systemctl', 'is-active', UNIT]).stdout.strip() == 'active'
+    assert (labs['gpu04'].host_digest(), labs['gpu04'].unit_starts()) == (untouched, starts['gpu04'])
+    assert labs['gpu04'].host.nvidia_module() == B
