@@ -1,6 +1,7 @@
 """A fleet in one stack (gpuhost:hosts) against simulated hosts, each with its own fakepve and sshd:
 deployed from empty, a no-op re-run, a host added and one removed without touching the others, a
-rolling MTP change stopped by a failure on the second host, and refusals that name their host.
+rolling MTP change stopped by a failure on the second host, refusals that name their host, and last the host's NVIDIA
+driver upgraded one host at a time (issue 59), then stopped at a host whose new version fails.
 
 The tests run in order and share the fleet (each starts from the state the previous one left)."""
 
