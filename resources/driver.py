@@ -27,6 +27,14 @@ from transport.operator import OperatorError, info, warn
 LABEL = 'host-nvidia-driver'
 
 
+def label(props: dict) -> str:
+    """The resource's logical name, which starts the operator's lines: in a fleet the host's name before it
+    (`gpu01-host-nvidia-driver`, as the program names it) - the plugin's log lines carry no resource, and every host's
+    price and outcome would read alike."""
+    host = (props.get('rollout') or {}).get('host')
+    return '%s-%s' % (host, LABEL) if host else LABEL
+
+
 class DriverError(OperatorError):
     pass
 
@@ -186,20 +194,20 @@ def build(target: remote.Target, props: dict, p: Plan) -> None:
     now = jobs.poll(target, job)
     if now.running and now.spec not in (None, job.spec):
         raise DriverError('%s: another change of the driver is running on the host (job %s); nothing was changed - '
-                          're-run `up` once it ends (watch it: %s)' % (LABEL, JOB, job.watch_hint()))
+                          're-run `up` once it ends (watch it: %s)' % (label(props), JOB, job.watch_hint()))
     try:
         jobs.run(target, job)
     except jobs.JobFailed as e:
         from resources.runtime import _exit_status, _job_log
         why = _job_log(e)
         if _exit_status(e) == 3:
-            raise DriverError('%s: %s' % (LABEL, why)) from None
+            raise DriverError('%s: %s' % (label(props), why)) from None
         raise DriverError('%s: the build of %s for kernel%s %s failed: %s (its log: %s on the host); nothing was '
                           'stopped and %s stays loaded; the next `up` builds it again' % (
-                              LABEL, p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels), why,
+                              label(props), p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels), why,
                               job.log_path, p.new)) from None
     info('%s: %s built with DKMS for kernel%s %s (%d s); nothing was stopped' % (
-        LABEL, p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels), time.monotonic() - started))
+        label(props), p.new, 's' if len(p.kernels) > 1 else '', ', '.join(p.kernels), time.monotonic() - started))
 
 
 def upgrade_job(props: dict, how: str = 'reload') -> jobs.Job:
@@ -238,12 +246,12 @@ def upgrade(target: remote.Target, props: dict, p: Plan) -> None:
     if done.startswith('reboot '):
         from resources.host import reboot_and_wait
         info('%s: the nvidia modules are held back at the next boot (held by %s); rebooting %s' % (
-            LABEL, ', '.join(p.others) or 'other processes', target.host))
+            label(props), ', '.join(p.others) or 'other processes', target.host))
         reboot_and_wait(target)
-        info('%s: %s is back with nothing loaded; installing %s' % (LABEL, target.host, p.new))
+        info('%s: %s is back with nothing loaded; installing %s' % (label(props), target.host, p.new))
         run_job(target, props, p, how)
     info('%s: %s -> %s: loaded, every container GPU up on it (%d s); the container\'s user space and SGLang follow' % (
-        LABEL, p.old or 'not loaded', p.new, time.monotonic() - started))
+        label(props), p.old or 'not loaded', p.new, time.monotonic() - started))
 
 
 def run_job(target: remote.Target, props: dict, p: Plan, how: str) -> str:
@@ -259,11 +267,11 @@ def run_job(target: remote.Target, props: dict, p: Plan, how: str) -> str:
         if code == 5:
             raise DriverError('%s: %s; the rollout stops at this host (its SGLang runs again on %s). Read the '
                               'kernel log (journalctl --dmesg) on the host before trying %s again' % (
-                                  LABEL, why, p.old, p.new)) from None
+                                  label(props), why, p.old, p.new)) from None
         if code in (3, 4):
-            raise DriverError('%s: %s' % (LABEL, why)) from None
+            raise DriverError('%s: %s' % (label(props), why)) from None
         raise DriverError('%s: the upgrade to %s failed: %s (its log: %s on the host); the next `up` goes on from the '
-                          'step it was in' % (LABEL, p.new, why, job.log_path)) from None
+                          'step it was in' % (label(props), p.new, why, job.log_path)) from None
 
 
 # ------------------------------------------------------------------- the provider
@@ -321,14 +329,14 @@ class NvidiaDriverProvider(ObservedProvider):
         try:
             _facts, p = self.plan_for(props)
         except (OperatorError, remote.RemoteError) as e:
-            warn('%s: %s - what the change costs could not be read: %s' % (LABEL, props['version'], e))
+            warn('%s: %s - what the change costs could not be read: %s' % (label(props), props['version'], e))
             return
         if p.kind == 'build' and p.refused:
-            warn('%s: %s' % (LABEL, price(p, props.get('service'))))
+            warn('%s: %s' % (label(props), price(p, props.get('service'))))
         elif p.kind in DONE_BY_UP[1:]:
-            info('%s: %s' % (LABEL, price(p, props.get('service'))))
+            info('%s: %s' % (label(props), price(p, props.get('service'))))
         elif p.kind != 'none':
-            info('%s: %s. %s' % (LABEL, price(p, props.get('service')), not_yet(p)))
+            info('%s: %s. %s' % (label(props), price(p, props.get('service')), not_yet(p)))
 
     def apply(self, props):
         target = remote.Target.from_inputs(props['connection'])
@@ -337,13 +345,13 @@ class NvidiaDriverProvider(ObservedProvider):
         if ungated and p.kind in GOES_DOWN:
             raise DriverError('%s: the host\'s driver changed while this `up` ran (%s now, where nothing was to stop, '
                               'so it did not wait for its turn in the rollout); nothing was changed - re-run `up`' % (
-                                  LABEL, price(p, props.get('service'))))
+                                  label(props), price(p, props.get('service'))))
         if p.kind == 'held':
-            raise DriverError('%s: %s.' % (LABEL, price(p, props.get('service'))))
+            raise DriverError('%s: %s.' % (label(props), price(p, props.get('service'))))
         if p.kind == 'build' and p.refused:
-            raise DriverError('%s: %s' % (LABEL, p.refused))
+            raise DriverError('%s: %s' % (label(props), p.refused))
         if p.kind not in DONE_BY_UP:
-            raise DriverError('%s: %s; %s.' % (LABEL, price(p, props.get('service')), not_yet(p)))
+            raise DriverError('%s: %s; %s.' % (label(props), price(p, props.get('service')), not_yet(p)))
         if p.kind == 'build':
             build(target, props, p)
             facts = read(target)
@@ -370,7 +378,7 @@ class NvidiaDriverProvider(ObservedProvider):
         if out['kernels_missing']:
             warn('%s: DANGER - kernel%s %s %s no nvidia %s module built: a boot into %s runs without the GPU driver '
                  '(or another version than the container\'s user space). `pulumi up` builds it' % (
-                     LABEL, 's' if len(out['kernels_missing']) > 1 else '', ', '.join(out['kernels_missing']),
+                     label(props), 's' if len(out['kernels_missing']) > 1 else '', ', '.join(out['kernels_missing']),
                      'have' if len(out['kernels_missing']) > 1 else 'has', props['version'],
                      'them' if len(out['kernels_missing']) > 1 else 'it'))
         return out

@@ -1,6 +1,7 @@
 """A fleet in one stack (gpuhost:hosts) against simulated hosts, each with its own fakepve and sshd:
 deployed from empty, a no-op re-run, a host added and one removed without touching the others, a
-rolling MTP change stopped by a failure on the second host, and refusals that name their host.
+rolling MTP change stopped by a failure on the second host, refusals that name their host, and last the host's NVIDIA
+driver upgraded one host at a time (issue 59), then stopped at a host whose new version fails.
 
 The tests run in order and share the fleet (each starts from the state the previous one left)."""
 
@@ -307,3 +308,81 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
     run('config', 'set', '--path', 'shards[2]', 'organization/gpuhost/shard-b')
     res = run('preview', check=False)
     assert res.returncode != 0 and 'shards: organization/gpuhost/shard-b is listed twice' in res.stdout + res.stderr
+
+
+def test_a_driver_upgrade_rolls_one_host_at_a_time_the_first_host_first(fleet):
+    """Issue 59's fleet case: the host's NVIDIA driver declared at the version every host runs (the first `up` adopts
+    it, nothing restarted), then A -> B with max_unavailable 1: priced per host at preview, each host reloaded in place
+    at B with its container's user space, SGLang stopped once per host, one host down at a time in rollout order."""
+    import hashlib
+    import time
+    from lab import hostsim
+    from tests.integration.test_driver import A, B, with_driver
+    order = ['gpu01', 'gpu03', 'gpu04']
+    labs = [fleet.labs[n] for n in order]
+    shared = current(fleet)
+    sha_a = shared['gpuhost:runtime']['nvidia']['sha256']
+    starts = [lab.unit_starts() for lab in labs]
+    fleet.write_stack(STACK, with_driver(shared, A, sha_a))
+    adopt = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    assert '-host-nvidia-driver: ' not in adopt.stdout + adopt.stderr      # nothing to do on any host
+    assert [lab.unit_starts() for lab in labs] == starts
+    assert {n: h['nvidia_driver']['loaded'] for n, h in fleet.outputs(STACK)['hosts'].items()} == dict.fromkeys(order, A)
+    # B's installer, uploaded to each host beside A's as an operator does.
+    text = hostsim.nvidia_installer(B)
+    for lab in labs:
+        lab.host.add_artifact(hostsim.nvidia_installer_name(B), text)
+    fleet.write_stack(STACK, with_driver(shared, B, hashlib.sha256(text.encode()).hexdigest()))
+    res = fleet.pulumi('preview', '--diff', stack=STACK)
+    pre = ' '.join((res.stdout + res.stderr).split())
+    for n, lab in zip(order, labs):
+        assert ('%s-host-nvidia-driver: 580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels %s): '
+                'the modules can be reloaded in place' % (n, lab.host.spec['kernel'])) in pre, (n, pre)
+    t0 = time.time()
+    fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    out = fleet.outputs(STACK)['hosts']
+    for n, lab, before in zip(order, labs, starts):
+        assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (B, B), n
+        assert out[n]['nvidia_driver']['loaded'] == B and out[n]['runtime']['container_driver'] == B, n
+        assert out[n]['sglang_unit']['active'] is True, n
+        assert lab.unit_starts() == before + 1, n          # stopped by its upgrade, started once on B
+    # Each host's window: SGLang stopped by the driver's job until it serves again on B.
+    windows = {n: [iv for iv in lab.down_intervals() if iv[0] >= t0] for n, lab in zip(order, labs)}
+    assert all(len(w) == 1 for w in windows.values()), windows
+    assert max_overlap([w[0] for w in windows.values()]) == 1, windows
+    assert sorted(order, key=lambda n: windows[n][0][0]) == order, windows
+    fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
+
+
+def test_a_driver_that_fails_on_the_second_host_stops_the_rollout_there(fleet):
+    """C's load fails to initialise gpu03's GPUs (the FSP's boot error): gpu01 runs C, gpu03 is back on B and the run
+    stops naming it, gpu04 behind it is never touched. (The last test: the fleet is left as the failure left it.)"""
+    import hashlib
+    from lab import hostsim
+    from tests.integration.test_driver import B, C, RUN
+    order = ['gpu01', 'gpu03', 'gpu04']
+    labs = dict((n, fleet.labs[n]) for n in order)
+    text = hostsim.nvidia_installer(C)
+    for lab in labs.values():
+        lab.host.add_artifact(hostsim.nvidia_installer_name(C), text)
+    cfg = current(fleet)
+    cfg['gpuhost:nvidia']['driver'].update(version=C, installer=RUN % C, sha256=hashlib.sha256(text.encode()).hexdigest())
+    fleet.write_stack(STACK, cfg)
+    labs['gpu03'].host.arm_fsp_failure(version=C)
+    starts = {n: lab.unit_starts() for n, lab in labs.items()}
+    untouched = labs['gpu04'].host_digest()
+    try:
+        res = fleet.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        labs['gpu03'].host.disarm_fsp_failure()
+    out = ' '.join((res.stdout + res.stderr).split())
+    assert res.returncode != 0
+    assert ('rollout stopped at host gpu03 (its NVIDIA driver): hosts done before it in its lane: gpu01; not started, '
+            'still on their old unit: gpu04') in out, out[-3000:]
+    assert 'gpu03-host-nvidia-driver: 580.119.02 did not bring the GPUs up' in out, out[-3000:]
+    assert (labs['gpu01'].host.nvidia_module(), labs['gpu01'].host.installed_nvidia()) == (C, C)
+    assert (labs['gpu03'].host.nvidia_module(), labs['gpu03'].host.installed_nvidia()) == (B, B)
+    assert labs['gpu01'].unit_starts() == starts['gpu01'] + 1 and labs['gpu03'].unit_starts() == starts['gpu03'] + 1
+    assert labs['gpu03'].ct_exec(['systemctl', 'is-active', UNIT]).stdout.strip() == 'active'
+    assert (labs['gpu04'].host_digest(), labs['gpu04'].unit_starts()) == (untouched, starts['gpu04'])
+    assert labs['gpu04'].host.nvidia_module() == B

@@ -177,3 +177,10 @@ def test_a_host_changed_between_its_turn_and_the_apply_is_refused(monkeypatch):
     with pytest.raises(driver.DriverError, match='changed while this `up` ran .* did not wait for its turn in the '
                                                  'rollout\\); nothing was changed - re-run `up`'):
         prov.apply(props)
+
+
+def test_in_a_fleet_each_line_names_its_host_as_the_resource_does():
+    # The plugin's log lines carry no resource: three hosts' prices would otherwise read alike.
+    assert driver.label({'version': B}) == 'host-nvidia-driver'
+    assert driver.label({'version': B, 'rollout': {'host': 'gpu03', 'order': ['gpu01', 'gpu03'], 'before': ['gpu01'],
+                                                   'after': [], 'max_unavailable': 1}}) == 'gpu03-host-nvidia-driver'
