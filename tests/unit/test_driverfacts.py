@@ -269,3 +269,20 @@ def test_the_containers_scan_is_sent_driver_facts_own_text(monkeypatch):
         assert sent == [('host-a', 'ct_gpu_holders.sh', ['200'], f.read())]
     assert [(p.pid, p.vmid) for p in got] == [(812, 200)]
     assert remote.step_name('ct_gpu_holders.sh', ['200']) == 'reading the processes holding the GPUs in container 200'
+
+
+def test_the_real_h100_read_again_with_every_record_a_holder_found_by_its_open_devices():
+    """The script of today run on a lent H100 (2026-12-07; a VM whose kernel has nvidia built in: no refcnt, no
+    modeset or drm module, no systemd, no dkms, no /lib/modules), idle and with a process holding /dev/nvidiactl and
+    /dev/nvidia0 open (`exec 3</dev/nvidiactl 4</dev/nvidia0; sleep 20`, read-only: nothing loaded or unloaded)."""
+    idle, held = golden('driver_facts.h100-idle.txt'), golden('driver_facts.h100-held.txt')
+    for f in (idle, held):
+        assert (f.loaded, f.flavour, f.running) == ('580.159.04', 'open', '6.18.44-fc-v1272-gpu')
+        assert f.refcnt == {'nvidia': None, 'nvidia_uvm': None}       # unreadable: said, not guessed as 0
+        assert (f.persistenced, f.dkms_tool, f.tree, f.unreadable) == (None, False, False, 0)
+    # Idle: no process, and a refcnt nobody could read - unknown, not "free to unload".
+    assert idle.processes == [] and idle.in_use() is None
+    assert [(p.pid, p.comm, p.devices, p.vmid) for p in held.processes] == [(676, 'sleep', ('nvidia0', 'nvidiactl'),
+                                                                             None)]
+    assert held.processes[0].cgroup.startswith('/process_api/') and held.in_use() is True
+    assert [p.pid for p in held.holders_other_than(200)] == [676]
