@@ -207,8 +207,14 @@ def start(target, job: Job, say: Callable[[str], None] = info) -> str:
     """Start the job, or re-attach to the one running with the same declaration; a running one of another
     declaration (the config changed under it) is stopped first. Returns 'started' or 'attached'."""
     for attempt in range(2):
-        res = _checked(target, job, call(target, job, 'start', job.spec, int(job.limit_s or 0), job.interpreter,
-                                         job.body, *job.args, stdin=job.stdin), 'starting')
+        try:
+            res = call(target, job, 'start', job.spec, int(job.limit_s or 0), job.interpreter, job.body, *job.args,
+                       stdin=job.stdin)
+        except remote.ConnectionLost as e:
+            # The start may have run: a job it started outlives the connection, and the next run re-attaches to it.
+            raise remote.ConnectionLost('%s A job it started keeps running %s; the next `up` re-attaches to it (watch '
+                                        'it: %s).' % (e, job.where, job.watch_hint())) from None
+        res = _checked(target, job, res, 'starting')
         word = res.stdout.strip().split('\t')[0]
         if word in ('started', 'attached'):
             return word

@@ -270,7 +270,9 @@ def test_an_ssh_drop_in_the_middle_of_an_install_fails_the_up_in_one_line_and_th
         # (the engine's live line of the step and its diagnostics: the whole message on each)
         assert any(line.strip().startswith('error: gpuhost: connection to root@') for line in lost), raw
         assert all('gpuhost: connection to root@' in line and
-                   'the step may have completed on the host. Safe to re-run' in line for line in lost), raw
+                   'the step may have completed on the host. Safe to re-run' in line and
+                   'A job it started keeps running on the host; the next `up` re-attaches to it' in line
+                   for line in lost), raw
         # The next `up` follows the job to its end, through a poll whose connection drops too, mid-install (it
         # reconnects and follows on).
         drops = len([e for e in lab.ssh_log() if e.get('drop')])
