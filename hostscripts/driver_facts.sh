@@ -20,6 +20,8 @@ set -euo pipefail
 #                                 (a boot into it has no GPU driver), `?` modinfo missing
 #   headers      KERNEL yes|no    that kernel's headers (/lib/modules/KERNEL/build resolves to a directory)
 #   modules      absent           no /lib/modules at all
+#   upgrade      STEP FROM TO     the program's driver upgrade as its job recorded it (/var/lib/gpuhost/driver/state:
+#                                 its step - drain ... check, done, restored - and the versions); none recorded: no line
 # With the argument `processes`, only the process and unreadable records (ct_gpu_holders.sh runs it so in a container).
 tab=$'\t'
 # A pipe's last part in this shell (what it reads stays here), and no here-string: bash before 5.1 writes those to a
@@ -143,6 +145,14 @@ elif status=$(dkms status -m nvidia 2>/dev/null </dev/null); then
   [ "$n" -gt 0 ] || echo "dkms${tab}none"
 else
   echo "dkms${tab}?"
+fi
+
+upgrade_state=/var/lib/gpuhost/driver/state
+if [ -r "$upgrade_state" ]; then
+  step=$(sed -n 's/^step //p' "$upgrade_state" | tail -n 1 | oneline)
+  from=$(sed -n 's/^from //p' "$upgrade_state" | tail -n 1 | oneline)
+  to=$(sed -n 's/^to //p' "$upgrade_state" | tail -n 1 | oneline)
+  if [ -n "$step" ]; then echo "upgrade${tab}${step}${tab}${from:--}${tab}${to:--}"; fi
 fi
 
 if [ ! -d /lib/modules ]; then

@@ -25,6 +25,8 @@ from transport import driverfacts, jobs, remote
 from transport.operator import OperatorError, info, warn
 
 LABEL = 'host-nvidia-driver'
+# One job for every change of a host's driver (an upgrade, a build): one at a time on the host.
+JOB = 'gpuhost-driver'
 
 
 def label(props: dict) -> str:
@@ -66,6 +68,7 @@ class Plan:
     others: list          # what holds the modules besides the container's SGLang, as sentences
     vmid: int | None
     refused: str | None = None   # a build `up` cannot do, and why (build_refusal): nothing is touched
+    resuming: str | None = None  # the step an upgrade to `new` is in on the host (a Ctrl-C, a drop left it): followed
 
 
 # The kinds that stop the host's SGLang (the upgrade job drains it): a rollout step that waits for its turn.
@@ -121,12 +124,16 @@ def plan(facts: driverfacts.DriverFacts, version: str, modules: str, vmid, reboo
         return Plan('none', facts.loaded, version, [], [], vmid)
     # The kernels the new version is built for: every installed one (DKMS), the running one at least.
     kernels = sorted(set(facts.kernels) | ({facts.running} if facts.running else set()))
+    under = facts.upgrade_under_way(version)
+    # An upgrade under way started from the version it recorded (its modules may be unloaded by now).
+    old, step = (under[1], under[0]) if under else (facts.loaded, None)
     if facts.loaded is None:
-        return Plan('load', None, version, kernels, [], vmid)
+        return Plan('load', old, version, kernels, [], vmid, resuming=step)
     others = holders_besides(facts, vmid)
     if not others:
-        return Plan('reload', facts.loaded, version, kernels, [], vmid)
-    return Plan('reboot' if reboot == 'when-required' else 'held', facts.loaded, version, kernels, others, vmid)
+        return Plan('reload', old, version, kernels, [], vmid, resuming=step)
+    return Plan('reboot' if reboot == 'when-required' else 'held', old, version, kernels, others, vmid,
+                resuming=step)
 
 
 NOT_YET = ('this release does not yet %s (docs/driver-plan.md): `up` stops at this step with nothing changed; until '
@@ -149,6 +156,11 @@ def price(p: Plan, service: dict | None) -> str:
                     '`up` cannot build it: ' + p.refused if p.refused else
                     '`up` builds it with DKMS; nothing stops'))
     head = '%s -> %s (open kernel modules, built with DKMS for kernels %s)' % (p.old or 'not loaded', p.new, kernels)
+    if p.resuming and p.kind != 'held':
+        return ('%s: the upgrade is under way on the host (its job %s is at its step %s, left by an earlier `up`): '
+                '`up` re-attaches to it or goes on from that step - never a second install -, then %s' % (
+                    head, JOB, p.resuming, 'the container\'s user space and SGLang follow' if service else
+                    'nothing else follows'))
     if p.kind == 'load':
         return '%s: no nvidia module is loaded; `up` installs %s and loads it' % (head, p.new)
     if p.kind == 'reload':
@@ -170,8 +182,6 @@ def not_yet(p: Plan) -> str:
 
 # ------------------------------------------------------------------- the upgrade
 
-# One job for every change of a host's driver (an upgrade, a build): one at a time on the host.
-JOB = 'gpuhost-driver'
 
 
 def build_job(props: dict, p: Plan) -> jobs.Job:

@@ -189,14 +189,14 @@ class GpuhostResource(pulumi.CustomResource):
 def rollout_note(props, step) -> str:
     """For a provider whose steps gate a fleet's rollout (class attribute ROLLOUT_STEP) and a resource
     that carries its host's place in it (`rollout` input): the line that says where the rollout stopped,
-    which hosts came before this one (done) and which wait behind it (not started, old unit). '' else."""
+    which hosts came before this one (done) and which wait behind it (not started, still as they were). '' else."""
     r = props.get('rollout') if isinstance(props, dict) and step else None
     if not r:
         return ''
     before, after = r.get('before') or [], r.get('after') or []
     lanes = r.get('max_unavailable') or 1
     return ('rollout stopped at host %s (%s): hosts done before it in its lane: %s; not started, still on their '
-            'old unit: %s%s. Fix %s and re-run `pulumi up`: it goes on from here.\n' % (
+            'old setting: %s%s. Fix %s and re-run `pulumi up`: it goes on from here.\n' % (
                 r['host'], step, ', '.join(before) or 'none', ', '.join(after) or 'none',
                 ' (with max_unavailable %d, the other lanes stopped where the output above shows)' % lanes
                 if lanes > 1 else '', r['host']))

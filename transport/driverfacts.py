@@ -94,6 +94,15 @@ class DriverFacts:
     dkms: Optional[List[DkmsEntry]] = None   # `dkms status -m nvidia`; None: unknown (not read, or dkms failed)
     # Each kernel of /lib/modules -> whether its headers are installed (DKMS builds for it only then).
     headers: Dict[str, bool] = dataclasses.field(default_factory=dict)
+    # The program's upgrade job as it recorded itself on the host: (step, from, to); None: none recorded.
+    upgrade: Optional[tuple] = None
+
+    def upgrade_under_way(self, version: str) -> Optional[tuple]:
+        """(step, from) of an upgrade to `version` the job has begun and not ended (a Ctrl-C, a drop, a reboot left
+        it): what the next `up` follows, not a fresh install. None: none."""
+        if self.upgrade and self.upgrade[2] == version and self.upgrade[0] not in ('done', 'restored'):
+            return self.upgrade[0], (None if self.upgrade[1] in ('-', '') else self.upgrade[1])
+        return None
 
     @property
     def flavour(self) -> Optional[str]:
@@ -178,6 +187,8 @@ def parse(text: str) -> DriverFacts:
                 facts.processes.append(p)
         elif kind == 'unreadable' and rest.strip().isdigit():
             facts.unreadable = int(rest.strip())
+        elif kind == 'upgrade' and len(fields) >= 3 and fields[0]:
+            facts.upgrade = (fields[0].strip(), fields[1].strip(), fields[2].strip())
         elif kind == 'persistenced':
             state = rest.strip()
             facts.persistenced = None if state in ('', '?') else state

@@ -23,6 +23,8 @@ import pytest
 
 from lab import hostsim
 from resources import monitoring
+from tests.lablib import REPO
+from transport import driverfacts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 STACK = 'driver'
@@ -239,11 +241,15 @@ def test_a_ctrl_c_in_the_middle_of_an_install_leaves_the_job_running_and_the_nex
         os.killpg(proc.pid, signal.SIGINT)       # the terminal's Ctrl-C: the whole foreground group
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode != 0 and 'Traceback' not in out, out[-3000:]
-        # The job goes on by itself: the next `up` follows it to its end and carries on.
-        # (Its modules are unloaded mid-install: this run finds none loaded, and follows the job that loads C.)
+        # The host says where the upgrade is (driver_facts.sh's `upgrade` record, from the job's own state).
+        with open(os.path.join(REPO, 'hostscripts', 'driver_facts.sh'), 'rb') as f:
+            facts = driverfacts.parse(lab.ssh('bash -s', stdin=f.read()).stdout)
+        assert facts.upgrade[1:] == (B, C) and facts.upgrade[0] in ('installing', 'load', 'check', 'done'), facts
+        # The job goes on by itself: the next `up` follows it to its end and carries on - from B, as the job recorded
+        # (its modules are unloaded mid-install: this run finds none loaded, and follows the job that loads C).
         up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
         assert 're-attached to job gpuhost-driver, still running on the host' in up, up
-        assert '-> 580.119.02: loaded, every container GPU up on it' in up, up
+        assert '580.105.08 -> 580.119.02: loaded, every container GPU up on it' in up, up
     finally:
         os.unlink(lab.host.path('faults', 'dkms.install'))
     assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (C, C)

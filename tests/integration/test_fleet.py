@@ -194,7 +194,7 @@ def test_rolling_mtp_change_stops_at_the_failing_second_host(fleet):
     text = res.stdout + res.stderr
     assert res.returncode != 0
     assert 'rollout stopped at host gpu03 (its SGLang unit): hosts done before it in its lane: gpu01; not ' \
-           'started, still on their old unit: gpu04' in text, text[-3000:]
+           'started, still on their old setting: gpu04' in text, text[-3000:]
     # The first host is updated and serving with two steps; the third was never touched.
     assert '--speculative-num-steps 2' in unit_text(fleet.labs['gpu01'])
     assert fleet.labs['gpu01'].unit_starts() == starts['gpu01'] + 1
@@ -378,7 +378,7 @@ def test_a_driver_that_fails_on_the_second_host_stops_the_rollout_there(fleet):
     out = ' '.join((res.stdout + res.stderr).split())
     assert res.returncode != 0
     assert ('rollout stopped at host gpu03 (its NVIDIA driver): hosts done before it in its lane: gpu01; not started, '
-            'still on their old unit: gpu04') in out, out[-3000:]
+            'still on their old setting: gpu04') in out, out[-3000:]
     assert 'gpu03-host-nvidia-driver: 580.119.02 did not bring the GPUs up' in out, out[-3000:]
     assert (labs['gpu01'].host.nvidia_module(), labs['gpu01'].host.installed_nvidia()) == (C, C)
     assert (labs['gpu03'].host.nvidia_module(), labs['gpu03'].host.installed_nvidia()) == (B, B)

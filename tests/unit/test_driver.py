@@ -184,3 +184,20 @@ def test_in_a_fleet_each_line_names_its_host_as_the_resource_does():
     assert driver.label({'version': B}) == 'host-nvidia-driver'
     assert driver.label({'version': B, 'rollout': {'host': 'gpu03', 'order': ['gpu01', 'gpu03'], 'before': ['gpu01'],
                                                    'after': [], 'max_unavailable': 1}}) == 'gpu03-host-nvidia-driver'
+
+
+def test_an_upgrade_a_ctrl_c_left_half_way_is_priced_as_followed_from_the_version_it_left():
+    """Its modules unloaded mid-install: not "not loaded -> C, installs and loads it", but the job's own record."""
+    from transport import driverfacts
+    f = driverfacts.parse('running\t6.8.12-4-pve\nupgrade\tinstalling\t%s\t%s\nkernel\t6.8.12-4-pve\t-\n' % (A, B))
+    assert f.upgrade_under_way(B) == ('installing', A) and f.upgrade_under_way('580.119.02') is None
+    p = driver.plan(f, B, 'open', 200, 'never')
+    assert (p.kind, p.old, p.resuming) == ('load', A, 'installing')
+    assert driver.price(p, SERVICE) == (
+        '580.95.05 -> 580.105.08 (open kernel modules, built with DKMS for kernels 6.8.12-4-pve): the upgrade is under '
+        'way on the host (its job gpuhost-driver is at its step installing, left by an earlier `up`): `up` re-attaches '
+        'to it or goes on from that step - never a second install -, then the container\'s user space and SGLang '
+        'follow')
+    # Ended (done, restored) or to another version: a plan as any other.
+    done = driverfacts.parse('loaded\t%s\nrunning\t6.8.12-4-pve\nupgrade\tdone\t%s\t%s\n' % (A, '-', A))
+    assert done.upgrade_under_way(A) is None and driver.plan(done, B, 'open', 200, 'never').resuming is None

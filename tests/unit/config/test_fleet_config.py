@@ -242,7 +242,7 @@ def test_a_failed_rollout_step_says_where_the_rollout_stopped_and_other_steps_do
     bad = {'rollout': r, 'connection': None}   # fails at once: no connection
     for provider, step in ((SglangUnitProvider(), 'its SGLang unit'), (HostStatusProvider(), 'its host status')):
         with pytest.raises(Failed, match=r'^rollout stopped at host gpu02 \(%s.*\): hosts done before it in its '
-                                         r'lane: gpu01; not started, still on their old unit: gpu03\.' % step):
+                                         r'lane: gpu01; not started, still on their old setting: gpu03\.' % step):
             provider.update('id', {}, bad)
     with pytest.raises(Failed) as e:
         KernelCmdlineProvider().update('id', {}, bad)
