@@ -177,7 +177,9 @@ if [ "$(get to)" != "$new" ] || [ "$step" = done ] || [ "$step" = restored ] || 
     if [ -f "$p" ]; then previous=$p; break; fi
   done
   if [ "$from" != - ] && [ "$previous" = - ]; then
-    say "the installer of the running version $from (NVIDIA-Linux-x86_64-$from.run) is not in $(dirname "$installer") or /var/lib/gpuhost/installers: it is what a failed upgrade goes back to. Put it there and re-run; nothing was changed"
+    where=$(dirname "$installer")
+    [ "$where" = /var/lib/gpuhost/installers ] || where="$where or /var/lib/gpuhost/installers"
+    say "the installer of the running version $from (NVIDIA-Linux-x86_64-$from.run) is not in $where: it is what a failed upgrade goes back to. Put it there and re-run; nothing was changed"
     exit 3
   fi
   if ! command -v dkms >/dev/null; then

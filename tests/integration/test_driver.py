@@ -304,11 +304,12 @@ def test_a_driver_held_by_another_process_is_upgraded_across_one_reboot_where_al
     later boot loads D -, and SGLang serves on D's user space; the VM's GPUs stay on vfio-pci."""
     lab, cfg_b, _ = deployed
     D = '580.126.09'
-    text = hostsim.nvidia_installer(D)
-    lab.host.add_artifact(hostsim.nvidia_installer_name(D), text)
+    text, name = hostsim.nvidia_installer(D), hostsim.nvidia_installer_name(D)
+    # D declared by source: the host downloads it from the lab's mirror into the program's installers directory.
+    hostsim.write(os.path.join(lab.dir, 'mirror', 'installers', name), text)
     cfg = copy.deepcopy(cfg_b)
-    cfg['gpuhost:nvidia']['driver'].update(version=D, installer=RUN % D,
-                                           sha256=hashlib.sha256(text.encode()).hexdigest())
+    cfg['gpuhost:nvidia']['driver'] = {'version': D, 'sha256': hashlib.sha256(text.encode()).hexdigest(),
+                                       'source': 'http://%s:8089/installers/%s' % (lab.spec['addresses']['pve'], name)}
     cfg['gpuhost:host']['reboot'] = 'when-required'
     lab.write_stack(STACK, cfg)
     users = lab.host.module_refcnt()
@@ -327,6 +328,18 @@ def test_a_driver_held_by_another_process_is_upgraded_across_one_reboot_where_al
                 'into 580.126.09 (gpuhost:host.reboot: when-required): SGLang in container 200 (sglang-qwen.service) '
                 'stops for it, then restarts on the new user space, and every guest stops while it reboots' % (
                     old, kernel, pid)) in pre, pre
+        # The version running now was uploaded elsewhere (/root/gpuhost-artifacts): what a failure would go back to
+        # is not beside D's download - refused before anything changes, the fix named.
+        res = lab.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+        assert res.returncode != 0
+        assert ('host-nvidia-driver: the installer of the running version %s (NVIDIA-Linux-x86_64-%s.run) is not in '
+                '/var/lib/gpuhost/installers: it is what a failed upgrade goes back to. Put it there and re-run; '
+                'nothing was changed' % (old, old)) in both(res), both(res)
+        assert (lab.host.nvidia_module(), len(lab.reboots())) == (old, reboots)
+        assert lab.ssh('test -e /etc/modprobe.d/gpuhost-driver-hold.conf').exit_code == 1
+        assert lab.ssh('test -f /var/lib/gpuhost/installers/' + name).exit_code == 0, 'D downloaded first'
+        assert lab.ssh('cp /root/gpuhost-artifacts/%s /var/lib/gpuhost/installers/' % hostsim.nvidia_installer_name(
+            old)).exit_code == 0
         up = both(lab.pulumi('up', '--yes', '--skip-preview', stack=STACK))
     finally:
         lab.ssh('systemctl stop gpu-monitor 2>/dev/null || true')
