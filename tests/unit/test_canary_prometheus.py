@@ -174,7 +174,7 @@ def stub(status, body):
         def log_message(self, *args):
             pass
     server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True).start()
     try:
         yield 'http://127.0.0.1:%d' % server.server_port
     finally:
@@ -194,6 +194,11 @@ def test_prometheus_unreachable_fails_the_judgement_closed():
     url = 'http://127.0.0.1:%d' % free_port()         # nothing listens there
     assert judge_from(url) == ('Prometheus %s is unreachable: [Errno 111] Connection refused - the judgement fails '
                                'closed' % url)
+    # The judgement reads from Prometheus where gpuhost:rollout.canary.prometheus is set, whatever the hosts' URLs.
+    cfg = types.SimpleNamespace(**dict(CFG, prometheus=url + '/'))
+    v = canary.run(canary.source(cfg, {'gpu01': 'http://127.0.0.1:1', 'gpu02': 'http://127.0.0.1:1'}), 'gpu01', cfg,
+                   lambda line: None)
+    assert v.line.startswith('Prometheus %s is unreachable: ' % url), v.line
 
 
 def test_a_host_prometheus_has_no_series_for_fails_closed_naming_it():
@@ -210,6 +215,17 @@ def test_a_host_prometheus_has_no_series_for_fails_closed_naming_it():
         line = judge_from(url)
     assert line.startswith('Prometheus %s has no SGLang series for host gpu02 at ' % url), line
     assert '(host="gpu02", id=~"lxc/.+")' in line, line
+
+
+def test_a_series_scraped_twice_fails_closed_rather_than_counting_twice():
+    # Two jobs reading gpu01's SGLang (the operator's scrape config and make monitoring's): summed, every count doubles.
+    series = [{'metric': {'__name__': 'sglang:num_requests_total', 'job': job, 'instance': '10.0.0.5:30000',
+                          'host': 'gpu01', 'id': 'lxc/200', 'node': 'pve1'}, 'value': [1.0, '7']}
+              for job in ('gpuhost', 'sglang')]
+    with stub(200, {'status': 'success', 'data': {'resultType': 'vector', 'result': series}}) as url:
+        assert judge_from(url) == ('Prometheus %s holds host gpu01\'s sglang:num_requests_total twice (two scrape jobs '
+                                   'read its SGLang?): its figures would count twice - keep one job for the target - '
+                                   'the judgement fails closed' % url)
 
 
 def test_an_error_from_prometheus_api_is_its_message():
