@@ -25,16 +25,21 @@ export at all (no figure on either side) is reported as such, not waited for.
 
 Reading (below the judge): the windows from each host's SGLang /metrics, scraped by the program at each window's
 edges (counters' and histograms' deltas; gauges sampled within the window), parsed with prometheus_client's own
-parser; quantiles as Prometheus' histogram_quantile computes them. A host that cannot be read, or whose counters go
+parser; quantiles as Prometheus' histogram_quantile computes them. Or, with gpuhost:rollout.canary.prometheus, the
+same samples from the fleet's Prometheus (PrometheusSource: its HTTP API, the hosts by their file_sd `host` label),
+the same figures computed from them. A host that cannot be read, or whose counters go
 back (SGLang restarted mid-judgement), fails the judgement closed: never a pass without figures."""
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
+import re
 import statistics
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Callable, Iterator, Optional
 
@@ -422,15 +427,16 @@ def watch(endpoints: dict, window_s: float, reads_per_window: int = 5,
         edge = end
 
 
-def run(endpoints: dict, canary: str, cfg, say: Callable[[str], None], fetch: Callable[[str], str] = fetch_metrics,
+def run(slots: Iterator[list], canary: str, cfg, say: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic) -> Verdict:
-    """Judge until a verdict or max_duration_s; a host that cannot be read fails it closed, a Ctrl-C leaves it
-    'running' (the caller decides what an interrupted judgement means)."""
+    """Judge until a verdict or max_duration_s. slots: each slot's windows as it ends, from either source - the hosts'
+    own /metrics (watch) or Prometheus (PrometheusSource.watch; source() picks by cfg.prometheus). A read that fails
+    fails it closed, a Ctrl-C leaves it 'running' (the caller decides what an interrupted judgement means)."""
     deadline = clock() + cfg.max_duration_s
     seen: list = []
     verdict = Verdict('running', 'no window yet', [])
     try:
-        for slot in watch(endpoints, cfg.window_s, fetch=fetch):
+        for slot in slots:
             seen.extend(slot)
             verdict = judge(seen, canary, cfg, final=clock() >= deadline)
             say('canary %s: %s' % (canary, verdict.line))
@@ -441,3 +447,169 @@ def run(endpoints: dict, canary: str, cfg, say: Callable[[str], None], fetch: Ca
         out.outcome, out.line = 'fail', '%s - the judgement fails closed' % e
         return out
     return verdict
+
+
+def source(cfg, endpoints: dict) -> Iterator[list]:
+    """The slots a judgement reads: from cfg.prometheus where it is set, else from each host's own /metrics
+    (endpoints {host: SGLang's URL}; with Prometheus only their names count)."""
+    if cfg.prometheus:
+        return PrometheusSource(cfg.prometheus, list(endpoints)).watch(cfg.window_s)
+    return watch(endpoints, cfg.window_s)
+
+
+# ------------------------------------------------------------------- the same windows from Prometheus
+#
+# Which series are a host's: the stack's `prometheus_file_sd` output is what Prometheus scrapes SGLang by
+# (docs/monitoring.md, "Monitoring"; resources/monitoring.py file_sd). A fleet's target groups each carry `host`, the
+# host's name in gpuhost:hosts (components/outputs.py export_fleet; fleet-monitoring's merge keeps it, and gives a
+# one-host shard its node) - the very names this program keys windows by. `node` is the Proxmox node (two hosts may
+# share one, and it is not the fleet's name), `instance` is the container's address:port (not a name the operator
+# knows), `job` is whatever the operator's scrape config calls it (`gpuhost` in `make monitoring`'s). So: match on
+# `host`, pick SGLang's target with `id=~"lxc/.+"` as the generated rules do (node_exporter's group carries the same
+# `host`), never on `job`.
+#
+# How: not increase() - Prometheus extrapolates it to the range's edges from the samples inside (and a range of two
+# samples is a guess), while the scrape path takes exact deltas between two reads. Instead each slot edge's raw values
+# (an instant query: the last sample at or before the edge) and the gauges' samples inside the slot (a range
+# selector) become the same Scrape objects the program's own reads give, and window_of computes every figure from
+# them: one definition of each metric, no extrapolation, the quantiles still Prometheus' own histogram_quantile, a
+# counter that goes back still failing closed, and one slot's end edge the next one's start (nothing counted twice or
+# lost between slots). The edges are scrapes, so a host's window spans its last scrape before the slot's start to its
+# last scrape before the slot's end: window_s should be a multiple of the scrape interval, several of it; the
+# requests that came in are scaled to the slot's length (what increase() would report) so that two hosts scraped at
+# different phases compare fairly.
+
+SGLANG_TARGET = 'id=~"lxc/.+"'          # SGLang's file_sd group (node_exporter's is id="node/<node>")
+HOST_LABEL = 'host'
+# The families window_of reads; the gauges also sampled inside the slot (the mean running and queued requests, the
+# accept length).
+COUNTERS = ('sglang:num_requests_total', 'sglang:num_aborted_requests_total', 'sglang:generation_tokens_total',
+            'sglang:inter_token_latency_seconds_sum', 'sglang:inter_token_latency_seconds_count',
+            'sglang:inter_token_latency_seconds_bucket', 'sglang:time_to_first_token_seconds_bucket',
+            'sglang:e2e_request_latency_seconds_bucket')
+GAUGES = ('sglang:num_running_reqs', 'sglang:num_queue_reqs', 'sglang:spec_accept_length')
+# Labels Prometheus adds to a target's series: dropped from a sample's key, so that the same series scraped twice
+# (two jobs reading the same target) shows as a clash instead of being summed twice.
+SCRAPE_LABELS = ('__name__', 'job', 'instance')
+
+
+class PrometheusSource:
+    """The hosts' windows read from Prometheus' HTTP API (url: config/fleet.py Canary.prometheus, which refuses
+    credentials in it). A failure fails the judgement closed: ReadError, one line naming the URL and what failed."""
+
+    def __init__(self, url: str, hosts: list, timeout: float = 10.0, settle_s: float = 2.0):
+        self.url = url.rstrip('/')
+        self.hosts = list(hosts)
+        self.timeout = timeout
+        self.settle_s = settle_s        # after a slot's end, for a scrape begun before it to be stored
+        self.selector = '%s=~%s,%s' % (HOST_LABEL, json.dumps('|'.join(re.escape(h) for h in self.hosts)),
+                                       SGLANG_TARGET)
+
+    def query(self, expr: str, at: float) -> list:
+        """The API's result for expr evaluated at `at` (an instant query; a range selector gives raw samples)."""
+        params = urllib.parse.urlencode({'query': expr, 'time': '%.3f' % at})
+        where = 'Prometheus %s' % self.url
+        try:
+            with urllib.request.urlopen('%s/api/v1/query?%s' % (self.url, params), timeout=self.timeout) as r:
+                body = r.read()
+        except urllib.error.HTTPError as e:
+            detail = api_error(e.read()) or 'HTTP %d %s' % (e.code, e.reason)
+            raise ReadError('%s: the query failed: %s' % (where, detail)) from None
+        except (OSError, urllib.error.URLError) as e:
+            raise ReadError('%s is unreachable: %s' % (where, getattr(e, 'reason', None) or e)) from None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise ReadError('%s: the answer is not the HTTP API\'s JSON (is this Prometheus\' address?)' % where) \
+                from None
+        if doc.get('status') != 'success':
+            raise ReadError('%s: the query failed: %s' % (where, api_error(body) or 'status %r' % doc.get('status')))
+        return doc['data']['result']
+
+    def edge(self, t: float, window_s: float) -> tuple:
+        """({host: Scrape of every family's last value at or before t, at that sample's time}, {host: [Scrape of
+        the gauges, one per scrape in (t - window_s, t), oldest first]})."""
+        def names(families):
+            return json.dumps('|'.join(re.escape(n) for n in families))
+        values = self.query('{__name__=~%s,%s}' % (names(COUNTERS + GAUGES), self.selector), t)
+        samples = self.query('{__name__=~%s,%s}[%dms]' % (names(GAUGES), self.selector, round(1000 * window_s)), t)
+        scrapes = {h: {} for h in self.hosts}
+        inside = {h: {} for h in self.hosts}        # host -> {sample time: {host: samples}}
+        try:
+            for series in values:
+                self._put(scrapes, series['metric'], float(series['value'][1]))
+            for series in samples:
+                host = series['metric'].get(HOST_LABEL)
+                for at, value in series['values'] if host in inside else ():
+                    self._put(inside[host].setdefault(float(at), {host: {}}), series['metric'], float(value))
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise ReadError('Prometheus %s: its answer is not the HTTP API\'s (%s %s missing or malformed)' % (
+                self.url, type(e).__name__, e)) from None
+        times = {h: sorted(inside[h]) for h in self.hosts}
+        for h in self.hosts:
+            if not scrapes[h]:
+                raise ReadError('Prometheus %s has no SGLang series for host %s at %s (%s="%s", %s): it is not '
+                                'scraped - the stack\'s prometheus_file_sd in its file_sd_configs?' % (
+                                    self.url, h, iso(t), HOST_LABEL, h, SGLANG_TARGET))
+            if not times[h]:
+                raise ReadError('Prometheus %s has no sample of host %s\'s SGLang within %g s before %s: its scrape '
+                                'fails, or its interval is longer than window_s' % (self.url, h, window_s, iso(t)))
+        edges = {h: Scrape(times[h][-1], scrapes[h]) for h in self.hosts}
+        between = {h: [Scrape(at, inside[h][at][h]) for at in times[h][:-1]] for h in self.hosts}
+        return edges, between
+
+    def _put(self, scrapes: dict, metric: dict, value: float) -> None:
+        host = metric.get(HOST_LABEL)
+        if host not in scrapes:
+            return
+        key = (metric['__name__'], tuple(sorted((k, v) for k, v in metric.items() if k not in SCRAPE_LABELS)))
+        if key in scrapes[host]:
+            raise ReadError('Prometheus %s holds host %s\'s %s twice (two scrape jobs read its SGLang?): its figures '
+                            'would count twice - keep one job for the target' % (self.url, host, metric['__name__']))
+        scrapes[host][key] = value
+
+    def windows(self, start: float, end: float, first: Optional[dict] = None) -> tuple:
+        """The hosts' windows of the slot [start, end] (first: the start edge, when the previous slot's end read
+        it); returns (windows, the end edge)."""
+        if first is None:
+            first, _ = self.edge(start, end - start)
+        last, between = self.edge(end, end - start)
+        out = []
+        for h in self.hosts:
+            a, b = first[h], last[h]
+            if b.at <= a.at:
+                raise ReadError('Prometheus %s has no sample of host %s\'s SGLang after %s: its scrape fails, or '
+                                'its interval is longer than window_s' % (self.url, h, iso(a.at)))
+            w = window_of(h, start, a, b, between[h])
+            out.append(dataclasses.replace(w, requests=w.requests * (end - start) / (b.at - a.at)))
+        return out, last
+
+    def watch(self, window_s: float) -> Iterator[list]:
+        """Each slot's windows, as watch() gives them from the hosts' own reads; each slot read settle_s after its
+        end. Raises ReadError (fail closed); stops at a Ctrl-C (CANCELLED)."""
+        if CANCELLED.wait(self.settle_s):
+            return
+        start = time.time() - self.settle_s
+        first, _ = self.edge(start, window_s)
+        while True:
+            end = start + window_s
+            if CANCELLED.wait(max(0.0, end + self.settle_s - time.time())):
+                return
+            slot, first = self.windows(start, end, first)
+            yield slot
+            start = end
+
+
+def api_error(body: bytes) -> Optional[str]:
+    """The HTTP API's error in one line ("bad_data: parse error ..."), None where the body is not its JSON."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not doc.get('error'):
+        return None
+    return ' '.join(('%s: %s' % (doc.get('errorType') or 'error', doc['error'])).split())
+
+
+def iso(t: float) -> str:
+    return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t))

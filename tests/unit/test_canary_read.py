@@ -8,16 +8,12 @@ import json
 import os
 import shutil
 import subprocess
-import threading
-import time
 import types
-import urllib.request
 
 import pytest
 
 from resources import canary
-from tests import fakesglang
-from tests.unit.test_fake_sglang_serving import ARGS, free_port
+from tests.canarylab import pair, under_load  # noqa: F401 (pair: the fixture)
 
 BUCKETS = [
     {0.01: 3, 0.05: 40, 0.1: 90, float('inf'): 100},
@@ -109,7 +105,8 @@ def test_a_host_whose_metrics_cannot_be_read_fails_the_judgement_closed():
             raise ConnectionRefusedError(111, 'Connection refused')
         return metrics((len(calls), 0), 2, 0, {0.02: len(calls), float('inf'): len(calls)}, 10 * len(calls))
     said = []
-    v = canary.run({'gpu01': 'http://gpu01', 'gpu02': 'http://gpu02'}, 'gpu01', cfg, said.append, fetch=fetch)
+    v = canary.run(canary.watch({'gpu01': 'http://gpu01', 'gpu02': 'http://gpu02'}, cfg.window_s, fetch=fetch),
+                   'gpu01', cfg, said.append)
     assert v.outcome == 'fail'
     assert v.line == ('host gpu02: its SGLang metrics (http://gpu02/metrics) could not be read: [Errno 111] Connection '
                       'refused - the judgement fails closed')
@@ -117,74 +114,11 @@ def test_a_host_whose_metrics_cannot_be_read_fails_the_judgement_closed():
 
 # ---------------------------------------------------------------- the lab's SGLang under load
 
-MTP3 = ['--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '3', '--speculative-eagle-topk', '1',
-        '--speculative-num-draft-tokens', '4']
-# A batch costs more here than the lab's default (0.03 a token): speculation's gain turns to a loss at a few running
-# requests instead of ~16, so a light test load shows both sides (docs/bench.md, the lab's speed model).
-SPEED_MODEL = json.dumps({'batch_cost': 0.1})
-
-
-@pytest.fixture
-def pair(tmp_path):
-    """Two of the lab's simulated SGLang 0.5.23 servers: gpu01 (the canary) with MTP, three steps; gpu02 without."""
-    fakesglang.install(tmp_path / 'lib', '0.5.23')
-    env = dict({'PYTHONPATH': str(tmp_path / 'lib'), 'PATH': '/usr/bin:/bin', 'LAB_SGLANG_STARTUP': '0',
-                'LAB_SGLANG_SPEED_MODEL': SPEED_MODEL, 'LAB_SGLANG_REQUEST_LOG': str(tmp_path / 'requests.jsonl')},
-               **fakesglang.sysroot(tmp_path / 'container'))
-    procs, urls = [], {}
-    for host, extra in (('gpu01', MTP3), ('gpu02', [])):
-        port = free_port()
-        procs.append(subprocess.Popen(['/usr/bin/python3', '-m', 'sglang.launch_server'] + ARGS + extra +
-                                      ['--host', '127.0.0.1', '--port', str(port)], cwd=str(tmp_path), env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        urls[host] = 'http://127.0.0.1:%d' % port
-    deadline = time.time() + 30
-    for url in urls.values():
-        while True:
-            try:
-                urllib.request.urlopen(url + '/health', timeout=2).close()
-                break
-            except OSError:
-                assert time.time() < deadline, 'the simulated SGLang did not start'
-                time.sleep(0.1)
-    yield urls
-    for p in procs:
-        p.terminate()
-        p.wait(10)
-
-
-def load(urls, rate, tokens, stop):
-    """An open-loop load: `rate` requests a second to each server, evenly spaced, whatever it answers - a load
-    balancer's share, not a client that waits (a slower server then runs more requests at once)."""
-    body = json.dumps({'model': 'x', 'max_tokens': tokens, 'ignore_eos': True,
-                       'messages': [{'role': 'user', 'content': 'Say something.'}]}).encode()
-
-    def one(url):
-        req = urllib.request.Request(url + '/v1/chat/completions', data=body,
-                                     headers={'Content-Type': 'application/json'})
-        try:
-            urllib.request.urlopen(req, timeout=60).read()
-        except OSError:
-            pass
-    due = time.time()
-    while not stop.is_set():
-        for url in urls.values():
-            threading.Thread(target=one, args=(url,), daemon=True).start()
-        due += 1.0 / rate
-        stop.wait(max(0.0, due - time.time()))
-
-
 def judged(urls, rate, tokens, cfg):
-    stop = threading.Event()
-    driver = threading.Thread(target=load, args=(urls, rate, tokens, stop), daemon=True)
-    driver.start()
-    try:
-        time.sleep(2.0)        # to a steady state
-        said = []
-        return canary.run(urls, 'gpu01', cfg, said.append), said
-    finally:
-        stop.set()
-        driver.join()
+    """The judgement read from the hosts' own /metrics under an open-loop load, and its progress lines."""
+    said = []
+    return under_load(urls, rate, tokens, lambda: canary.run(canary.watch(urls, cfg.window_s), 'gpu01', cfg,
+                                                             said.append)), said
 
 
 @pytest.mark.skipif(not os.path.exists('/usr/bin/python3'), reason='the simulated SGLang runs under /usr/bin/python3')
