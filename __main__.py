@@ -71,6 +71,17 @@ except Exception as e:  # noqa: BLE001 - never frames for the operator; the trac
     from transport.operator import describe_unexpected
     raise pulumi.RunError(describe_unexpected(e)) from None
 
+def canary_of(fleet, h):
+    """The first host's canary inputs (gpuhost:rollout.canary): the judge's settings, its fleet name and the other
+    hosts' SGLang endpoints - the baseline, as they run. None for every other host and stack."""
+    settings = fleet.canary_settings()
+    if settings is None or h.index != 0:
+        return None
+    from resources.sglang import service_props
+    return dict(settings, host=h.name,
+                baseline={o.name: service_props(o.deployment)['endpoint'] for o in fleet.hosts if o is not h})
+
+
 built = []
 for h in fleet.hosts:
     d = h.deployment
@@ -95,7 +106,8 @@ for h in fleet.hosts:
                              opts=pulumi.ResourceOptions(depends_on=[host], provider=own)) if d.model else None)
     service = SglangService(name('sglang'), d, connection, container, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2], model=weights,
-                            model_files=inputs[h.index][3], host_boot_id=host.boot_id, opts=served)
+                            model_files=inputs[h.index][3], host_boot_id=host.boot_id, opts=served,
+                            canary=canary_of(fleet, h))
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
     # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
     monitoring.host_metrics(name('host-metrics'), d, container, service,

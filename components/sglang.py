@@ -61,7 +61,7 @@ class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
     def __init__(self, name, deployment, connection, container, opts=None, rollout=None, fleet_host=None,
-                 runtime_files=None, model=None, model_files=None, host_boot_id=None):
+                 runtime_files=None, model=None, model_files=None, host_boot_id=None, canary=None):
         """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password).
         model: the ModelWeights resource (resources/model.py) the unit depends on; model_files: what load_stack
         read for gpuhost:model (checksums). host_boot_id: the host's boot as its status last read it (after this
@@ -100,6 +100,9 @@ class SglangService(pulumi.ComponentResource):
             props['rollout'] = rollout
         if fleet_host:
             props['fleet_host'] = fleet_host
+        if canary:
+            # The fleet's canary (gpuhost:rollout.canary): this host's unit is judged against the baseline's.
+            props['canary'] = canary
         self.service = SglangUnit('%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container] +
                                                        ([model] if model is not None else []),

@@ -50,13 +50,13 @@ class Canary(Model):
     of the first lane first, is judged against hosts still on the old setting under the fleet's own traffic, and
     rolls on only when it holds (docs/canary-plan.md)."""
     baseline: Literal['restart', 'running'] = Field(
-        'restart', description='restart: a host still on the old setting restarts at the same moment as the canary '
-                               '(same start, same warm-up: what Kayenta advises); running: the other hosts as they '
-                               'run, nothing restarted')
+        'running', description='running: the other hosts as they run, nothing restarted; restart: a host still on the '
+                               'old setting restarts at the same moment as the canary (same start, same warm-up: what '
+                               'Kayenta advises - not yet run by this release)')
     prometheus: Optional[PrometheusUrl] = Field(
         None, description='Read the hosts\' SGLang metrics from this Prometheus (its HTTP API); absent, the program '
                           'reads each host\'s /metrics itself')
-    window_s: int = Field(30, ge=5, le=3600, description='One sample per host and metric per window')
+    window_s: int = Field(30, ge=1, le=3600, description='One sample per host and metric per window')
     max_duration_s: int = Field(3600, ge=10, le=86400, description='The longest the judgement may take; '
                                                                   'inconclusive then')
     min_samples: int = Field(50, ge=3, le=10000, description='Windows needed per side and load band before a band '
@@ -127,9 +127,24 @@ class Fleet(object):
             return None
         k = self.rollout.max_unavailable
         names = [h.name for h in self.hosts]
-        return {'host': names[i], 'order': names, 'max_unavailable': k,
-                'before': [n for j, n in enumerate(names) if j < i and (i - j) % k == 0],
-                'after': [n for j, n in enumerate(names) if j > i and (j - i) % k == 0]}
+        out = {'host': names[i], 'order': names, 'max_unavailable': k,
+               'before': [n for j, n in enumerate(names) if j < i and (i - j) % k == 0],
+               'after': [n for j, n in enumerate(names) if j > i and (j - i) % k == 0]}
+        if self.rollout.canary is not None:
+            # The first host of the first lane takes a change first; every other host waits for its verdict.
+            out['canary'] = names[0]
+        return out
+
+    def canary_settings(self) -> Optional[dict]:
+        """The judge's settings (gpuhost:rollout.canary) as the canary's SGLang unit takes them; None: no canary."""
+        c = self.rollout.canary
+        if c is None:
+            return None
+        return {'window_s': c.window_s, 'max_duration_s': c.max_duration_s, 'min_samples': c.min_samples,
+                'bands': list(c.bands), 'confidence': c.confidence, 'tolerance': c.tolerance,
+                'traffic_tolerance': c.traffic_tolerance, 'inconclusive': c.inconclusive,
+                'slo': {k: v for k, v in c.slo.model_dump().items() if v is not None},
+                **({'prometheus': c.prometheus} if c.prometheus else {})}
 
 
 def deep_merge(base, over):
@@ -208,12 +223,11 @@ def parse_fleet(data: dict) -> Fleet:
     if rollout.canary is not None and len(out) < 2:
         raise ConfigError('gpuhost:rollout.canary: set, but gpuhost:hosts lists one host; a canary is judged against '
                           'hosts still on the old setting - list at least two hosts or remove gpuhost:rollout.canary')
-    if rollout.canary is not None:
-        # The judge and its configuration are here (resources/canary.py); the rollout that runs it is the next step
-        # of docs/canary-plan.md. Until then the key is refused, never silently ignored.
-        raise ConfigError('gpuhost:rollout.canary: this release does not yet run a canary judgement during a rollout '
-                          '(docs/canary-plan.md); remove gpuhost:rollout.canary - a change rolls out host by host as '
-                          'before')
+    if rollout.canary is not None and rollout.canary.baseline == 'restart':
+        # Refused, never silently run as `running`: the baseline restarted with the canary is docs/canary-plan.md's
+        # next step.
+        raise ConfigError('gpuhost:rollout.canary.baseline: restart is not yet run by this release (docs/canary-plan.md); '
+                          'set baseline: running - the other hosts, as they run, are the baseline')
     return Fleet(out, rollout, True)
 
 

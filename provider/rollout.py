@@ -160,14 +160,22 @@ def _idle():
 
 
 def wait_for_lane(rollout: dict, step: str, stall_s: Optional[float] = None) -> None:
-    """Before `step` (what may stop this host's SGLang) of host rollout['host']: wait until the host ahead of it in
-    its lane serves again in this pass. Raises OperatorError (the step not started) when it will not."""
-    from transport.operator import OperatorError, pause
+    """Before `step` (what may stop this host's SGLang) of host rollout['host']: wait until the canary host
+    (gpuhost:rollout.canary: the first host, whose SGLang unit is judged before any other host takes the change), then
+    the host ahead of it in its lane, serve again in this pass. Raises OperatorError (the step not started) when one
+    will not."""
     host = rollout['host']
+    canary = rollout.get('canary')
+    if canary and canary != host:
+        _wait_for(host, canary, step, stall_s, 'the canary host %s' % canary, 'to be judged')
     before = rollout.get('before') or []
-    if not before:
-        return
-    ahead = before[-1]
+    if before and before[-1] != canary:
+        _wait_for(host, before[-1], step, stall_s, 'host %s, ahead of it in its rollout lane,' % before[-1],
+                  'to serve again')
+
+
+def _wait_for(host: str, ahead: str, step: str, stall_s: Optional[float], who: str, what: str) -> None:
+    from transport.operator import OperatorError, pause
     stall = STALL_S if stall_s is None else stall_s
     waited = time.monotonic()
     with _idle():
@@ -185,8 +193,8 @@ def wait_for_lane(rollout: dict, step: str, stall_s: Optional[float] = None) -> 
                 if not _touched(ahead):
                     return   # nothing of the host ahead is in this pass (`--target`): it keeps serving
                 raise OperatorError(
-                    'host %s: %s not started: host %s, ahead of it in its rollout lane, went down in this run and its '
-                    'SGLang unit was not reached (nothing of the run moved for %g s: the run was ended). Re-run '
-                    '`pulumi up`: it goes on from there.' % (host, step, ahead, stall))
-            pause(POLL_S, 'host %s' % host, 'host %s ahead of it in its rollout lane to serve again' % ahead,
+                    'host %s: %s not started: %s went down in this run and its SGLang unit was not reached (nothing of '
+                    'the run moved for %g s: the run was ended). Re-run `pulumi up`: it goes on from there.' % (
+                        host, step, who, stall))
+            pause(POLL_S, 'host %s' % host, '%s %s' % (who.replace(',', ''), what),
                   '%s has not started (nothing of it changed); the next `pulumi up` goes on from there' % step)

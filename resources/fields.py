@@ -79,7 +79,7 @@ def secret(t: Type) -> Type:
 # ------------------------------------------------------------------ shapes several resources share
 
 # A fleet's host: its place in the rollout (config/fleet.py rollout_info; provider/rollout.py gates on it).
-ROLLOUT = obj('Rollout', host=S, order=arr(S), before=arr(S), after=arr(S), max_unavailable=I)
+ROLLOUT = obj('Rollout', host=S, order=arr(S), before=arr(S), after=arr(S), max_unavailable=I, canary=optional(S))
 # Where the SGLang service is and how long it may take to start (resources/sglang.py service_props).
 SERVICE = obj('Service', vmid=I, unit_name=S, unit_path=S, venv=S, version=S, endpoint=S, health_timeout=N)
 

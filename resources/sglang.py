@@ -177,6 +177,49 @@ def service_props(d) -> dict:
             'health_timeout': s.health_timeout_s}
 
 
+class CanaryInterrupted(OperatorError):
+    """A Ctrl-C during the canary's judgement: the canary runs the new setting, unconfirmed - the next `up`
+    restarts it and judges it again (never a pass by default)."""
+
+
+def canary_words(c: dict) -> str:
+    return ('judged against %s under their own traffic (windows of %g s, up to %g s, from %s; the mean inter-token '
+            'latency, the TTFT and end-to-end p95, aborted requests, the queue and output tokens/s per running request, '
+            'per load band)' % (', '.join(sorted(c['baseline'])), c['window_s'], c['max_duration_s'],
+                                'Prometheus at %s' % c['prometheus'] if c.get('prometheus') else 'each host\'s /metrics'))
+
+
+def judge_canary(props) -> None:
+    """The canary's judgement (resources/canary.py) on this host, just restarted onto a new setting; returns on a
+    pass (or an inconclusive one with inconclusive: proceed), raises ServiceError (the caller puts the previous unit
+    back) or CanaryInterrupted."""
+    import types
+    from resources import canary
+    c = props['canary']
+    cfg = types.SimpleNamespace(**{k: c[k] for k in ('window_s', 'max_duration_s', 'min_samples', 'bands', 'confidence',
+                                                     'tolerance', 'traffic_tolerance')},
+                                prometheus=c.get('prometheus'), slo=types.SimpleNamespace(**(c.get('slo') or {})))
+    host = c['host']
+    note('sglang-unit: %s is the canary: %s' % (host, canary_words(c)))
+    endpoints = dict({host: props['endpoint']}, **c['baseline'])
+    verdict = canary.run(canary.source(cfg, endpoints), host, cfg, lambda line: note('sglang-unit: %s' % line))
+    for line in verdict.table().splitlines():
+        note('sglang-unit:   %s' % line)
+    if verdict.outcome == 'pass':
+        note('sglang-unit: the canary %s passed: %s; the rollout goes on' % (host, verdict.line))
+        return
+    if verdict.outcome == 'inconclusive' and c.get('inconclusive') == 'proceed':
+        warn('sglang-unit: the canary %s\'s judgement was inconclusive: %s; the rollout goes on '
+             '(gpuhost:rollout.canary.inconclusive: proceed)' % (host, verdict.line))
+        return
+    if verdict.outcome == 'running':
+        raise CanaryInterrupted('the canary %s\'s judgement was interrupted (Ctrl-C) before a verdict; it runs the new '
+                                'setting, unconfirmed - the next `pulumi up` restarts it and judges it again' % host)
+    raise ServiceError('the canary %s %s: %s' % (
+        host, 'failed its judgement' if verdict.outcome == 'fail' else
+        'had too little comparable traffic for a verdict (gpuhost:rollout.canary.inconclusive: rollback)', verdict.line))
+
+
 def verify_serving(target, props, active) -> dict:
     """Wait for /health (failing at once if the unit is not running: `active()`), then check that
     /server_info reports the speculation the unit asked for. Returns the resolved settings."""
@@ -450,7 +493,12 @@ class SglangUnitProvider(ObservedProvider):
                                           checksums=optional(mapof(S)))),
               'index_password': secret(optional(S)),
               'installer_tokens': secret(optional(mapof(obj('InstallerLogin', token=S)))),
-              'rollout': optional(ROLLOUT), 'fleet_host': optional(S)}
+              'rollout': optional(ROLLOUT), 'fleet_host': optional(S),
+              # The fleet's canary (gpuhost:rollout.canary; the first host's unit only): the judge's settings, this
+              # host's fleet name and the baseline hosts' SGLang endpoints. Not compared by diff (not DESIRED).
+              'canary': optional(obj('CanaryJudge', host=S, baseline=mapof(S), window_s=N, max_duration_s=N,
+                                     min_samples=I, bands=arr(N), confidence=N, tolerance=N, traffic_tolerance=N,
+                                     inconclusive=S, slo=mapof(N), prometheus=optional(S)))}
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it. confirmed_unit:
     # its text, which a failed switch to a new environment puts back; confirmed_envs: the environments
@@ -588,6 +636,10 @@ class SglangUnitProvider(ObservedProvider):
                 proven = prove(target, props, previous_proof, facts.get('boot_id'), stopped_at_boot)
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
+            if props.get('canary') and switching:
+                # Serving again on something new: the canary is judged against the baseline under their traffic
+                # before any other host takes the change (provider/rollout.py holds them); a fail goes back below.
+                judge_canary(props)
         except (ServiceError, remote.RemoteError) as e:
             if switching:
                 self.roll_back(target, props, previous, e, reinstalled)
@@ -752,6 +804,12 @@ class SglangUnitProvider(ObservedProvider):
             if new_rt.get(key) and old_rt.get(key) != new_rt.get(key):
                 info('sglang-unit: the container\'s %s: %s -> %s (%s, then one restart)' % (
                     name, old_rt.get(key) or 'none', new_rt[key], runtime.installed_from(news['install'][key])))
+        c = news.get('canary')
+        if result.changes and isinstance(c, dict) and isinstance(news.get('unit'), str) and olds.get('confirmed') and \
+                olds['confirmed'] != remote.sha256_hex(news['unit']):
+            info('sglang-unit: %s is the canary: `up` restarts it first, onto the new setting, and it is %s, before any '
+                 'other host takes the change; a fail (or too little traffic, with inconclusive: %s) puts its previous '
+                 'unit back and stops the rollout' % (c['host'], canary_words(c), c.get('inconclusive')))
         if result.changes:
             why = proof_reason(olds, news)
             if why:

@@ -27,6 +27,8 @@ def runs():
     two = {k.split(':', 1)[1]: v for k, v in fleet.stack_config(entries).items()}
     if 'nvidia' in two.get('runtime', {}):
         two['nvidia'] = {'driver': dict(two['runtime'].pop('nvidia'))}   # a fleet's driver: rollout too
+    two['rollout'] = dict(two.get('rollout') or {}, canary={'window_s': 10, 'min_samples': 5,
+                                                             'prometheus': 'http://prometheus.example:9090'})
     full = copy.deepcopy(lab_data())
     full['sglang'].update(api_key='sk-unit-test-key-0123456789abcdef', proof={'enabled': True, 'min_busbw_gbps': 40.5})
     full['model'].update(source='hf://Qwen/Qwen3.5-122B-A10B', timeout_s=7200, max_bytes_per_s=100000000)

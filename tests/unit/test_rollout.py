@@ -187,3 +187,26 @@ def test_a_host_status_without_reboots_never_waits():
     rollout.record('gpu02', 'SglangUnit', 'done')
     with p.step(urn, {'rollout': ORDER, 'reboot': 'when-required'}, HostStatusProvider()):
         pass
+
+
+def test_with_a_canary_every_other_host_waits_for_its_verdict_whatever_its_lane():
+    """gpuhost:rollout.canary: with two lanes, gpu02 (first of the second lane, nothing ahead of it) still waits for
+    gpu01's SGLang unit - the judged canary - before it takes the change; the canary itself never waits."""
+    two = {'host': 'gpu02', 'before': [], 'after': ['gpu04'], 'max_unavailable': 2, 'canary': 'gpu01',
+           'order': ['gpu01', 'gpu02', 'gpu03', 'gpu04']}
+    start = time.monotonic()
+    rollout.wait_for_lane(dict(two, host='gpu01', after=['gpu03']), 'its SGLang unit')
+    assert time.monotonic() - start < 0.1
+    rollout.record('gpu01', 'SglangUnit', 'started')
+    t = later(0.5, rollout.record, 'gpu01', 'SglangUnit', 'done')
+    rollout.wait_for_lane(two, 'its SGLang unit', stall_s=10)
+    t.join()
+    assert 0.45 <= time.monotonic() - start < 3
+
+
+def test_a_canary_rolled_back_stops_every_other_host():
+    rollout.record('gpu01', 'SglangUnit', 'started')
+    later(0.3, rollout.failed, 'gpu01', 'its SGLang unit')
+    with pytest.raises(OperatorError, match='host gpu03: its SGLang unit not started: the rollout stopped at host '
+                                            'gpu01 \\(its SGLang unit\\) in this run'):
+        rollout.wait_for_lane(dict(ORDER, canary='gpu01'), 'its SGLang unit', stall_s=10)

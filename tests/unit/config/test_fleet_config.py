@@ -271,9 +271,20 @@ def test_canary_refusals_name_the_key_the_value_and_the_fix(canary, message):
     assert 'admin:secret' not in str(e.value)
 
 
-def test_a_canary_needs_hosts_to_compare_with_and_is_refused_until_the_rollout_runs_it():
+def test_a_canary_needs_hosts_to_compare_with_and_its_restarted_baseline_is_not_yet_run():
     with pytest.raises(config.ConfigError, match='gpuhost:rollout.canary: set, but gpuhost:hosts lists one host'):
         fleet(entry('gpu01', 1), rollout={'canary': {}})
-    with pytest.raises(config.ConfigError, match=r'gpuhost:rollout.canary: this release does not yet run a canary '
-                                                 r'judgement during a rollout \(docs/canary-plan.md\)'):
-        fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'canary': {'window_s': 10}})
+    with pytest.raises(config.ConfigError, match=r'gpuhost:rollout.canary.baseline: restart is not yet run by this '
+                                                 r'release \(docs/canary-plan.md\); set baseline: running'):
+        fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'canary': {'baseline': 'restart'}})
+
+
+def test_with_a_canary_the_first_host_is_named_in_every_hosts_rollout_and_takes_the_settings():
+    f = fleet(entry('gpu01', 1), entry('gpu02', 2), entry('gpu03', 3),
+              rollout={'max_unavailable': 2, 'canary': {'window_s': 10, 'min_samples': 5, 'slo': {'itl_p95_ms': 80}}})
+    assert [f.rollout_info(i)['canary'] for i in range(3)] == ['gpu01'] * 3
+    assert f.canary_settings() == {'window_s': 10, 'max_duration_s': 3600, 'min_samples': 5, 'bands': [1, 8, 32, 128],
+                                   'confidence': 0.98, 'tolerance': 0.1, 'traffic_tolerance': 0.25,
+                                   'inconclusive': 'rollback', 'slo': {'itl_p95_ms': 80.0}}
+    plain = fleet(entry('gpu01', 1), entry('gpu02', 2))
+    assert 'canary' not in plain.rollout_info(1) and plain.canary_settings() is None

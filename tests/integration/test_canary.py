@@ -1,0 +1,113 @@
+"""The canary under traffic (gpuhost:rollout.canary; issue 60) on a three-host fleet lab with an open-loop load on
+every host's SGLang (tests/canarylab.py): a speculation setting worse at that load is judged on the first host, rolled
+back there by itself, and the rollout stopped - the other hosts never restarted, the error naming the metric and band;
+a setting no worse at that load is judged, passes, and rolls on to every host.
+
+The lab's speed model makes a batch cost more (batch_cost 0.1, through gpuhost:sglang.environment) so that a light load
+- about 8 running requests a host - is where MTP with three steps loses to MTP with one, and no speculation is within
+the tolerance of it. Windows of 1 s, 8 per side and band: a judgement takes ~10 s here (real-size: 30 s, 50, an hour
+at most)."""
+
+import copy
+import os
+import shutil
+import threading
+
+import pytest
+
+from tests.canarylab import load
+from tests.lablib import FleetLab, claim_net, keep_logs
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+STACK = 'canary'
+HOSTS = ('gpu01', 'gpu02', 'gpu03')
+CANARY = {'window_s': 1, 'max_duration_s': 60, 'min_samples': 8, 'bands': [1, 4, 100], 'traffic_tolerance': 0.5}
+RATE, TOKENS = 7.5, 64      # each host: about 8 requests running at once
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory, request):
+    if os.geteuid() != 0:
+        pytest.fail('the integration tests need root (mount namespaces for the simulated hosts)')
+    base = str(tmp_path_factory.mktemp('canary'))
+    claims = [claim_net() for _ in HOSTS]
+    f = FleetLab(base, [net for net, _ in claims])
+    failed = request.session.testsfailed
+    try:
+        for i in range(1, len(HOSTS) + 1):
+            f.add(i)
+        cfg = f.stack_config(list(HOSTS))
+        cfg['gpuhost:sglang'] = dict(cfg['gpuhost:sglang'], environment={
+            'LAB_SGLANG_SPEED_MODEL': '{"batch_cost": 0.1}'})
+        cfg['gpuhost:rollout']['canary'] = dict(CANARY)
+        f.write_stack(STACK, cfg)
+        f.pulumi('up', '--yes', '--skip-preview', stack=STACK)     # from empty: nothing to judge yet
+        yield f, cfg
+    finally:
+        if request.session.testsfailed > failed:
+            keep_logs(base, 'test_canary')
+        f.down()
+        for _, lock in claims:
+            lock.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def endpoints(f):
+    return {n: 'http://%s:30000' % f.labs[n].spec['addresses']['container'] for n in HOSTS}
+
+
+def up_under_load(f):
+    stop = threading.Event()
+    driver = threading.Thread(target=load, args=(endpoints(f), RATE, TOKENS, stop), daemon=True)
+    driver.start()
+    try:
+        return f.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        stop.set()
+        driver.join()
+
+
+def with_speculation(cfg, spec):
+    cfg = copy.deepcopy(cfg)
+    cfg['gpuhost:sglang']['speculative'] = spec
+    return cfg
+
+
+def test_a_setting_worse_at_the_fleets_load_is_rolled_back_from_the_canary_and_stops_the_rollout(fleet):
+    f, cfg = fleet
+    worse = with_speculation(cfg, {'algorithm': 'NEXTN', 'num_steps': 3, 'eagle_topk': 1, 'num_draft_tokens': 4})
+    f.write_stack(STACK, worse)
+    pre = f.pulumi('preview', '--diff', stack=STACK)
+    said = ' '.join((pre.stdout + pre.stderr).split())
+    assert ('sglang-unit: gpu01 is the canary: `up` restarts it first, onto the new setting, and it is judged against '
+            'gpu02, gpu03 under their own traffic (windows of 1 s, up to 60 s, from each host\'s /metrics') in said, said
+    starts = {n: f.labs[n].unit_starts() for n in HOSTS}
+    units = {n: f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout for n in HOSTS}
+    res = up_under_load(f)
+    print(res.stdout + res.stderr)        # the judgement's windows and table (pytest shows them on a failure)
+    out = ' '.join((res.stdout + res.stderr).split())
+    assert res.returncode != 0, out[-3000:]
+    assert 'the canary gpu01 failed its judgement: ' in out, out[-3000:]
+    assert ' at load 4-100 running: canary ' in out and 'beyond the tolerance of 10%' in out, out[-3000:]
+    assert 'rollout stopped at host gpu01 (its SGLang unit)' in out, out[-3000:]
+    # The canary went back to its previous unit (restarted onto the new one, then onto the old): the others untouched.
+    assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 2
+    assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+    assert {n: f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout for n in HOSTS} == units
+    f.write_stack(STACK, cfg)
+
+
+def test_a_setting_no_worse_at_the_fleets_load_passes_the_canary_and_rolls_on_to_every_host(fleet):
+    f, cfg = fleet
+    plain = with_speculation(cfg, None)
+    f.write_stack(STACK, plain)
+    starts = {n: f.labs[n].unit_starts() for n in HOSTS}
+    res = up_under_load(f)
+    print(res.stdout + res.stderr)        # the judgement's windows and table (pytest shows them on a failure)
+    out = ' '.join((res.stdout + res.stderr).split())
+    assert res.returncode == 0, out[-3000:]
+    assert 'sglang-unit: the canary gpu01 passed: no metric worse beyond the tolerance in load 4-100' in out, out[-3000:]
+    assert {n: f.labs[n].unit_starts() for n in HOSTS} == {n: starts[n] + 1 for n in HOSTS}
+    for n in HOSTS:
+        unit = f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
+        assert '--speculative-algorithm' not in unit, (n, unit)
