@@ -1,7 +1,8 @@
 """The canary under traffic (gpuhost:rollout.canary; issue 60) on a three-host fleet lab with an open-loop load on
 every host's SGLang (tests/canarylab.py): a speculation setting worse at that load is judged on the first host, rolled
 back there by itself, and the rollout stopped - the other hosts never restarted, the error naming the metric and band;
-a setting no worse at that load is judged, passes, and rolls on to every host.
+a setting no worse at that load is judged, passes, and rolls on to every host; no traffic at all ends inconclusive and
+puts the canary back; a Prometheus that cannot be read fails the judgement closed.
 
 The lab's speed model makes a batch cost more (batch_cost 0.1, through gpuhost:sglang.environment) so that a light load
 - about 8 running requests a host - is where MTP with three steps loses to MTP with one, and no speculation is within
@@ -111,3 +112,38 @@ def test_a_setting_no_worse_at_the_fleets_load_passes_the_canary_and_rolls_on_to
     for n in HOSTS:
         unit = f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
         assert '--speculative-algorithm' not in unit, (n, unit)
+
+
+def test_too_little_traffic_ends_inconclusive_and_puts_the_canary_back(fleet):
+    """No load at all: every window idle; at max_duration_s the verdict is inconclusive and, with the default
+    inconclusive: rollback, the canary goes back - never a pass for want of data."""
+    f, cfg = fleet
+    quiet = with_speculation(cfg, {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1, 'num_draft_tokens': 3})
+    quiet['gpuhost:rollout']['canary'] = dict(CANARY, max_duration_s=10)
+    f.write_stack(STACK, quiet)
+    starts = {n: f.labs[n].unit_starts() for n in HOSTS}
+    res = f.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    out = ' '.join((res.stdout + res.stderr).split())
+    assert res.returncode != 0, out[-3000:]
+    assert ('the canary gpu01 had too little comparable traffic for a verdict (gpuhost:rollout.canary.inconclusive: '
+            'rollback): too little comparable traffic within the judgement\'s time: no window with traffic in any band '
+            '(') in out, out[-3000:]
+    assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 2
+    assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+    f.write_stack(STACK, cfg)
+
+
+def test_a_prometheus_that_cannot_be_read_fails_the_judgement_closed(fleet):
+    f, cfg = fleet
+    blind = with_speculation(cfg, {'algorithm': 'NEXTN', 'num_steps': 2, 'eagle_topk': 1, 'num_draft_tokens': 3})
+    blind['gpuhost:rollout']['canary'] = dict(CANARY, prometheus='http://127.0.0.1:9')    # nothing listens there
+    f.write_stack(STACK, blind)
+    starts = {n: f.labs[n].unit_starts() for n in HOSTS}
+    res = up_under_load(f)
+    out = ' '.join((res.stdout + res.stderr).split())
+    assert res.returncode != 0, out[-3000:]
+    assert 'the canary gpu01 failed its judgement: ' in out and 'http://127.0.0.1:9' in out, out[-3000:]
+    assert '- the judgement fails closed' in out, out[-3000:]
+    assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 2
+    assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+    f.write_stack(STACK, cfg)
