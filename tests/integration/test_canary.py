@@ -2,7 +2,8 @@
 every host's SGLang (tests/canarylab.py): a speculation setting worse at that load is judged on the first host, rolled
 back there by itself, and the rollout stopped - the other hosts never restarted, the error naming the metric and band;
 a setting no worse at that load is judged, passes, and rolls on to every host; no traffic at all ends inconclusive and
-puts the canary back; a Prometheus that cannot be read fails the judgement closed.
+puts the canary back; a Prometheus that cannot be read fails the judgement closed; a Ctrl-C during the judgement is
+resolved by the next `up` (judged again, put back).
 
 The lab's speed model makes a batch cost more (batch_cost 0.1, through gpuhost:sglang.environment) so that a light load
 - about 8 running requests a host - is where MTP with three steps loses to MTP with one, and no speculation is within
@@ -146,4 +147,49 @@ def test_a_prometheus_that_cannot_be_read_fails_the_judgement_closed(fleet):
     assert '- the judgement fails closed' in out, out[-3000:]
     assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 2
     assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+    f.write_stack(STACK, cfg)
+
+
+def test_a_ctrl_c_during_the_judgement_is_resolved_by_the_next_up(fleet):
+    """The operator's Ctrl-C while the canary is judged: `up` ends in one line (the canary runs the new setting,
+    unconfirmed); the next `up` restarts it, judges it again under the traffic, and - the setting being worse -
+    puts the previous unit back: never left half-way, never passed for want of a verdict."""
+    import signal
+    import subprocess
+    import time
+    f, cfg = fleet
+    worse = with_speculation(cfg, {'algorithm': 'NEXTN', 'num_steps': 3, 'eagle_topk': 1, 'num_draft_tokens': 4})
+    f.write_stack(STACK, worse)
+    starts = {n: f.labs[n].unit_starts() for n in HOSTS}
+    stop = threading.Event()
+    driver = threading.Thread(target=load, args=(endpoints(f), RATE, TOKENS, stop), daemon=True)
+    driver.start()
+    try:
+        proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=f.project,
+                                env=f.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        seen, deadline = [], time.time() + 300
+        for line in proc.stdout:
+            seen.append(line)
+            if 'canary gpu01: collecting:' in line:
+                os.killpg(proc.pid, signal.SIGINT)      # the terminal's Ctrl-C: the whole foreground group
+                break
+            assert time.time() < deadline, ''.join(seen)[-3000:]
+        rest, _ = proc.communicate(timeout=120)
+        out = ' '.join((''.join(seen) + rest).split())
+        assert proc.returncode != 0 and 'Traceback' not in out, out[-3000:]
+        assert ('the canary gpu01\'s judgement was interrupted (Ctrl-C) before a verdict; it runs the new setting, '
+                'unconfirmed - the next `pulumi up` restarts it and judges it again') in out, out[-3000:]
+        assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+        again = f.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    finally:
+        stop.set()
+        driver.join()
+    out = ' '.join((again.stdout + again.stderr).split())
+    assert again.returncode != 0 and 'the canary gpu01 failed its judgement: ' in out, out[-3000:]
+    # Onto the new setting (the interrupted run), again (this run), and back: the others never.
+    assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 3
+    assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+    unit = f.labs['gpu01'].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
+    assert '--speculative-num-steps 3' not in unit, unit
     f.write_stack(STACK, cfg)
