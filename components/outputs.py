@@ -72,6 +72,13 @@ FLEET_OUTPUTS = (
     (('prometheus_file_sd',), 'every host\'s target groups, each labelled `host` (its name) besides `id` and `node`'),
     (('reboot_required',), 'the names of the hosts that need a reboot'),
     (('rollout',), '`order` (the hosts in rollout order) and `max_unavailable`'),
+    (('canary',),
+     'with `gpuhost:rollout.canary`: the canary\'s last judgement as its host keeps it (`/var/lib/gpuhost/canary.json`; '
+     'a refresh reads one that failed its `up`): `host`, `state` (`judging`, `interrupted`, `pass`, `fail`, '
+     '`inconclusive`), `line` (the verdict in one line), `then` (what followed), `baseline` (the hosts it was '
+     'judged against), `started`, `at` (UTC), `deadline` (Unix time), `unit_sha256` (the unit judged), `rows` (per band '
+     'and metric: `canary`, `baseline`, `n_canary`, `n_baseline`, `p`, `effect`, `result`) and `table` (the same as '
+     'text); null before the first judgement (docs/fleets.md)'),
 )
 
 
@@ -156,3 +163,6 @@ def export_fleet(fleet, built) -> None:
         lambda flags: sorted(n for n, f in zip(hosts, flags) if f)))
     pulumi.export('rollout', {'order': [h.name for h in fleet.hosts],
                               'max_unavailable': fleet.rollout.max_unavailable})
+    if fleet.rollout.canary is not None:
+        # The first host is the canary (__main__.py canary_of): its unit keeps the last judgement.
+        pulumi.export('canary', built[0][3].canary_verdict)

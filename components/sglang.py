@@ -115,6 +115,7 @@ class SglangService(pulumi.ComponentResource):
         self.observed_at = self.service.observed_at
         self.runtime_facts = self.service.runtime_facts
         self.proven = self.service.proven
+        self.canary_verdict = self.service.canary_verdict
         self.register_outputs({'resolved': self.resolved, 'active': self.active, 'enabled': self.enabled})
 
 

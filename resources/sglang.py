@@ -189,10 +189,74 @@ def canary_words(c: dict) -> str:
                                 'Prometheus at %s' % c['prometheus'] if c.get('prometheus') else 'each host\'s /metrics'))
 
 
-def judge_canary(props) -> None:
-    """The canary's judgement (resources/canary.py) on this host, just restarted onto a new setting; returns on a
-    pass (or an inconclusive one with inconclusive: proceed), raises ServiceError (the caller puts the previous unit
-    back) or CanaryInterrupted."""
+# The judgement's state on the canary host (issue 60): the record an operator and `refresh` read (the verdict and its
+# table: the `canary` output) and node_exporter's file (GpuhostCanaryUnresolved: a canary left on a new setting without
+# a verdict - a Ctrl-C, a killed `pulumi up` - once its judgement's deadline has passed).
+CANARY_RECORD = '/var/lib/gpuhost/canary.json'
+CANARY_TEXTFILE = 'gpuhost-canary.prom'
+UNRESOLVED = ('judging', 'interrupted')
+
+
+def canary_files(record: dict, vmid) -> tuple:
+    """The record's JSON and the node_exporter textfile for it (pure)."""
+    lab = {'vmid': str(vmid)}
+    t = exposition.Text()
+    t.family('gpuhost_canary_judging', 'Whether this host is the fleet\'s canary running a new SGLang setting that no '
+             'verdict has ruled on yet (1: being judged, or the judgement was interrupted) or not (0).',
+             [(lab, 1 if record['state'] in UNRESOLVED else 0)])
+    t.family('gpuhost_canary_deadline_timestamp_seconds', 'When the canary\'s judgement ends at the latest '
+             '(gpuhost:rollout.canary.max_duration_s after it began; Unix time).', [(lab, record['deadline'])])
+    t.family('gpuhost_canary_verdict', 'The canary\'s last verdict (pass, fail, inconclusive), once there is one.',
+             [(dict(lab, outcome=record['state']), 1)] if record['state'] not in UNRESOLVED else [])
+    t.family('gpuhost_canary_timestamp_seconds', 'When the canary\'s judgement last changed state (Unix time).',
+             [(lab, record['changed'])])
+    return json.dumps(record, indent=1, sort_keys=True) + '\n', t.text()
+
+
+def write_canary(target, props, record: dict) -> None:
+    """The record and its textfile on the canary host. A file that cannot be written is said, never the run's
+    failure (the judgement itself goes on: its verdict is what counts)."""
+    record = dict(record, changed=int(time.time()))
+    text, prom = canary_files(record, props['vmid'])
+    try:
+        remote.run(target, 'ensure_dir.sh', [posixpath.dirname(CANARY_RECORD), '0755'])
+        remote.put_file(target, CANARY_RECORD, text, '0644', 'any')
+        remote.run(target, 'ensure_dir.sh', [exposition.TEXTFILE_DIR, '0755'])
+        remote.put_file(target, posixpath.join(exposition.TEXTFILE_DIR, CANARY_TEXTFILE), prom, '0644', 'any')
+    except remote.RemoteError as e:
+        warn('sglang-unit: the canary\'s state (%s) could not be written on the host: %s' % (
+            record['state'], str(e).split(': ', 1)[-1]))
+
+
+def read_canary(target) -> dict | None:
+    """The canary host's record (None: none, or unreadable - said)."""
+    res = remote.run(target, 'read_file.sh', [CANARY_RECORD], check=False)
+    if res.exit_code != 0 or not res.stdout.strip():
+        return None
+    try:
+        record = json.loads(res.stdout)
+    except ValueError:
+        warn('sglang-unit: the canary\'s record %s on the host is not JSON; the next judgement replaces it' %
+             CANARY_RECORD)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def forget_canary(target, why: str) -> None:
+    """This host is no longer the canary: its record and textfile go (no alert for a judgement nobody will make)."""
+    try:
+        remote.run(target, 'remove_file.sh', [posixpath.join(exposition.TEXTFILE_DIR, CANARY_TEXTFILE)])
+        remote.run(target, 'remove_file.sh', [CANARY_RECORD])
+    except remote.RemoteError as e:
+        warn('sglang-unit: %s, but its canary files could not be removed: %s (remove %s and %s by hand)' % (
+            why, str(e).split(': ', 1)[-1], CANARY_RECORD, CANARY_TEXTFILE))
+
+
+def judge_canary(target, props) -> dict:
+    """The canary's judgement (resources/canary.py) on this host, just restarted onto a new setting; returns its record
+    (the `canary` output) on a pass (or an inconclusive one with inconclusive: proceed), raises ServiceError (the
+    caller puts the previous unit back) or CanaryInterrupted. The record on the host says where it stands at each
+    step: judging (with its deadline) before the first window, then the verdict - or interrupted."""
     import types
     from resources import canary
     c = props['canary']
@@ -201,17 +265,33 @@ def judge_canary(props) -> None:
                                 prometheus=c.get('prometheus'), slo=types.SimpleNamespace(**(c.get('slo') or {})))
     host = c['host']
     note('sglang-unit: %s is the canary: %s' % (host, canary_words(c)))
+    record = {'host': host, 'baseline': sorted(c['baseline']), 'unit_sha256': remote.sha256_hex(props['unit']),
+              'started': utc_now(), 'deadline': int(time.time() + c['max_duration_s']), 'state': 'judging',
+              'line': 'being judged', 'then': 'the other hosts wait for the verdict', 'rows': [], 'table': ''}
+    write_canary(target, props, record)
     endpoints = dict({host: props['endpoint']}, **c['baseline'])
     verdict = canary.run(canary.source(cfg, endpoints), host, cfg, lambda line: note('sglang-unit: %s' % line))
-    for line in verdict.table().splitlines():
+    table = verdict.table()
+    for line in table.splitlines():
         note('sglang-unit:   %s' % line)
+    record.update(line=verdict.line, table=table, at=utc_now(), rows=[
+        dict(r.as_dict(), effect=r.effect if r.effect is None or abs(r.effect) != float('inf') else None)
+        for r in verdict.rows])
+    proceed = verdict.outcome == 'pass' or (verdict.outcome == 'inconclusive' and c.get('inconclusive') == 'proceed')
+    if verdict.outcome == 'running':
+        record.update(state='interrupted', then='it runs the new setting, unconfirmed: the next `pulumi up` restarts it '
+                                                'and judges it again')
+    else:
+        record.update(state=verdict.outcome, then='the rollout went on' if proceed else
+                      'the previous unit was put back and the rollout stopped')
+    write_canary(target, props, record)
     if verdict.outcome == 'pass':
         note('sglang-unit: the canary %s passed: %s; the rollout goes on' % (host, verdict.line))
-        return
-    if verdict.outcome == 'inconclusive' and c.get('inconclusive') == 'proceed':
+        return record
+    if proceed:
         warn('sglang-unit: the canary %s\'s judgement was inconclusive: %s; the rollout goes on '
              '(gpuhost:rollout.canary.inconclusive: proceed)' % (host, verdict.line))
-        return
+        return record
     if verdict.outcome == 'running':
         raise CanaryInterrupted('the canary %s\'s judgement was interrupted (Ctrl-C) before a verdict; it runs the new '
                                 'setting, unconfirmed - the next `pulumi up` restarts it and judges it again' % host)
@@ -509,12 +589,15 @@ class SglangUnitProvider(ObservedProvider):
     # pending_cleanup: previous revisions' directories whose removal failed after the new one served ([{storage,
     # dir, revision}]): retried by every `up` until they go; never a reason to fail a run that served.
     # proven: the last GPU proof's result (gpuhost:sglang.proof; None: never run) - per GPU, the all-reduce, when.
+    # canary_verdict: the fleet canary's last judgement on this host (gpuhost:rollout.canary; the first host's unit only):
+    # the record judge_canary keeps on the host (CANARY_RECORD) - state, line, rows, table, baseline, when.
     OUTPUTS = {'resolved': ANY, 'invocation_id': S, 'restarted': B, 'confirmed': S, 'observed_at': S,
                'runtime_facts': obj('RuntimeFacts', host_driver=optional(S), boot_id=optional(S),
                                     container_driver=optional(S), cuda=optional(S), sglang=optional(S), env=optional(S),
                                     lock_sha256=optional(S), venv_link=optional(S)),
                'confirmed_unit': S, 'confirmed_envs': arr(S),
-               'pending_cleanup': arr(obj('RevisionDir', storage=S, dir=S, revision=S)), 'proven': ANY}
+               'pending_cleanup': arr(obj('RevisionDir', storage=S, dir=S, revision=S)), 'proven': ANY,
+               'canary_verdict': ANY}
     ROLLOUT_STEP = 'its SGLang unit'   # a failed step names where a fleet's rollout stopped (state.rollout_note)
 
     def facts(self, target, props) -> dict:
@@ -626,6 +709,8 @@ class SglangUnitProvider(ObservedProvider):
             (previous['unit'] != props['unit'] or installed))
         # With the proof off, no result stands for these GPUs (switched on again, the next start proves them).
         proven = previous_proof = (previous or {}).get('proven') if props.get('proof') else None
+        # The canary's last judgement (the host's record: a failed one ends this apply, a refresh reads it).
+        verdict = (previous or {}).get('canary_verdict') if props.get('canary') else None
         # SGLang started at boot on GPUs nobody proved since: the window is made here - stopped, proven, started.
         rebooted = rebooted_since_proof(props, previous_proof, facts.get('boot_id'))
         stopped_at_boot = rebooted and restart == 'no' and before['active']
@@ -639,7 +724,7 @@ class SglangUnitProvider(ObservedProvider):
             if props.get('canary') and switching:
                 # Serving again on something new: the canary is judged against the baseline under their traffic
                 # before any other host takes the change (provider/rollout.py holds them); a fail goes back below.
-                judge_canary(props)
+                verdict = judge_canary(target, props)
         except (ServiceError, remote.RemoteError) as e:
             if switching:
                 self.roll_back(target, props, previous, e, reinstalled)
@@ -658,7 +743,8 @@ class SglangUnitProvider(ObservedProvider):
         after.pop('sha256', None)
         return dict(props, **after, resolved=info, restarted=restart == 'yes' or before['active'] is False, proven=proven,
                     confirmed=remote.sha256_hex(props['unit']), confirmed_unit=props['unit'],
-                    confirmed_envs=confirmed_envs, observed_at=utc_now(), pending_cleanup=pending_cleanup or None)
+                    confirmed_envs=confirmed_envs, observed_at=utc_now(), pending_cleanup=pending_cleanup or None,
+                    canary_verdict=verdict)
 
     def clean_up(self, target, props, dirs) -> list:
         """Remove previous revisions' directories, each below its own storage; returns those that stay."""
@@ -878,7 +964,10 @@ class SglangUnitProvider(ObservedProvider):
                         'version': olds.get('version'), 'model': olds.get('model'),
                         'model_dir': (olds.get('model_check') or {}).get('dir'),
                         'model_storage': (olds.get('model_check') or {}).get('storage'),
-                        'proven': olds.get('proven')}
+                        'proven': olds.get('proven'), 'canary_verdict': olds.get('canary_verdict')}
+        if olds.get('canary') and not news.get('canary'):
+            forget_canary(remote.Target.from_inputs(news['connection']),
+                          'host %s is no longer the fleet\'s canary' % olds['canary']['host'])
         return UpdateResult(self.apply(news, force_restart=force, previous=previous,
                                        pending=olds.get('pending_cleanup')))
 
@@ -897,6 +986,9 @@ class SglangUnitProvider(ObservedProvider):
             outs['resolved'] = None
         if outs['resolved'] != props.get('resolved') or not props.get('observed_at'):
             outs['observed_at'] = utc_now()
+        if props.get('canary'):
+            # The last judgement as the host holds it: also one that failed (its `up` failed, so kept no output).
+            outs['canary_verdict'] = read_canary(target) or props.get('canary_verdict')
         return self.read_result(id_, outs)
 
     def delete(self, _id, props):
@@ -911,6 +1003,8 @@ class SglangUnitProvider(ObservedProvider):
             except remote.RemoteError as e:
                 warn('sglang-unit: %s was removed, but its GPU proof\'s metrics file could not be: %s (remove %s by '
                      'hand)' % (props['unit_name'], str(e).split(': ', 1)[-1], PROOF_TEXTFILE))
+        if props.get('canary'):
+            forget_canary(target, '%s was removed' % props['unit_name'])
 
 
 def model_switch(props, previous):

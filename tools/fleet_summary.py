@@ -1,5 +1,7 @@
 """The fleet table printed at the end of `make up`: one line per host from the stack's outputs
-(`pulumi stack output --json` on stdin). A one-host stack prints its one line."""
+(`pulumi stack output --json` on stdin). A one-host stack prints its one line. With a canary
+(gpuhost:rollout.canary), its last judgement follows - and `--canary-page PATH` writes it as a page (Markdown) the
+operator reads later: `make up` writes monitoring/<stack>/canary.md."""
 
 from __future__ import annotations
 
@@ -39,5 +41,43 @@ def table(outputs: dict) -> str:
     return '\n'.join([line(head), line(['-' * w for w in widths])] + [line(r) for r in body])
 
 
+def canary_page(outputs: dict, stack: str = '') -> str | None:
+    """The `canary` output (the canary host's record of its last judgement) as a page; None: no canary."""
+    c = outputs.get('canary')
+    if not c:
+        return None
+    lines = ['# The canary%s: %s' % (' of stack %s' % stack if stack else '', c.get('state', '?')), '',
+             c.get('line') or '', '',
+             '- host %s, judged against %s under their own traffic' % (c.get('host'), ', '.join(c.get('baseline') or [])),
+             '- began %s%s; %s' % (c.get('started'), ', verdict %s' % c['at'] if c.get('at') else '', c.get('then')),
+             '- the unit judged: sha256 %s' % c.get('unit_sha256')]
+    if c.get('table'):
+        lines += ['', '```', c['table'], '```']
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv) -> int:
+    import argparse
+    import os
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument('--canary-page', help='write the canary\'s last judgement there (Markdown)')
+    ap.add_argument('--stack', default='')
+    args = ap.parse_args(argv)
+    outputs = json.load(sys.stdin)
+    print(table(outputs))
+    page = canary_page(outputs, args.stack)
+    if page is not None:
+        print()
+        print(page.rstrip())
+        if args.canary_page:
+            os.makedirs(os.path.dirname(args.canary_page) or '.', exist_ok=True)
+            tmp = args.canary_page + '.tmp'
+            with open(tmp, 'w') as f:
+                f.write(page)
+            os.replace(tmp, args.canary_page)
+            print('(written to %s)' % args.canary_page)
+    return 0
+
+
 if __name__ == '__main__':
-    print(table(json.load(sys.stdin)))
+    sys.exit(main(sys.argv[1:]))

@@ -171,7 +171,7 @@ case "$cmd" in
     echo "Stack outputs ($stack):"
     pulumi stack output --json
     echo
-    pulumi stack output --json | python -m tools.fleet_summary
+    pulumi stack output --json | python -m tools.fleet_summary --stack "$stack" --canary-page "monitoring/$stack/canary.md"
     ;;
   up-fleet)
     deps

@@ -11,6 +11,7 @@ the tolerance of it. Windows of 1 s, 8 per side and band: a judgement takes ~10 
 at most)."""
 
 import copy
+import json
 import os
 import shutil
 import threading
@@ -96,7 +97,32 @@ def test_a_setting_worse_at_the_fleets_load_is_rolled_back_from_the_canary_and_s
     assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 2
     assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
     assert {n: f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout for n in HOSTS} == units
+    # The canary's host keeps the verdict: node_exporter's file no longer flags a judgement under way, and `make up`'s
+    # way in after the operator put the setting back (`up --refresh`: nothing to restart) reads the failed verdict -
+    # which its own `up` could not keep - into the `canary` output, the table with it.
+    assert canary_metrics(f) == {'judging': '0', 'verdict': 'fail'}
     f.write_stack(STACK, cfg)
+    f.pulumi('up', '--yes', '--skip-preview', '--refresh', stack=STACK)
+    assert f.labs['gpu01'].unit_starts() == starts['gpu01'] + 2
+    verdict = json.loads(f.pulumi('stack', 'output', 'canary', '--json', stack=STACK).stdout)
+    assert (verdict['state'], verdict['host'], verdict['baseline']) == ('fail', 'gpu01', ['gpu02', 'gpu03'])
+    assert ' at load 4-100 running: canary ' in verdict['line'] and verdict['line'] in out, verdict
+    assert verdict['then'] == 'the previous unit was put back and the rollout stopped', verdict
+    assert {'band': '4-100', 'metric': 'itl_mean', 'result': 'fail'}.items() <= next(
+        r for r in verdict['rows'] if r['metric'] == 'itl_mean').items(), verdict['rows']
+    assert verdict['table'].splitlines()[0].split()[:3] == ['band', 'metric', 'canary'], verdict['table']
+
+
+def canary_metrics(f) -> dict:
+    """What node_exporter reads of the canary on its host: {'judging': '0'|'1', 'verdict': outcome or None}."""
+    text = f.labs['gpu01'].ssh('cat /var/lib/prometheus/node-exporter/gpuhost-canary.prom').stdout
+    seen = {'verdict': None}
+    for line in text.splitlines():
+        if line.startswith('gpuhost_canary_judging{'):
+            seen['judging'] = line.split()[-1]
+        elif line.startswith('gpuhost_canary_verdict{'):
+            seen['verdict'] = line.split('outcome="', 1)[1].split('"', 1)[0]
+    return seen
 
 
 def test_a_setting_no_worse_at_the_fleets_load_passes_the_canary_and_rolls_on_to_every_host(fleet):
@@ -113,6 +139,9 @@ def test_a_setting_no_worse_at_the_fleets_load_passes_the_canary_and_rolls_on_to
     for n in HOSTS:
         unit = f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
         assert '--speculative-algorithm' not in unit, (n, unit)
+    verdict = json.loads(f.pulumi('stack', 'output', 'canary', '--json', stack=STACK).stdout)
+    assert (verdict['state'], verdict['then']) == ('pass', 'the rollout went on'), verdict
+    assert canary_metrics(f) == {'judging': '0', 'verdict': 'pass'}
 
 
 def test_too_little_traffic_ends_inconclusive_and_puts_the_canary_back(fleet):
@@ -181,6 +210,10 @@ def test_a_ctrl_c_during_the_judgement_is_resolved_by_the_next_up(fleet):
         assert ('the canary gpu01\'s judgement was interrupted (Ctrl-C) before a verdict; it runs the new setting, '
                 'unconfirmed - the next `pulumi up` restarts it and judges it again') in out, out[-3000:]
         assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
+        # Left without a verdict: its host says so (the GpuhostCanaryUnresolved alert's series), and why.
+        assert canary_metrics(f) == {'judging': '1', 'verdict': None}
+        record = json.loads(f.labs['gpu01'].ssh('cat /var/lib/gpuhost/canary.json').stdout)
+        assert record['state'] in ('judging', 'interrupted') and record['baseline'] == ['gpu02', 'gpu03'], record
         again = f.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
     finally:
         stop.set()
@@ -192,4 +225,5 @@ def test_a_ctrl_c_during_the_judgement_is_resolved_by_the_next_up(fleet):
     assert {n: f.labs[n].unit_starts() for n in HOSTS[1:]} == {n: starts[n] for n in HOSTS[1:]}
     unit = f.labs['gpu01'].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
     assert '--speculative-num-steps 3' not in unit, unit
+    assert canary_metrics(f) == {'judging': '0', 'verdict': 'fail'}
     f.write_stack(STACK, cfg)

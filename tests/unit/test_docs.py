@@ -47,6 +47,7 @@ def fleet_program():
     from lab import fleet
     entries = [fleet.host_entry(i, fleet.host_spec(i, fleet.addresses(i)), '.lab-fleet/gpu%02d' % i) for i in (1, 2)]
     data = {k.split(':', 1)[1]: v for k, v in fleet.stack_config(entries).items()}
+    data['rollout'] = dict(data.get('rollout') or {}, canary={})     # its `canary` output too
     return run_program(config.parse_fleet(data), FILES)
 
 
