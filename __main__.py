@@ -72,14 +72,30 @@ except Exception as e:  # noqa: BLE001 - never frames for the operator; the trac
     raise pulumi.RunError(describe_unexpected(e)) from None
 
 def canary_of(fleet, h):
-    """The first host's canary inputs (gpuhost:rollout.canary): the judge's settings, its fleet name and the other
-    hosts' SGLang endpoints - the baseline, as they run. None for every other host and stack."""
+    """The first host's canary inputs (gpuhost:rollout.canary): the judge's settings, its fleet name and the baseline's
+    SGLang endpoints - the other hosts as they run, or (baseline: restart) the second host alone, with what its
+    restart at the canary's moment needs. None for every other host and stack."""
     settings = fleet.canary_settings()
     if settings is None or h.index != 0:
         return None
     from resources.sglang import service_props
+    if settings.pop('baseline') == 'restart':
+        second = fleet.hosts[1]
+        p = service_props(second.deployment)
+        return dict(settings, host=h.name, baseline={second.name: p['endpoint']}, restart={
+            'host': second.name, 'vmid': p['vmid'], 'unit_name': p['unit_name'], 'endpoint': p['endpoint'],
+            'health_timeout': p['health_timeout']})
     return dict(settings, host=h.name,
                 baseline={o.name: service_props(o.deployment)['endpoint'] for o in fleet.hosts if o is not h})
+
+
+def baseline_connection_of(fleet, h):
+    """With baseline: restart, the canary's unit restarts the baseline host's SGLang itself: that host's connection
+    (as its own provider holds it: a key named by file stays a path the plugin reads), a secret. None otherwise."""
+    settings = fleet.canary_settings()
+    if settings is None or h.index != 0 or settings['baseline'] != 'restart':
+        return None
+    return pulumi.Output.secret(provided[fleet.hosts[1].index][0])
 
 
 built = []
@@ -107,7 +123,7 @@ for h in fleet.hosts:
     service = SglangService(name('sglang'), d, connection, container, rollout=rollout,
                             fleet_host=fleet_host, runtime_files=inputs[h.index][2], model=weights,
                             model_files=inputs[h.index][3], host_boot_id=host.boot_id, opts=served,
-                            canary=canary_of(fleet, h))
+                            canary=canary_of(fleet, h), baseline_connection=baseline_connection_of(fleet, h))
     # node_exporter textfiles: what only the program knows (gpuhost.prom, after the unit is known), and the
     # collector that writes the host's own state every 30 s between runs (gpuhost-collector.prom).
     monitoring.host_metrics(name('host-metrics'), d, container, service,

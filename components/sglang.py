@@ -61,7 +61,8 @@ class SglangService(pulumi.ComponentResource):
     """Outputs: unit_sha256, resolved (speculation etc. as SGLang reports it), version, active."""
 
     def __init__(self, name, deployment, connection, container, opts=None, rollout=None, fleet_host=None,
-                 runtime_files=None, model=None, model_files=None, host_boot_id=None, canary=None):
+                 runtime_files=None, model=None, model_files=None, host_boot_id=None, canary=None,
+                 baseline_connection=None):
         """runtime_files: what config.load_stack read for gpuhost:runtime.python (lock, patches, index password).
         model: the ModelWeights resource (resources/model.py) the unit depends on; model_files: what load_stack
         read for gpuhost:model (checksums). host_boot_id: the host's boot as its status last read it (after this
@@ -103,6 +104,9 @@ class SglangService(pulumi.ComponentResource):
         if canary:
             # The fleet's canary (gpuhost:rollout.canary): this host's unit is judged against the baseline's.
             props['canary'] = canary
+        if baseline_connection is not None:
+            # baseline: restart - the baseline host's connection, for its restart at the canary's moment (a secret).
+            props['baseline_connection'] = baseline_connection
         self.service = SglangUnit('%s-unit' % name, props,
                                 pulumi.ResourceOptions(parent=self, depends_on=[container] +
                                                        ([model] if model is not None else []),

@@ -50,9 +50,10 @@ class Canary(Model):
     of the first lane first, is judged against hosts still on the old setting under the fleet's own traffic, and
     rolls on only when it holds (docs/canary-plan.md)."""
     baseline: Literal['restart', 'running'] = Field(
-        'running', description='running: the other hosts as they run, nothing restarted; restart: a host still on the '
-                               'old setting restarts at the same moment as the canary (same start, same warm-up: what '
-                               'Kayenta advises - not yet run by this release)')
+        'running', description='running: the other hosts as they run, nothing restarted; restart: the second host, '
+                               'still on the old setting, restarts onto it at the same moment as the canary (same '
+                               'start, same warm-up: what Kayenta advises) and is the baseline alone - two hosts down '
+                               'at once, so gpuhost:rollout.max_unavailable must be 2 at least')
     prometheus: Optional[PrometheusUrl] = Field(
         None, description='Read the hosts\' SGLang metrics from this Prometheus (its HTTP API); absent, the program '
                           'reads each host\'s /metrics itself')
@@ -143,7 +144,7 @@ class Fleet(object):
         return {'window_s': c.window_s, 'max_duration_s': c.max_duration_s, 'min_samples': c.min_samples,
                 'bands': list(c.bands), 'confidence': c.confidence, 'tolerance': c.tolerance,
                 'traffic_tolerance': c.traffic_tolerance, 'inconclusive': c.inconclusive,
-                'slo': {k: v for k, v in c.slo.model_dump().items() if v is not None},
+                'slo': {k: v for k, v in c.slo.model_dump().items() if v is not None}, 'baseline': c.baseline,
                 **({'prometheus': c.prometheus} if c.prometheus else {})}
 
 
@@ -223,11 +224,12 @@ def parse_fleet(data: dict) -> Fleet:
     if rollout.canary is not None and len(out) < 2:
         raise ConfigError('gpuhost:rollout.canary: set, but gpuhost:hosts lists one host; a canary is judged against '
                           'hosts still on the old setting - list at least two hosts or remove gpuhost:rollout.canary')
-    if rollout.canary is not None and rollout.canary.baseline == 'restart':
-        # Refused, never silently run as `running`: the baseline restarted with the canary is docs/canary-plan.md's
-        # next step.
-        raise ConfigError('gpuhost:rollout.canary.baseline: restart is not yet run by this release (docs/canary-plan.md); '
-                          'set baseline: running - the other hosts, as they run, are the baseline')
+    if rollout.canary is not None and rollout.canary.baseline == 'restart' and rollout.max_unavailable < 2:
+        # The canary and its baseline restart together: two hosts down at once, which the fleet must allow.
+        raise ConfigError('gpuhost:rollout.canary.baseline: restart takes two hosts down at once (the canary %s and its '
+                          'baseline %s restart together), but gpuhost:rollout.max_unavailable is %d; set '
+                          'max_unavailable: 2 or more, or baseline: running (the other hosts, as they run, are the '
+                          'baseline; nothing else restarts)' % (out[0].name, out[1].name, rollout.max_unavailable))
     return Fleet(out, rollout, True)
 
 

@@ -64,6 +64,25 @@ def without_host(props: dict) -> dict:
     return {k: v for k, v in (props or {}).items() if k not in HOST_KEYS}
 
 
+# Another host's connection an input carries (the fleet canary's, baseline: restart - resources/sglang.py
+# BaselineRestart): a key named by file is read here when the step runs, as Configure reads the provider's own, and
+# the outputs keep the input as it came (the path, never the key read from it).
+OTHER_CONNECTIONS = ('baseline_connection',)
+
+
+def read_other_connections(props: dict) -> dict:
+    from provider.configuration import resolved
+    out = dict(props)
+    for key in OTHER_CONNECTIONS:
+        if isinstance(props.get(key), dict):
+            out[key] = resolved({'connection': props[key]})['connection']
+    return out
+
+
+def as_given(outs: dict, given: dict) -> dict:
+    return dict(outs, **{k: given[k] for k in OTHER_CONNECTIONS if k in given and k in outs})
+
+
 def configuration(struct) -> dict:
     """The provider's configuration as plain values (its secrets unwrapped: they reach only the serving classes,
     as the dynamic resources' secret inputs did)."""
@@ -303,8 +322,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         props = self.host(plain(request.properties))
         served = registry.provider_for(type_of(request.urn), props)
         with self.step(request.urn, props, served):
-            result = served.create(props)
-        return proto.CreateResponse(id=result.id, properties=wire(without_host(result.outs)))
+            result = served.create(read_other_connections(props))
+        return proto.CreateResponse(id=result.id, properties=wire(without_host(as_given(result.outs, props))))
 
     @_one_line_errors
     def Read(self, request, context):
@@ -327,8 +346,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         olds, news = self.host(plain(request.olds)), self.host(plain(request.news))
         served = registry.provider_for(type_of(request.urn), news)
         with self.step(request.urn, news, served):
-            result = served.update(request.id, olds, news)
-        return proto.UpdateResponse(properties=wire(without_host(result.outs)))
+            result = served.update(request.id, olds, read_other_connections(news))
+        return proto.UpdateResponse(properties=wire(without_host(as_given(result.outs, news))))
 
     @_one_line_errors
     def Delete(self, request, context):

@@ -183,10 +183,51 @@ class CanaryInterrupted(OperatorError):
 
 
 def canary_words(c: dict) -> str:
-    return ('judged against %s under their own traffic (windows of %g s, up to %g s, from %s; the mean inter-token '
-            'latency, the TTFT and end-to-end p95, aborted requests, the queue and output tokens/s per running request, '
-            'per load band)' % (', '.join(sorted(c['baseline'])), c['window_s'], c['max_duration_s'],
-                                'Prometheus at %s' % c['prometheus'] if c.get('prometheus') else 'each host\'s /metrics'))
+    against = ('%s, restarted onto its own setting at the same moment (baseline: restart), under its own traffic' %
+               c['restart']['host'] if c.get('restart') else
+               '%s under their own traffic' % ', '.join(sorted(c['baseline'])))
+    return ('judged against %s (windows of %g s, up to %g s, from %s; the mean inter-token latency, the TTFT and '
+            'end-to-end p95, aborted requests, the queue and output tokens/s per running request, per load band)' % (
+                against, c['window_s'], c['max_duration_s'],
+                'Prometheus at %s' % c['prometheus'] if c.get('prometheus') else 'each host\'s /metrics'))
+
+
+class BaselineRestart:
+    """gpuhost:rollout.canary.baseline: restart - the baseline host's SGLang restarted onto its own, unchanged unit
+    at the moment the canary restarts onto the new one (same start, same warm-up: caches, CUDA graphs), on that
+    host's own connection (the `baseline_connection` input), in a thread beside the canary's restart; `wait()` until
+    it serves (/health) or raise ServiceError, the judgement not begun. Its unit file is not touched."""
+
+    def __init__(self, props):
+        import threading
+        self.r = props['canary']['restart']
+        self.target = remote.Target.from_inputs(props['baseline_connection'])
+        self.error = None
+        self.thread = threading.Thread(target=self._run, name='gpuhost-canary-baseline', daemon=True)
+        note('sglang-unit: the canary\'s baseline %s restarts %s onto its own setting at the canary\'s moment' % (
+            self.r['host'], self.r['unit_name']))
+        self.thread.start()
+
+    def _run(self):
+        r = self.r
+        what = 'the canary\'s baseline %s (%s in container %s)' % (r['host'], r['unit_name'], r['vmid'])
+        try:
+            remote.run(self.target, 'ct_unit.sh', [r['vmid'], r['unit_name'], 'yes'])
+            wait_http(r['endpoint'] + '/health', float(r['health_timeout']), what)
+        except BaseException as e:   # noqa: BLE001 - said by wait(), on the canary's thread
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+        if isinstance(self.error, operator.Interrupted):
+            raise self.error
+        if self.error is not None:
+            raise ServiceError('the canary\'s baseline %s did not serve again after its restart at the canary\'s '
+                               'moment (%s); no judgement without it. Its unit is unchanged: check it (journalctl -u '
+                               '%s in container %s on %s), then re-run `pulumi up`' % (
+                                   self.r['host'], str(self.error).split(': ', 1)[-1] if isinstance(
+                                       self.error, (ServiceError, remote.RemoteError)) else self.error,
+                                   self.r['unit_name'], self.r['vmid'], self.r['host']))
 
 
 # The judgement's state on the canary host (issue 60): the record an operator and `refresh` read (the verdict and its
@@ -578,7 +619,11 @@ class SglangUnitProvider(ObservedProvider):
               # host's fleet name and the baseline hosts' SGLang endpoints. Not compared by diff (not DESIRED).
               'canary': optional(obj('CanaryJudge', host=S, baseline=mapof(S), window_s=N, max_duration_s=N,
                                      min_samples=I, bands=arr(N), confidence=N, tolerance=N, traffic_tolerance=N,
-                                     inconclusive=S, slo=mapof(N), prometheus=optional(S)))}
+                                     inconclusive=S, slo=mapof(N), prometheus=optional(S),
+                                     restart=optional(obj('CanaryBaselineRestart', host=S, vmid=I, unit_name=S,
+                                                          endpoint=S, health_timeout=N)))),
+              # baseline: restart - the baseline host's connection (its own provider's), for that restart only.
+              'baseline_connection': secret(optional(ANY))}
     # confirmed: sha256 of the unit last confirmed healthy (kept through refreshes, which may see no unit
     # at all in a stopped container): a restart is forced only when the unit differs from it. confirmed_unit:
     # its text, which a failed switch to a new environment puts back; confirmed_envs: the environments
@@ -711,6 +756,7 @@ class SglangUnitProvider(ObservedProvider):
         proven = previous_proof = (previous or {}).get('proven') if props.get('proof') else None
         # The canary's last judgement (the host's record: a failed one ends this apply, a refresh reads it).
         verdict = (previous or {}).get('canary_verdict') if props.get('canary') else None
+        baseline = None
         # SGLang started at boot on GPUs nobody proved since: the window is made here - stopped, proven, started.
         rebooted = rebooted_since_proof(props, previous_proof, facts.get('boot_id'))
         stopped_at_boot = rebooted and restart == 'no' and before['active']
@@ -719,13 +765,19 @@ class SglangUnitProvider(ObservedProvider):
         try:
             if restart == 'yes' and (rebooted or proof_due(props, previous_proof, new_ground)):
                 proven = prove(target, props, previous_proof, facts.get('boot_id'), stopped_at_boot)
+            if props.get('canary') and switching and (props['canary'].get('restart') and restart == 'yes'):
+                baseline = BaselineRestart(props)    # at the canary's moment, on its own connection
             remote.run(target, 'ct_unit.sh', [props['vmid'], props['unit_name'], restart])
             info = verify_serving(target, props, lambda: self.observe(target, props)['active'])
+            if baseline is not None:
+                baseline.wait()
             if props.get('canary') and switching:
                 # Serving again on something new: the canary is judged against the baseline under their traffic
                 # before any other host takes the change (provider/rollout.py holds them); a fail goes back below.
                 verdict = judge_canary(target, props)
         except (ServiceError, remote.RemoteError) as e:
+            if baseline is not None:
+                baseline.thread.join()     # never two restarts of its host at once (a re-run's)
             if switching:
                 self.roll_back(target, props, previous, e, reinstalled)
             raise

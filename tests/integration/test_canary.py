@@ -126,21 +126,29 @@ def canary_metrics(f) -> dict:
 
 
 def test_a_setting_no_worse_at_the_fleets_load_passes_the_canary_and_rolls_on_to_every_host(fleet):
+    """With baseline: restart (Kayenta's advice: both start at the same moment, with the same warm-up): gpu02 restarts
+    onto its own setting as gpu01 restarts onto the new one, and is the baseline alone."""
     f, cfg = fleet
     plain = with_speculation(cfg, None)
+    plain['gpuhost:rollout'] = dict(plain['gpuhost:rollout'], max_unavailable=2,
+                                    canary=dict(CANARY, baseline='restart'))
     f.write_stack(STACK, plain)
     starts = {n: f.labs[n].unit_starts() for n in HOSTS}
     res = up_under_load(f)
     print(res.stdout + res.stderr)        # the judgement's windows and table (pytest shows them on a failure)
     out = ' '.join((res.stdout + res.stderr).split())
     assert res.returncode == 0, out[-3000:]
+    assert ('gpu01 is the canary: judged against gpu02, restarted onto its own setting at the same moment (baseline: '
+            'restart), under its own traffic') in out, out[-3000:]
+    assert 'the canary\'s baseline gpu02 restarts sglang-qwen.service onto its own setting' in out, out[-3000:]
     assert 'sglang-unit: the canary gpu01 passed: no metric worse beyond the tolerance in load 4-100' in out, out[-3000:]
-    assert {n: f.labs[n].unit_starts() for n in HOSTS} == {n: starts[n] + 1 for n in HOSTS}
+    # gpu02: restarted as the baseline, then onto the new setting by the rollout; the others once.
+    assert {n: f.labs[n].unit_starts() - starts[n] for n in HOSTS} == {'gpu01': 1, 'gpu02': 2, 'gpu03': 1}
     for n in HOSTS:
         unit = f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']).stdout
         assert '--speculative-algorithm' not in unit, (n, unit)
     verdict = json.loads(f.pulumi('stack', 'output', 'canary', '--json', stack=STACK).stdout)
-    assert (verdict['state'], verdict['then']) == ('pass', 'the rollout went on'), verdict
+    assert (verdict['state'], verdict['then'], verdict['baseline']) == ('pass', 'the rollout went on', ['gpu02']), verdict
     assert canary_metrics(f) == {'judging': '0', 'verdict': 'pass'}
 
 

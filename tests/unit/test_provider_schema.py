@@ -27,8 +27,8 @@ def runs():
     two = {k.split(':', 1)[1]: v for k, v in fleet.stack_config(entries).items()}
     if 'nvidia' in two.get('runtime', {}):
         two['nvidia'] = {'driver': dict(two['runtime'].pop('nvidia'))}   # a fleet's driver: rollout too
-    two['rollout'] = dict(two.get('rollout') or {}, canary={'window_s': 10, 'min_samples': 5,
-                                                             'prometheus': 'http://prometheus.example:9090'})
+    two['rollout'] = dict(two.get('rollout') or {}, max_unavailable=2, canary={
+        'window_s': 10, 'min_samples': 5, 'prometheus': 'http://prometheus.example:9090', 'baseline': 'restart'})
     full = copy.deepcopy(lab_data())
     full['sglang'].update(api_key='sk-unit-test-key-0123456789abcdef', proof={'enabled': True, 'min_busbw_gbps': 40.5})
     full['model'].update(source='hf://Qwen/Qwen3.5-122B-A10B', timeout_s=7200, max_bytes_per_s=100000000)
@@ -118,7 +118,8 @@ def test_the_schema_types_every_property_and_states_required_secret_and_replace_
                if p.get('secret')}
     assert secrets == {('gpuhost:index:ModelWeights', 'token'), ('gpuhost:index:SglangUnit', 'api_key'),
                        ('gpuhost:index:SglangUnit', 'index_password'),
-                       ('gpuhost:index:SglangUnit', 'installer_tokens'), ('gpuhost:index:NvidiaDriver', 'installer_tokens')}
+                       ('gpuhost:index:SglangUnit', 'installer_tokens'), ('gpuhost:index:NvidiaDriver', 'installer_tokens'),
+                       ('gpuhost:index:SglangUnit', 'baseline_connection')}
     # The output of a secret input is secret too (the engine keeps it so: provider/__main__.py).
     assert all(schema['resources'][token]['properties'][k].get('secret') for token, k in secrets)
     refs = {ref for ref in json.dumps(schema).split('"$ref": "')[1:]}

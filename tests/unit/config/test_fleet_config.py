@@ -271,12 +271,16 @@ def test_canary_refusals_name_the_key_the_value_and_the_fix(canary, message):
     assert 'admin:secret' not in str(e.value)
 
 
-def test_a_canary_needs_hosts_to_compare_with_and_its_restarted_baseline_is_not_yet_run():
+def test_a_canary_needs_hosts_to_compare_with_and_a_restarted_baseline_needs_two_hosts_down_at_once():
     with pytest.raises(config.ConfigError, match='gpuhost:rollout.canary: set, but gpuhost:hosts lists one host'):
         fleet(entry('gpu01', 1), rollout={'canary': {}})
-    with pytest.raises(config.ConfigError, match=r'gpuhost:rollout.canary.baseline: restart is not yet run by this '
-                                                 r'release \(docs/canary-plan.md\); set baseline: running'):
+    with pytest.raises(config.ConfigError, match=r'gpuhost:rollout.canary.baseline: restart takes two hosts down at '
+                                                 r'once \(the canary gpu01 and its baseline gpu02 restart together\), '
+                                                 r'but gpuhost:rollout.max_unavailable is 1; set max_unavailable: 2 or '
+                                                 r'more, or baseline: running'):
         fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'canary': {'baseline': 'restart'}})
+    f = fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'max_unavailable': 2, 'canary': {'baseline': 'restart'}})
+    assert f.canary_settings()['baseline'] == 'restart'
 
 
 def test_with_a_canary_the_first_host_is_named_in_every_hosts_rollout_and_takes_the_settings():
@@ -285,6 +289,6 @@ def test_with_a_canary_the_first_host_is_named_in_every_hosts_rollout_and_takes_
     assert [f.rollout_info(i)['canary'] for i in range(3)] == ['gpu01'] * 3
     assert f.canary_settings() == {'window_s': 10, 'max_duration_s': 3600, 'min_samples': 5, 'bands': [1, 8, 32, 128],
                                    'confidence': 0.98, 'tolerance': 0.1, 'traffic_tolerance': 0.25,
-                                   'inconclusive': 'rollback', 'slo': {'itl_p95_ms': 80.0}}
+                                   'inconclusive': 'rollback', 'slo': {'itl_p95_ms': 80.0}, 'baseline': 'running'}
     plain = fleet(entry('gpu01', 1), entry('gpu02', 2))
     assert 'canary' not in plain.rollout_info(1) and plain.canary_settings() is None
