@@ -776,8 +776,6 @@ class SglangUnitProvider(ObservedProvider):
                 # before any other host takes the change (provider/rollout.py holds them); a fail goes back below.
                 verdict = judge_canary(target, props)
         except (ServiceError, remote.RemoteError) as e:
-            if baseline is not None:
-                baseline.thread.join()     # never two restarts of its host at once (a re-run's)
             if switching:
                 self.roll_back(target, props, previous, e, reinstalled)
             raise
