@@ -1,0 +1,194 @@
+"""The fleet lock's client (transport/fleetlock.py) against a real etcd (Debian's etcd-server, started here on loopback
+with its data in a temporary directory): N slots and the next waits until one is released, the keep-alive holds a
+slot past its TTL, a holder that stops renewing (a killed runner) loses it when the TTL runs out, taking it again is
+idempotent, and etcd down or a login refused is a refusal in one line naming the endpoint."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from transport import fleetlock
+from transport.operator import CANCELLED, Interrupted
+
+ETCD = shutil.which('etcd')
+pytestmark = pytest.mark.skipif(ETCD is None, reason='etcd is not installed (Debian: apt-get install etcd-server)')
+TTL = 2
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start_etcd(data_dir):
+    client, peer = free_port(), free_port()
+    url = 'http://127.0.0.1:%d' % client
+    proc = subprocess.Popen(
+        [ETCD, '--name', 'lock', '--data-dir', str(data_dir), '--listen-client-urls', url,
+         '--advertise-client-urls', url, '--listen-peer-urls', 'http://127.0.0.1:%d' % peer,
+         '--initial-advertise-peer-urls', 'http://127.0.0.1:%d' % peer,
+         '--initial-cluster', 'lock=http://127.0.0.1:%d' % peer],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            urllib.request.urlopen(url + '/health', timeout=1).read()
+            return proc, url
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError('etcd did not start on %s' % url)
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope='module')
+def etcd(tmp_path_factory):
+    proc, url = start_etcd(tmp_path_factory.mktemp('etcd'))
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+group_no = [0]
+
+
+def settings(url, slots=2, **kw):
+    group_no[0] += 1
+    return fleetlock.Settings(group='g%d-%d' % (os.getpid(), group_no[0]), slots=slots, endpoints=(url,),
+                              ttl_s=TTL, **kw)
+
+
+def test_n_slots_are_taken_and_the_next_waits_until_one_is_released(etcd, capsys):
+    s = settings(etcd, slots=2)
+    a = fleetlock.acquire(s, 'gpu01 a/s1', 'gpu01', 'nothing changed')
+    b = fleetlock.acquire(s, 'gpu02 a/s2', 'gpu02', 'nothing changed')
+    assert {a.index, b.index} == {0, 1}
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(
+        fleetlock.acquire(s, 'gpu03 a/s3', 'gpu03', 'nothing changed', poll_s=0.1)))
+    waiter.start()
+    time.sleep(1.0)
+    assert not got, 'a third host took a slot of two'
+    assert 'gpu03: waiting for a slot of fleet lock %s (2 slots, etcd %s) - all held (0: gpu0' % (s.group, etcd) in \
+        capsys.readouterr().err
+    a.release()
+    waiter.join(5)
+    assert got and got[0].index == a.index
+    assert fleetlock.Client(s).holders() == {a.index: 'gpu03 a/s3', b.index: 'gpu02 a/s2'}
+    b.release()
+    got[0].release()
+    assert fleetlock.Client(s).holders() == {}
+
+
+def test_the_keepalive_holds_a_slot_past_its_ttl_and_a_holder_that_stops_renewing_loses_it(etcd):
+    s = settings(etcd, slots=1)
+    kept = fleetlock.acquire(s, 'gpu01 a/s1', 'gpu01', '-')
+    time.sleep(TTL * 1.8)
+    assert fleetlock.Client(s).holders() == {0: 'gpu01 a/s1'}
+    # A runner killed mid-step, as etcd sees it: the renewals stop, nothing is released.
+    kept.stop_keepalive()
+    assert fleetlock.Client(s).holders() == {0: 'gpu01 a/s1'}
+    deadline = time.monotonic() + TTL + 3
+    while fleetlock.Client(s).holders() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert fleetlock.Client(s).holders() == {}, 'the dead holder\'s slot outlived its TTL'
+    fleetlock.acquire(s, 'gpu02 a/s1', 'gpu02', '-').release()
+
+
+def test_a_killed_runner_frees_its_slot_by_the_ttl(etcd):
+    s = settings(etcd, slots=1)
+    code = ('import sys, time; sys.path.insert(0, %r); from transport import fleetlock; '
+            's = fleetlock.Settings(group=%r, slots=1, endpoints=(%r,), ttl_s=%d); '
+            'fleetlock.acquire(s, "gpu09 b/s9", "gpu09", "-"); print("held", flush=True); time.sleep(60)' % (
+                REPO, s.group, etcd, TTL))
+    runner = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout.readline().strip() == 'held'
+        time.sleep(TTL)   # its keep-alive held it past one TTL
+        assert fleetlock.Client(s).holders() == {0: 'gpu09 b/s9'}
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(5)
+        started = time.monotonic()
+        slot = fleetlock.acquire(s, 'gpu01 a/s1', 'gpu01', '-', poll_s=0.1)
+        assert time.monotonic() - started < TTL + 2
+        slot.release()
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(5)
+
+
+def test_taking_the_slot_a_holder_has_is_idempotent(etcd):
+    s = settings(etcd, slots=2)
+    first = fleetlock.acquire(s, 'gpu01 a/s1', 'gpu01', '-')
+    # Another process of the same holder (a re-run while the killed run's lease still runs): the same slot, onto
+    # its own lease - never a second slot.
+    again = fleetlock.acquire(s, 'gpu01 a/s1', 'gpu01', '-', client=fleetlock.Client(s))
+    assert again.index == first.index and again.lease != first.lease
+    assert fleetlock.Client(s).holders() == {first.index: 'gpu01 a/s1'}
+    first.stop_keepalive()
+    first.client.revoke(first.lease)   # the old lease ending frees nothing: the key is on the new one
+    assert fleetlock.Client(s).holders() == {first.index: 'gpu01 a/s1'}
+    again.release()
+    assert fleetlock.Client(s).holders() == {}
+
+
+def test_a_ctrl_c_ends_the_wait_in_one_line(etcd):
+    s = settings(etcd, slots=1)
+    held = fleetlock.acquire(s, 'gpu01 a/s1', 'gpu01', '-')
+    threading.Timer(0.3, CANCELLED.set).start()
+    try:
+        with pytest.raises(Interrupted) as e:
+            fleetlock.acquire(s, 'gpu02 a/s1', 'host gpu02', 'its SGLang unit has not started', poll_s=0.1)
+    finally:
+        CANCELLED.clear()
+        held.release()
+    assert str(e.value) == ('host gpu02: interrupted (Ctrl-C) while waiting for a slot of fleet lock %s (1 slot, etcd '
+                            '%s) (held by 0: gpu01 a/s1); its SGLang unit has not started' % (s.group, etcd))
+
+
+def test_etcd_down_refuses_in_one_line_naming_the_endpoint():
+    url = 'http://127.0.0.1:%d' % free_port()
+    with pytest.raises(fleetlock.Refused) as e:
+        fleetlock.acquire(fleetlock.Settings(group='g', slots=1, endpoints=(url,), ttl_s=TTL), 'gpu01 a/s', 'gpu01',
+                          '-')
+    text = str(e.value)
+    assert '\n' not in text
+    assert text.startswith('fleet lock g (1 slot, etcd %s): etcd unreachable: %s (' % (url, url))
+    assert 'fail closed' in text
+
+
+def test_a_refused_login_is_one_line_without_the_password(tmp_path):
+    proc, url = start_etcd(tmp_path / 'etcd')
+    try:
+        ctl = [shutil.which('etcdctl') or 'etcdctl', '--endpoints', url]
+        env = dict(os.environ, ETCDCTL_API='3')
+        for args in (['user', 'add', 'root:root-pw'], ['user', 'grant-role', 'root', 'root'],
+                     ['user', 'add', 'lock:good-pw'], ['role', 'add', 'lock'],
+                     ['role', 'grant-permission', 'lock', '--prefix=true', 'readwrite', '/gpuhost/fleetlock/'],
+                     ['user', 'grant-role', 'lock', 'lock'], ['auth', 'enable']):
+            subprocess.run(ctl + args, env=env, check=True, capture_output=True)
+        good = fleetlock.Settings(group='auth', slots=1, endpoints=(url,), ttl_s=TTL, user='lock', password='good-pw')
+        fleetlock.acquire(good, 'gpu01 a/s', 'gpu01', '-').release()
+        bad = fleetlock.Settings(group='auth', slots=1, endpoints=(url,), ttl_s=TTL, user='lock', password='WRONG-pw')
+        with pytest.raises(fleetlock.Refused) as e:
+            fleetlock.acquire(bad, 'gpu01 a/s', 'gpu01', '-')
+        text = str(e.value)
+        assert '\n' not in text and 'WRONG-pw' not in text and url in text
+        assert 'refused the login of user lock' in text
+        anonymous = fleetlock.Settings(group='auth', slots=1, endpoints=(url,), ttl_s=TTL)
+        with pytest.raises(fleetlock.Refused, match='it requires a login'):
+            fleetlock.acquire(anonymous, 'gpu01 a/s', 'gpu01', '-')
+    finally:
+        proc.terminate()
+        proc.wait(10)
