@@ -192,3 +192,94 @@ def test_a_refused_login_is_one_line_without_the_password(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+class Unit:
+    ROLLOUT_STEP = 'its SGLang unit'
+
+
+UNIT_URN = 'urn:pulumi:shard-a::gpuhost::gpuhost:index:SglangService$gpuhost:index:SglangUnit::%s-sglang-unit'
+HOST_URN = 'urn:pulumi:shard-a::gpuhost::gpuhost:index:ProxmoxHost$gpuhost:index:HostStatus::%s-host-status'
+
+
+@pytest.fixture
+def plugin_pass(tmp_path, monkeypatch):
+    from provider import rollout
+    monkeypatch.setattr(rollout, '_dir', [str(tmp_path)])
+    monkeypatch.setattr(rollout, '_slots', {})
+    monkeypatch.setattr(rollout, '_steps', {})
+    yield rollout
+    for slot in list(rollout._slots.values()):
+        slot.release()
+
+
+def test_the_plugin_takes_the_hosts_slot_before_it_goes_down_and_gives_it_back_once_sglang_serves(etcd, plugin_pass):
+    """provider/__main__.py step(): a host's reboot takes its slot (one of one), its SGLang unit's restart keeps it,
+    the unit done gives it back - and only then does another host of the fleet (another lane, no wait of its own)
+    start going down. A failed step keeps its slot: the host may be down."""
+    from resources.host import HostStatusProvider
+    from provider.__main__ import GpuhostProvider
+    rollout = plugin_pass
+    s = settings(etcd, slots=1)
+    lock = {'group': s.group, 'slots': 1, 'endpoints': [etcd], 'ttl_s': TTL}
+
+    def order(host):
+        return {'host': host, 'before': [], 'after': [], 'max_unavailable': 2, 'order': ['gpu01', 'gpu02'],
+                'fleet_lock': lock}
+    p = GpuhostProvider()
+    with p.step(HOST_URN % 'gpu01', {'rollout': order('gpu01'), 'reboot': 'when-required'}, HostStatusProvider()):
+        assert fleetlock.Client(s).holders() == {0: 'gpu01 gpuhost/shard-a'}
+    assert fleetlock.Client(s).holders() == {0: 'gpu01 gpuhost/shard-a'}, 'given back before SGLang served again'
+    started = threading.Event()
+
+    def other():
+        with p.step(UNIT_URN % 'gpu02', {'rollout': order('gpu02')}, Unit()):
+            started.set()
+    waiter = threading.Thread(target=other)
+    waiter.start()
+    with p.step(UNIT_URN % 'gpu01', {'rollout': order('gpu01')}, Unit()):
+        assert not started.wait(1.0), 'gpu02 went down while gpu01 held the only slot'
+    waiter.join(5)
+    assert started.is_set() and fleetlock.Client(s).holders() == {}
+    # Unchanged in a pass: nothing asks etcd (no slot to take, none to give back).
+    rollout.record('gpu02', 'SglangUnit', 'same')
+    with pytest.raises(RuntimeError):
+        with p.step(UNIT_URN % 'gpu02', {'rollout': order('gpu02')}, Unit()):
+            raise RuntimeError('SGLang did not come back')
+    assert fleetlock.Client(s).holders() == {0: 'gpu02 gpuhost/shard-a'}, 'a failed step gave its slot back'
+
+
+def test_the_plugin_refuses_a_disruptive_step_when_etcd_is_down_and_runs_the_others(plugin_pass):
+    from provider.__main__ import GpuhostProvider
+    url = 'http://127.0.0.1:%d' % free_port()
+    lock = {'group': 'g', 'slots': 1, 'endpoints': [url], 'ttl_s': TTL}
+    order = {'host': 'gpu01', 'before': [], 'after': [], 'max_unavailable': 1, 'order': ['gpu01'], 'fleet_lock': lock}
+    p = GpuhostProvider()
+    ran = []
+    with pytest.raises(fleetlock.Refused) as e:
+        with p.step(UNIT_URN % 'gpu01', {'rollout': order}, Unit()):
+            ran.append('restart')
+    assert not ran and str(e.value).startswith('host gpu01: its SGLang unit not started: fleet lock g (1 slot, etcd '
+                                               '%s): etcd unreachable: %s (' % (url, url))
+    assert '\n' not in str(e.value)
+    assert plugin_pass.state_of('gpu01', 'SglangUnit') == 'failed'
+    # A diff, a read, a step that never stops SGLang: no lock asked for.
+    with p.step(UNIT_URN % 'gpu01', {'rollout': order}):
+        ran.append('diff')
+    assert ran == ['diff']
+
+
+def test_the_preview_says_which_lock_a_change_that_may_stop_sglang_takes(capsys):
+    from provider.__main__ import lock_preview
+    from resources.host import HostStatusProvider
+    lock = {'group': 'prod', 'slots': 2, 'endpoints': ['https://etcd1:2379', 'https://etcd2:2379'], 'ttl_s': 60}
+    rollout = {'host': 'gpu03', 'before': [], 'after': [], 'max_unavailable': 1, 'order': ['gpu03'],
+               'fleet_lock': lock}
+    lock_preview(Unit(), {'rollout': rollout})
+    assert capsys.readouterr().err == (
+        'info: host gpu03: its SGLang unit: `up` takes a slot of fleet lock prod (2 slots, etcd https://etcd1:2379, '
+        'https://etcd2:2379) before a step that may stop SGLang, and gives it back once the host serves again\n')
+    # A host status that never reboots, a resource without the lock: nothing said.
+    lock_preview(HostStatusProvider(), {'rollout': rollout, 'reboot': 'never'})
+    lock_preview(Unit(), {'rollout': dict(rollout, fleet_lock=None)})
+    assert capsys.readouterr().err == ''
