@@ -4,59 +4,28 @@ slot past its TTL, a holder that stops renewing (a killed runner) loses it when 
 idempotent, and etcd down or a login refused is a refusal in one line naming the endpoint."""
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 
+from tests.etcdlab import ETCD, Etcd, free_port
 from transport import fleetlock
 from transport.operator import CANCELLED, Interrupted
 
-ETCD = shutil.which('etcd')
 pytestmark = pytest.mark.skipif(ETCD is None, reason='etcd is not installed (Debian: apt-get install etcd-server)')
 TTL = 2
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def start_etcd(data_dir):
-    client, peer = free_port(), free_port()
-    url = 'http://127.0.0.1:%d' % client
-    proc = subprocess.Popen(
-        [ETCD, '--name', 'lock', '--data-dir', str(data_dir), '--listen-client-urls', url,
-         '--advertise-client-urls', url, '--listen-peer-urls', 'http://127.0.0.1:%d' % peer,
-         '--initial-advertise-peer-urls', 'http://127.0.0.1:%d' % peer,
-         '--initial-cluster', 'lock=http://127.0.0.1:%d' % peer],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            urllib.request.urlopen(url + '/health', timeout=1).read()
-            return proc, url
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError('etcd did not start on %s' % url)
-            time.sleep(0.1)
-
-
 @pytest.fixture(scope='module')
 def etcd(tmp_path_factory):
-    proc, url = start_etcd(tmp_path_factory.mktemp('etcd'))
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    server = Etcd(tmp_path_factory.mktemp('etcd')).start()
+    yield server.url
+    server.stop()
 
 
 group_no = [0]
@@ -169,15 +138,10 @@ def test_etcd_down_refuses_in_one_line_naming_the_endpoint():
 
 
 def test_a_refused_login_is_one_line_without_the_password(tmp_path):
-    proc, url = start_etcd(tmp_path / 'etcd')
+    server = Etcd(tmp_path / 'etcd').start()
+    url = server.url
     try:
-        ctl = [shutil.which('etcdctl') or 'etcdctl', '--endpoints', url]
-        env = dict(os.environ, ETCDCTL_API='3')
-        for args in (['user', 'add', 'root:root-pw'], ['user', 'grant-role', 'root', 'root'],
-                     ['user', 'add', 'lock:good-pw'], ['role', 'add', 'lock'],
-                     ['role', 'grant-permission', 'lock', '--prefix=true', 'readwrite', '/gpuhost/fleetlock/'],
-                     ['user', 'grant-role', 'lock', 'lock'], ['auth', 'enable']):
-            subprocess.run(ctl + args, env=env, check=True, capture_output=True)
+        server.enable_auth('lock', 'good-pw')
         good = fleetlock.Settings(group='auth', slots=1, endpoints=(url,), ttl_s=TTL, user='lock', password='good-pw')
         fleetlock.acquire(good, 'gpu01 a/s', 'gpu01', '-').release()
         bad = fleetlock.Settings(group='auth', slots=1, endpoints=(url,), ttl_s=TTL, user='lock', password='WRONG-pw')
@@ -190,8 +154,7 @@ def test_a_refused_login_is_one_line_without_the_password(tmp_path):
         with pytest.raises(fleetlock.Refused, match='it requires a login'):
             fleetlock.acquire(anonymous, 'gpu01 a/s', 'gpu01', '-')
     finally:
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
 
 
 class Unit:
