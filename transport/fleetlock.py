@@ -214,12 +214,20 @@ class Slot:
 
     def _renew(self) -> None:
         period = max(0.2, self.client.s.ttl_s / 3.0)
+        said = False
         while not self._stop.wait(period):
             try:
                 if self.client.keepalive(self.lease) <= 0:
                     self.lost = 'its lease expired'
-            except (Refused, LeaseGone, _Unauthorized) as e:
-                self.lost = str(e) if isinstance(e, Refused) else 'its lease expired'
+                said = False
+            except Refused as e:
+                # etcd out of reach for a moment: the lease runs on until its TTL; the next renewal may still come.
+                if not said:
+                    warn('%s: slot %d of %s not renewed (%s); trying again every %g s' % (
+                        self.holder, self.index, self.client.s.words(), e, period))
+                    said = True
+            except (LeaseGone, _Unauthorized):
+                self.lost = 'its lease expired'
             if self.lost:
                 warn('%s: slot %d of %s was lost (%s): etcd may let another host down beyond the limit' % (
                     self.holder, self.index, self.client.s.words(), self.lost))
