@@ -261,10 +261,15 @@ def take_slot(rollout: dict, step: str, secret: Optional[dict], stack: str, poll
 
 
 def step_ended(host: str) -> None:
-    """A gated step of `host` ended well (a failed one stays counted: its slot is kept until the process ends)."""
+    """A gated step of `host` ended well (a failed one stays counted: its slot is kept until the process ends). If
+    the host's SGLang unit was settled already in this pass (a step the unit does not wait for: it was found unchanged
+    while this one ran), the slot goes back now."""
     with _lock:
         if _steps.get(host):
             _steps[host] -= 1
+        idle = not _steps.get(host) and host in _slots
+    if idle and state_of(host, UNIT) in SETTLED:
+        release_slot(host)
 
 
 def release_slot(host: str) -> None:

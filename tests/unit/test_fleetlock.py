@@ -246,3 +246,18 @@ def test_the_preview_says_which_lock_a_change_that_may_stop_sglang_takes(capsys)
     lock_preview(HostStatusProvider(), {'rollout': rollout, 'reboot': 'never'})
     lock_preview(Unit(), {'rollout': dict(rollout, fleet_lock=None)})
     assert capsys.readouterr().err == ''
+
+
+def test_a_step_that_ends_after_the_hosts_unit_was_found_unchanged_gives_the_slot_back(etcd, plugin_pass):
+    """A step the SGLang unit does not wait for (a driver upgrade beside it): the unit found unchanged while the step
+    ran keeps the slot (the host is down), the step's end gives it back."""
+    from resources.host import HostStatusProvider
+    from provider.__main__ import GpuhostProvider
+    s = settings(etcd, slots=1)
+    order = {'host': 'gpu01', 'before': [], 'after': [], 'max_unavailable': 1, 'order': ['gpu01'],
+             'fleet_lock': {'group': s.group, 'slots': 1, 'endpoints': [etcd], 'ttl_s': TTL}}
+    p = GpuhostProvider()
+    with p.step(HOST_URN % 'gpu01', {'rollout': order, 'reboot': 'when-required'}, HostStatusProvider()):
+        plugin_pass.record('gpu01', 'SglangUnit', 'same')
+        assert fleetlock.Client(s).holders() == {0: 'gpu01 gpuhost/shard-a'}
+    assert fleetlock.Client(s).holders() == {}
