@@ -373,6 +373,7 @@ def load_stack(root: str) -> tuple:
     model_inputs() - and the warnings to show, one line each).
     Raises ConfigError with the message the operator sees."""
     fleet = fleet_from_pulumi()
+    fleet_lock_files(fleet, root)
     inputs, warnings = [], {}
     for h in fleet.hosts:
         try:
@@ -386,6 +387,16 @@ def load_stack(root: str) -> tuple:
     lines = [(('host%s %s: ' % ('s' if len(names) > 1 else '', ', '.join(names))) if fleet.is_fleet else '') + warning
              for warning, names in warnings.items()]
     return fleet, inputs, lines
+
+
+def fleet_lock_files(fleet: Fleet, root: str) -> None:
+    """The TLS files gpuhost:rollout.fleet_lock names, read at preview: one that cannot be read is refused now, naming
+    its key, rather than at the first step that would take a host down (the plugin reads them again there)."""
+    lock = fleet.rollout.fleet_lock
+    for key in ('ca_file', 'cert_file', 'key_file'):
+        path = getattr(lock, key) if lock is not None else None
+        if path:
+            read_file(path, root, 'gpuhost:rollout.fleet_lock.%s' % key)
 
 
 def _all_config_keys():

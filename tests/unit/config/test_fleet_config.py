@@ -346,3 +346,17 @@ def test_a_fleet_lock_password_must_be_a_secret_and_a_bad_one_is_never_shown():
     with pytest.raises(config.ConfigError) as e:
         config.load.fleet_from_data(data, lambda key: True, None)
     assert 'gpuhost:rollout.fleet_lock.password' in str(e.value) and 'bad' not in str(e.value)
+
+
+def test_the_fleet_locks_tls_files_are_read_at_preview(tmp_path):
+    (tmp_path / 'ca.pem').write_text('-----BEGIN CERTIFICATE-----\n')
+    lock = dict(LOCK, endpoints=['https://etcd1:2379'], ca_file='ca.pem', cert_file='client.pem',
+                key_file='client-key.pem')
+    f = fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'fleet_lock': lock})
+    with pytest.raises(config.ConfigError) as e:
+        config.load.fleet_lock_files(f, str(tmp_path))
+    assert str(e.value) == ('gpuhost:rollout.fleet_lock.cert_file: cannot read %s: No such file or directory'
+                            % (tmp_path / 'client.pem'))
+    (tmp_path / 'client.pem').write_text('cert')
+    (tmp_path / 'client-key.pem').write_text('key')
+    config.load.fleet_lock_files(f, str(tmp_path))
