@@ -129,7 +129,7 @@ class Client:
 
     def _post(self, path: str, body: dict, token: Optional[str]) -> dict:
         data = json.dumps(body).encode()
-        failures = []
+        failures, tls = [], False
         for endpoint in self.s.endpoints:
             request = urllib.request.Request('%s/v3/%s' % (endpoint, path), data=data, method='POST',
                                              headers={'Content-Type': 'application/json',
@@ -153,10 +153,14 @@ class Client:
                     self.s.words(), endpoint, path, e.code, text)) from None
             except (urllib.error.URLError, OSError, ValueError) as e:
                 reason = getattr(e, 'reason', None) or e
+                tls = tls or isinstance(e, ssl.SSLError) or isinstance(reason, ssl.SSLError)
                 failures.append('%s (%s)' % (endpoint, getattr(reason, 'strerror', None) or reason))
         raise Refused('%s: etcd unreachable: %s; the step that takes the host down is not started (fail closed) - '
-                      'start etcd or fix gpuhost:rollout.fleet_lock.endpoints, then re-run `pulumi up`' % (
-                          self.s.words(), '; '.join(failures)))
+                      '%s, then re-run `pulumi up`' % (
+                          self.s.words(), '; '.join(failures),
+                          'the TLS handshake failed: fix gpuhost:rollout.fleet_lock.ca_file (etcd\'s CA), cert_file '
+                          'and key_file (a client certificate etcd trusts)' if tls else
+                          'start etcd or fix gpuhost:rollout.fleet_lock.endpoints'))
 
     # -- the protocol
 

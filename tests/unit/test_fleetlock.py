@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.etcdlab import ETCD, Etcd, free_port
+from tests.etcdlab import ETCD, Etcd, free_port, make_pki
 from transport import fleetlock
 from transport.operator import CANCELLED, Interrupted
 
@@ -153,6 +153,27 @@ def test_a_refused_login_is_one_line_without_the_password(tmp_path):
         anonymous = fleetlock.Settings(group='auth', slots=1, endpoints=(url,), ttl_s=TTL)
         with pytest.raises(fleetlock.Refused, match='it requires a login'):
             fleetlock.acquire(anonymous, 'gpu01 a/s', 'gpu01', '-')
+    finally:
+        server.stop()
+
+
+def test_over_tls_with_a_client_certificate_and_refused_without_one(tmp_path):
+    """https with the CA given and etcd's client certificate auth: the slot is taken; a certificate etcd does not
+    trust, or none, is a refusal in one line naming the endpoint - and a CA that is not one, before any call."""
+    pki = make_pki(tmp_path / 'pki')
+    server = Etcd(tmp_path / 'etcd', pki=pki).start()
+    try:
+        tls = fleetlock.Settings(group='tls', slots=1, endpoints=(server.url,), ttl_s=TTL, ca_file=pki['ca'],
+                                 cert_file=pki['client'], key_file=pki['client-key'])
+        fleetlock.acquire(tls, 'gpu01 a/s', 'gpu01', '-').release()
+        for bad in (dict(cert_file=None, key_file=None), dict(ca_file=None)):
+            with pytest.raises(fleetlock.Refused) as e:
+                fleetlock.acquire(fleetlock.Settings(**dict(vars(tls), **bad)), 'gpu01 a/s', 'gpu01', '-')
+            assert '\n' not in str(e.value) and 'etcd unreachable: %s (' % server.url in str(e.value), bad
+            assert 'the TLS handshake failed: fix gpuhost:rollout.fleet_lock.ca_file' in str(e.value), bad
+        with pytest.raises(fleetlock.Refused, match=r'the TLS files cannot be used .*fix '
+                                                    r'gpuhost:rollout.fleet_lock.ca_file'):
+            fleetlock.Client(fleetlock.Settings(**dict(vars(tls), ca_file=pki['client-key'])))
     finally:
         server.stop()
 
