@@ -4,6 +4,7 @@ slot past its TTL, a holder that stops renewing (a killed runner) loses it when 
 idempotent, and etcd down or a login refused is a refusal in one line naming the endpoint."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,6 +158,7 @@ def test_a_refused_login_is_one_line_without_the_password(tmp_path):
         server.stop()
 
 
+@pytest.mark.skipif(shutil.which('openssl') is None, reason='openssl is not installed (it makes the certificates)')
 def test_over_tls_with_a_client_certificate_and_refused_without_one(tmp_path):
     """https with the CA given and etcd's client certificate auth: the slot is taken; a certificate etcd does not
     trust, or none, is a refusal in one line naming the endpoint - and a CA that is not one, before any call."""
