@@ -149,8 +149,14 @@ class Client:
                     raise _Unauthorized(text, endpoint) from None
                 if 'lease not found' in text:
                     raise LeaseGone(text) from None
-                raise Refused('%s: etcd %s answered /v3/%s with HTTP %d: %s' % (
-                    self.s.words(), endpoint, path, e.code, text)) from None
+                if e.code >= 500 and endpoint != self.s.endpoints[-1]:
+                    # A member without a leader, or one whose gateway cannot reach it: the next member may answer.
+                    failures.append('%s (HTTP %d: %s)' % (endpoint, e.code, text))
+                    continue
+                raise Refused('%s: etcd %s answered /v3/%s with HTTP %d: %s%s; the step that takes the host down is '
+                              'not started (fail closed)' % (self.s.words(), endpoint, path, e.code, text,
+                                                             ''.join(' (before it: %s)' % f for f in failures)
+                                                             )) from None
             except (urllib.error.URLError, OSError, ValueError) as e:
                 reason = getattr(e, 'reason', None) or e
                 tls = tls or isinstance(e, ssl.SSLError) or isinstance(reason, ssl.SSLError)

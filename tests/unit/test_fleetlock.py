@@ -284,3 +284,34 @@ def test_a_step_that_ends_after_the_hosts_unit_was_found_unchanged_gives_the_slo
         plugin_pass.record('gpu01', 'SglangUnit', 'same')
         assert fleetlock.Client(s).holders() == {0: 'gpu01 gpuhost/shard-a'}
     assert fleetlock.Client(s).holders() == {}
+
+
+def test_a_member_that_cannot_answer_passes_the_call_to_the_next(etcd):
+    """Endpoints are tried in order: one that refuses connections, one that answers HTTP 503 (a member without a
+    leader), then the live one."""
+    import http.server
+    import socketserver
+
+    class NoLeader(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b'{"error": "etcdserver: no leader", "code": 14}')
+
+        def log_message(self, *args):
+            pass
+    server = socketserver.TCPServer(('127.0.0.1', 0), NoLeader)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sick = 'http://127.0.0.1:%d' % server.server_address[1]
+    dead = 'http://127.0.0.1:%d' % free_port()
+    try:
+        s = fleetlock.Settings(group='failover', slots=1, endpoints=(dead, sick, etcd), ttl_s=TTL)
+        fleetlock.acquire(s, 'gpu01 a/s', 'gpu01', '-').release()
+        with pytest.raises(fleetlock.Refused) as e:
+            fleetlock.acquire(fleetlock.Settings(group='failover', slots=1, endpoints=(dead, sick), ttl_s=TTL),
+                              'gpu01 a/s', 'gpu01', '-')
+        assert str(e.value).startswith('fleet lock failover (1 slot, etcd %s, %s): etcd %s answered /v3/kv/range with '
+                                       'HTTP 503: etcdserver: no leader (before it: %s (' % (dead, sick, sick, dead))
+    finally:
+        server.shutdown()
+        server.server_close()
