@@ -2,7 +2,8 @@
 password a Pulumi secret): lanes that would let both hosts restart at once (max_unavailable 2) under a lock of one
 slot - the preview names the lock, `up` takes one host down at a time and gives the slot back, the password never in
 the state in plain text; etcd down - a no-op `up` runs, a restart is refused in one line naming the endpoint and
-nothing restarts; etcd back, the next `up` converges.
+nothing restarts; etcd back, the next `up` converges; a runner killed (kill -9 of the CLI) while it holds a slot - the
+slot stays held until its TTL runs out after the plugin ends, then the re-run takes it and converges.
 
 The tests run in order and share the fleet."""
 
@@ -10,6 +11,9 @@ import copy
 import json
 import os
 import shutil
+import signal
+import subprocess
+import threading
 import time
 
 import pytest
@@ -119,3 +123,43 @@ def test_etcd_down_refuses_a_restart_in_one_line_and_lets_a_no_op_run(fleet):
         assert '--speculative-num-steps 3' in f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']
                                                                  ).stdout
     assert holders(etcd) == ''
+
+
+def test_a_killed_runners_slot_is_freed_by_its_ttl_and_the_rerun_converges(fleet):
+    f, cfg, etcd = fleet
+    write(f, with_speculation(cfg, 2))
+    proc = subprocess.Popen(['pulumi', 'up', '--yes', '--skip-preview', '--stack', STACK], cwd=f.project, env=f.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 240
+        while not holders(etcd):
+            assert proc.poll() is None and time.time() < deadline, ''.join(lines)[-3000:]
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)     # the runner dies mid-rollout: nothing of it gives the slot back
+        killed = time.time()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    reader.join(10)
+    assert holders(etcd), 'the slot went before its TTL'
+    while holders(etcd):
+        # The plugin notices its engine is gone (two missed probes, 2 s apart), its renewals stop, the TTL (5 s) runs.
+        assert time.time() - killed < 30, 'a dead runner\'s slot outlived its TTL: %s' % holders(etcd)
+        time.sleep(0.2)
+    assert time.time() - killed >= 5
+    res = f.pulumi('up', '--yes', '--skip-preview', stack=STACK, check=False)
+    if res.returncode != 0:
+        assert 'locked' in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
+        f.pulumi('cancel', '--yes', stack=STACK)
+        f.pulumi('refresh', '--yes', '--clear-pending-creates', stack=STACK)
+        f.pulumi('up', '--yes', '--skip-preview', stack=STACK)
+    for n in HOSTS:
+        assert '--speculative-num-steps 2' in f.labs[n].ct_exec(['cat', '/etc/systemd/system/sglang-qwen.service']
+                                                                 ).stdout
+    assert holders(etcd) == ''
+    f.pulumi('up', '--yes', '--expect-no-changes', stack=STACK)
