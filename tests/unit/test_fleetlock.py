@@ -315,3 +315,28 @@ def test_a_member_that_cannot_answer_passes_the_call_to_the_next(etcd):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_make_check_says_whether_etcd_answers_and_who_holds_the_slots(etcd):
+    import copy
+    import config
+    from tests.unit.config.test_config import lab_data
+    from tests.unit.config.test_fleet_config import entry
+    from tools.check import fleet_lock_line
+    data = copy.deepcopy(lab_data())
+    data.update(hosts=[entry('gpu01', 1), entry('gpu02', 2)],
+                rollout={'fleet_lock': {'group': 'check-%d' % os.getpid(), 'slots': 2, 'endpoints': [etcd]}})
+    f = config.parse_fleet(data)
+    assert fleet_lock_line(f) == ('  \u2713 fleet lock check-%d (2 slots, etcd %s) answers: 0 of 2 slots held'
+                                  % (os.getpid(), etcd), False)
+    held = fleetlock.acquire(fleetlock.Settings.of(f.rollout_info(0)['fleet_lock']), 'gpu07 other/shard', 'gpu07',
+                             '-')
+    try:
+        assert fleet_lock_line(f)[0].endswith('answers: 1 of 2 slots held - 0: gpu07 other/shard')
+    finally:
+        held.release()
+    data['rollout']['fleet_lock']['endpoints'] = ['http://127.0.0.1:%d' % free_port()]
+    line, problem = fleet_lock_line(config.parse_fleet(data))
+    assert problem and line.startswith('  \u2717 fleet lock check-') and 'etcd unreachable' in line
+    data.pop('rollout')
+    assert fleet_lock_line(config.parse_fleet(data)) == (None, False)
