@@ -109,8 +109,11 @@ for h in fleet.hosts:
     rollout = fleet.rollout_info(h.index)
     fleet_host = h.name if fleet.is_fleet else None
     # The gpuhost provider plugin (provider/) serves every custom resource of this host, with its connection and
-    # Proxmox login as its configuration: components pass it on to their children.
-    own = host_provider(name('gpuhost'), *(pulumi.Output.secret(v) for v in provided[h.index]))
+    # Proxmox login as its configuration (and the fleet lock's password: never in a resource's inputs): components
+    # pass it on to their children.
+    lock_secret = fleet.fleet_lock_secret()
+    own = host_provider(name('gpuhost'), *(pulumi.Output.secret(v) for v in provided[h.index]),
+                        fleet_lock=pulumi.Output.secret(lock_secret) if lock_secret else None)
     served = pulumi.ResourceOptions(providers=[own])
     host = ProxmoxHost(name('host'), d, rollout=rollout, fleet_host=fleet_host, opts=served)
     after_host = pulumi.ResourceOptions.merge(served, pulumi.ResourceOptions(depends_on=[host]))

@@ -56,8 +56,8 @@ def _secret_loc(loc) -> bool:
     """A location under a credential's key (config/load.py SECRET_PATHS, the one list of them - held to the models'
     SecretStr fields by tests/unit/config/test_plain_secrets.py): its value is never shown, whatever is wrong with
     it (an API key or token written unquoted is read as a number, and was shown as one)."""
-    from config.load import SECRET_PATHS      # (config/load.py imports this module)
-    return any(str(p) in {path[-1] for path in SECRET_PATHS} for p in loc)
+    from config.load import FLEET_SECRET_PATHS, SECRET_PATHS      # (config/load.py imports this module)
+    return any(str(p) in {path[-1] for path in SECRET_PATHS + FLEET_SECRET_PATHS} for p in loc)
 
 
 def _loc(loc) -> str:

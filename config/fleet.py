@@ -10,11 +10,11 @@ from typing import Optional
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from config.deployment import Deployment, parse
 from config.errors import did_you_mean, format_errors
-from config.values import ConfigError, Model, http_url, show
+from config.values import ConfigError, FilePath, Model, grammar, http_url, show
 
 
 FLEET_KEYS = ('hosts', 'rollout')
@@ -90,12 +90,93 @@ class Canary(Model):
         return self
 
 
+def etcd_url(value: str) -> str:
+    return http_url(value, 'the http(s) URL of an etcd member\'s client endpoint (its v3 JSON gateway answers under /v3)',
+                    'https://etcd1.example.internal:2379',
+                    'set gpuhost:rollout.fleet_lock.user, and its password as a secret (pulumi config set --secret '
+                    '--path gpuhost:rollout.fleet_lock.password)')
+
+
+EtcdUrl = Annotated[str, AfterValidator(etcd_url)]
+# A segment of the slot keys /gpuhost/fleetlock/<group>/slot/<i>: no /, nothing etcd's tools would need quoted.
+LockGroup = Annotated[str, grammar(r'^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$',
+                                   'a fleet lock group (lowercase letters, digits, ".", "_" and "-", 1-64 characters, '
+                                   'starting and ending with a letter or digit: a segment of the etcd keys '
+                                   '/gpuhost/fleetlock/<group>/slot/<i>)', 'prod-gpu', 64)]
+
+
+class FleetLock(Model):
+    """gpuhost:rollout.fleet_lock: a fleet-wide limit of hosts down across stacks (shards run at once): before a step
+    that may stop a host's SGLang, the plugin takes one of `slots` slots of `group` in etcd, keeps it while the host
+    is down and releases it once the host serves again (transport/fleetlock.py, docs/fleets.md)."""
+    group: LockGroup = Field(description='The lock\'s name: every stack that shares it shares its slots')
+    slots: int = Field(ge=1, le=1024, description='How many hosts of the group may be down at once, across every '
+                                                  'stack that takes this lock (give each the same number)')
+    endpoints: list[EtcdUrl] = Field(min_length=1, max_length=16, description='etcd members\' client URLs, tried '
+                                                                             'in order')
+    ttl_s: int = Field(60, ge=5, le=3600, description='The slot\'s lease: renewed every ttl_s/3 while held; a '
+                                                      'runner that dies frees its slots this long after')
+    ca_file: Optional[FilePath] = Field(None, description='CA bundle to verify https endpoints (absent: the system\'s)')
+    cert_file: Optional[FilePath] = Field(None, description='Client certificate (PEM) for etcd\'s TLS client auth')
+    key_file: Optional[FilePath] = Field(None, description='Its private key (PEM); read by the plugin, never stored')
+    user: Optional[str] = Field(None, description='etcd user (etcd auth enabled); needs read and write on '
+                                                  'the keys under /gpuhost/fleetlock/ of its group')
+    password: Optional[SecretStr] = Field(None, description='Its password; a secret')
+
+    @field_validator('user')
+    @classmethod
+    def _user(cls, v):
+        if v is not None and not re.fullmatch(r'[A-Za-z0-9._@-]{1,64}', v):
+            raise ValueError('%s is not an etcd user name (letters, digits, ".", "_", "@" and "-", 1-64 characters); '
+                             'write e.g. gpuhost-lock' % show(v))
+        return v
+
+    @field_validator('password')
+    @classmethod
+    def _password(cls, v):
+        if v is not None and (not v.get_secret_value() or any(ord(c) < 0x20 for c in v.get_secret_value())):
+            raise ValueError('empty or holds control characters (not shown); set it again: pulumi config set --secret '
+                             '--path gpuhost:rollout.fleet_lock.password')
+        return v
+
+    @model_validator(mode='after')
+    def _pairs(self):
+        if (self.user is None) != (self.password is None):
+            raise ValueError('gpuhost:rollout.fleet_lock: a user needs a password and a password a user; set both '
+                             '(the password as a secret: pulumi config set --secret --path '
+                             'gpuhost:rollout.fleet_lock.password) or neither (an etcd without auth)')
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError('gpuhost:rollout.fleet_lock: cert_file and key_file go together (etcd\'s TLS client '
+                             'auth); set both or neither')
+        tls = [k for k in ('ca_file', 'cert_file') if getattr(self, k) is not None]
+        plain = [e for e in self.endpoints if e.startswith('http:')]
+        if tls and plain:
+            raise ValueError('gpuhost:rollout.fleet_lock: %s is set, but endpoint %s is http: TLS settings need https '
+                             'endpoints - write https://... or remove %s' % (tls[0], plain[0], ' and '.join(tls)))
+        return self
+
+    def plain(self) -> dict:
+        """What the gated resources' `rollout` input carries (resources/fields.py ROLLOUT): all but the password,
+        which reaches the plugin in the provider's configuration (secret)."""
+        import os
+        out = {'group': self.group, 'slots': self.slots, 'endpoints': list(self.endpoints), 'ttl_s': self.ttl_s}
+        if self.user:
+            out['user'] = self.user
+        for k in ('ca_file', 'cert_file', 'key_file'):
+            if getattr(self, k):
+                # The plugin reads them where it runs: the path as the program (in the project directory) sees it.
+                out[k] = os.path.abspath(os.path.expanduser(getattr(self, k)))
+        return out
+
+
 class Rollout(Model):
     max_unavailable: int = Field(1, ge=1, le=64, description='How many hosts may restart SGLang (or reboot) at '
                                                              'the same time; the next waits for /health and '
                                                              '/server_info of the one before it')
     canary: Optional[Canary] = Field(None, description='Judge a change on the first host against the others under '
                                                        'real traffic before it goes on (off when absent)')
+    fleet_lock: Optional[FleetLock] = Field(None, description='A limit of hosts down across stacks, held in etcd '
+                                                              '(off when absent)')
 
 
 class FleetHost(object):
@@ -134,7 +215,18 @@ class Fleet(object):
         if self.rollout.canary is not None:
             # The first host of the first lane takes a change first; every other host waits for its verdict.
             out['canary'] = names[0]
+        if self.rollout.fleet_lock is not None:
+            # A step that may stop this host's SGLang takes a slot of the fleet's lock first (provider/rollout.py).
+            out['fleet_lock'] = self.rollout.fleet_lock.plain()
         return out
+
+    def fleet_lock_secret(self) -> Optional[dict]:
+        """What of gpuhost:rollout.fleet_lock is secret (its password): the provider's configuration carries it, as a
+        Pulumi secret, never the resources' inputs. None without one."""
+        lock = self.rollout.fleet_lock
+        if lock is None or lock.password is None:
+            return None
+        return {'password': lock.password.get_secret_value()}
 
     def canary_settings(self) -> Optional[dict]:
         """The judge's settings (gpuhost:rollout.canary) as the canary's SGLang unit takes them; None: no canary."""

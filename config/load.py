@@ -21,6 +21,8 @@ from grammar import pylock, unidiff
 SECRET_PATHS = (('host', 'ssh', 'private_key'), ('host', 'api', 'password'), ('host', 'api', 'token_secret'),
                 ('sglang', 'api_key'), ('runtime', 'python', 'index', 'password'), ('model', 'token'),
                 ('runtime', 'nvidia', 'token'), ('runtime', 'cuda', 'token'), ('nvidia', 'driver', 'token'))
+# The fleet's own credentials (gpuhost:rollout: never in a host entry).
+FLEET_SECRET_PATHS = (('rollout', 'fleet_lock', 'password'),)
 
 
 # Namespaces Pulumi itself uses in a stack's config; anything else that is not ours is a typo.
@@ -348,6 +350,7 @@ def fleet_from_data(data: dict, is_secret, secure_paths: Optional[set], stack: O
     the refusal's account of where a plain credential was recorded (dry_run: no update record of this run)."""
     for prefix, settings in secret_scopes(data):
         check_secrets(settings, is_secret, secure_paths, prefix=prefix, stack=stack, dry_run=dry_run)
+    check_secrets(data, is_secret, secure_paths, stack=stack, dry_run=dry_run, paths=FLEET_SECRET_PATHS)
     return parse_fleet(data)
 
 
@@ -370,6 +373,7 @@ def load_stack(root: str) -> tuple:
     model_inputs() - and the warnings to show, one line each).
     Raises ConfigError with the message the operator sees."""
     fleet = fleet_from_pulumi()
+    fleet_lock_files(fleet, root)
     inputs, warnings = [], {}
     for h in fleet.hosts:
         try:
@@ -383,6 +387,16 @@ def load_stack(root: str) -> tuple:
     lines = [(('host%s %s: ' % ('s' if len(names) > 1 else '', ', '.join(names))) if fleet.is_fleet else '') + warning
              for warning, names in warnings.items()]
     return fleet, inputs, lines
+
+
+def fleet_lock_files(fleet: Fleet, root: str) -> None:
+    """The TLS files gpuhost:rollout.fleet_lock names, read at preview: one that cannot be read is refused now, naming
+    its key, rather than at the first step that would take a host down (the plugin reads them again there)."""
+    lock = fleet.rollout.fleet_lock
+    for key in ('ca_file', 'cert_file', 'key_file'):
+        path = getattr(lock, key) if lock is not None else None
+        if path:
+            read_file(path, root, 'gpuhost:rollout.fleet_lock.%s' % key)
 
 
 def _all_config_keys():
@@ -470,11 +484,12 @@ def secret_fix(key: str, flat_key: Optional[str] = None) -> str:
         flat_key or '--path ' + key, key, ' < ~/.ssh/<key>' if key.endswith('private_key') else '')
 
 
-def plain_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tuple = ()) -> list:
+def plain_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tuple = (),
+                  paths: tuple = SECRET_PATHS) -> list:
     """[(path, value)] of the credentials (SECRET_PATHS) in `data` written as plain text (is_secret('gpuhost:<key>'):
     the engine's flag of a top-level key; secure_paths: the stack file's secure: leaves, when it was read)."""
     out = []
-    for path in SECRET_PATHS:
+    for path in paths:
         node = data
         for p in path:
             node = node.get(p) if isinstance(node, dict) else None
@@ -490,11 +505,11 @@ def plain_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tu
 
 
 def check_secrets(data: dict, is_secret, secure_paths: Optional[set], prefix: tuple = (), stack: Optional[str] = None,
-                  dry_run: bool = True) -> None:
+                  dry_run: bool = True, paths: tuple = SECRET_PATHS) -> None:
     """A password or key written as plain config ends up in plain text in the state: refuse it, saying where
     it is recorded already (plain_text_note). `prefix`: where `data` sits in the config (('hosts', '1') for a
     fleet's host entry)."""
-    for full, node in plain_secrets(data, is_secret, secure_paths, prefix):
+    for full, node in plain_secrets(data, is_secret, secure_paths, prefix, paths):
         key = secret_key(full)
         raise ConfigError('%s is set as plain text, so it would be stored unencrypted in the stack\'s config and '
                           'state. %s. Make it a secret: %s' % (key, plain_text_note(full, node, stack, dry_run),
@@ -515,7 +530,7 @@ def _flat_plain(parts: tuple, value) -> list:
     if parts[0] == 'hosts':
         patterns = [('hosts', parts[1]) + p for p in SECRET_PATHS] if len(parts) > 1 and parts[1].isdigit() else []
     else:
-        patterns = [] if parts[0] in FLEET_KEYS else list(SECRET_PATHS)
+        patterns = list(FLEET_SECRET_PATHS) if parts[0] == 'rollout' else list(SECRET_PATHS)
     out = []
     for s in patterns:
         if parts[:len(s)] == s:
@@ -572,6 +587,8 @@ def stack_file_plain_secrets(stack: str, extra: tuple = ()) -> list:
     for prefix, settings in secret_scopes(data):
         out += [(secret_key(full), full, node, 'nested')
                 for full, node in plain_secrets(settings, lambda key: True, secure, prefix)]
+    out += [(secret_key(full), full, node, 'nested')
+            for full, node in plain_secrets(data, lambda key: True, secure, (), FLEET_SECRET_PATHS)]
     for key, parts, value, how in flat:
         out += [(key, full, node, how) for full, node in _flat_plain(parts, value)]
     return out

@@ -36,7 +36,9 @@ DYNAMIC_KEY = '__provider'   # what a dynamic resource kept in its state: a pick
 # connection and its Proxmox API login. Every call gets them as the resource's `connection` / `api` properties, the
 # way the serving classes read them; they never go back into a resource's inputs or outputs (a stack deployed before
 # the configuration held them in every resource: gone from each at its next refresh or update).
-HOST_KEYS = ('connection', 'api')
+# The fleet lock's password (gpuhost:rollout.fleet_lock.password) is there too, for the same reasons: a secret held once
+# per host, never in a resource's inputs, outputs or state beside them (its other settings are the `rollout` input's).
+HOST_KEYS = ('connection', 'api', 'fleet_lock')
 # The engine decides how many steps run at once (--parallel); the plugin never holds one back.
 MAX_CALLS = 256
 
@@ -50,6 +52,12 @@ def type_of(urn: str) -> str:
     """urn:pulumi:<stack>::<project>::<parent types $>...<type>::<name> -> <type>."""
     parts = urn.split('::')
     return parts[2].split('$')[-1] if len(parts) >= 4 else ''
+
+
+def stack_of(urn: str) -> str:
+    """urn:pulumi:<stack>::<project>::... -> <project>/<stack> (with the host, a fleet lock slot's holder)."""
+    parts = urn.split('::')
+    return '%s/%s' % (parts[1], parts[0].split(':')[-1]) if len(parts) >= 2 else urn
 
 
 def plain(struct, keep_unknowns=False) -> dict:
@@ -167,6 +175,23 @@ def detailed_diff(served, olds: dict, news: dict, old_inputs: dict, new_inputs: 
     return out
 
 
+def lock_preview(served, props: dict) -> None:
+    """The preview's line for a change that may stop a host's SGLang under a fleet lock: the slot it takes."""
+    lock = (props.get('rollout') or {}).get('fleet_lock')
+    step = getattr(served, 'ROLLOUT_STEP', None)
+    if not lock or not step:
+        return
+    try:
+        down = getattr(served, 'goes_down', lambda _p: True)(props)
+    except Exception:  # noqa: BLE001 - unreadable now: the step may go down, so the preview says so
+        down = True
+    if down:
+        from transport.fleetlock import Settings
+        from transport.operator import info
+        info('host %s: %s: `up` takes a slot of %s before a step that may stop SGLang, and gives it back once the '
+             'host serves again' % (props['rollout']['host'], step, Settings.of(lock).words()))
+
+
 def one_line(e: BaseException) -> str:
     """What the engine gets for an exception: "gpuhost: <message>", one line for anything unforeseen, never a Python
     frame, no secret the process holds (transport/errors.py)."""
@@ -248,6 +273,16 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         name = registry.name_of(type_of(urn))
         if gated:
             rollout.wait_for_lane(order, step)
+            # Across stacks: a slot of the fleet's lock (gpuhost:rollout.fleet_lock), kept while the host is down,
+            # released once its SGLang unit is settled in this pass (rollout.record); a failed step keeps it.
+            from transport.fleetlock import Refused
+            try:
+                rollout.take_slot(order, step, self.config.get('fleet_lock'), stack_of(urn))
+            except Refused as e:
+                # Fail closed: the step does not start, and the hosts behind this one stop waiting for it.
+                rollout.record(order['host'], name, 'failed')
+                self.failed(urn, props, step, e)
+                raise
             rollout.record(order['host'], name, 'started')
         try:
             yield
@@ -256,6 +291,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
                 rollout.record(order['host'], name, 'failed')
             self.failed(urn, props, step or 'its %s %s' % (name, urn.split('::')[-1]), e)
             raise
+        if gated:
+            rollout.step_ended(order['host'])
         if order and served is not None:
             rollout.record(order['host'], name, 'done')
 
@@ -304,6 +341,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
             # For the hosts behind this one in its lane: this step will (change) or will not (same) take it down.
             rollout.record(news['rollout']['host'], registry.name_of(type_of(request.urn)),
                            'same' if result.changes is False else 'change')
+            if result.changes is not False:
+                lock_preview(served, news)
         fields = {'changes': proto.DiffResponse.DIFF_UNKNOWN if result.changes is None else
                   proto.DiffResponse.DIFF_SOME if result.changes else proto.DiffResponse.DIFF_NONE}
         if result.replaces is not None:
@@ -471,7 +510,7 @@ ZYGOTE_MAX_REQUEST = 4 << 20
 # What a serving process loads over a pass, beyond this module: loaded once, in the zygote.
 WARM = ('provider.rollout', 'provider.configuration', 'provider.passdir', 'resources.state', 'resources.fields',
         'transport.remote', 'transport.hostreads', 'transport.jobs', 'transport.agent', 'transport.proxmox',
-        'transport.errors', 'transport.operator')
+        'transport.errors', 'transport.operator', 'transport.fleetlock')
 
 
 def _set_name(name: bytes) -> None:

@@ -19,7 +19,14 @@ A wait ends with a refusal, the step untouched, when a step of the pass failed (
 the host ahead may never come), when the host ahead went down in this pass and nothing of the pass has moved for
 STALL_S seconds (its steps stopped: the program or the engine ended them), and on Ctrl-C (the plugin's Cancel). A
 host ahead that nothing in this pass touched while nothing moves for STALL_S (`pulumi up --target` left it out) is
-no reason to wait."""
+no reason to wait.
+
+Across stacks (gpuhost:rollout.fleet_lock, in the host's `rollout` input): after its lane's wait, the step takes a slot
+of the fleet's lock in etcd for its host (take_slot; transport/fleetlock.py) - held by this process, its lease renewed,
+while the host's other steps run - and the slot is released once the host's SGLang unit is settled in this pass
+(record: found unchanged, or its create or update ended). A failed step keeps it: the host may be down, and the slot
+is freed by its TTL once this process ends (the next run, as the same holder, takes it again at once). The etcd
+password comes from the provider's configuration (provider/__main__.py), never from the resource's inputs."""
 
 from __future__ import annotations
 
@@ -76,6 +83,8 @@ def _read(name: str) -> Optional[str]:
 
 def record(host: str, step: str, state: str) -> None:
     _write(_name(host, step), state)
+    if step == UNIT and state in SETTLED:
+        release_slot(host)
 
 
 def state_of(host: str, step: str) -> Optional[str]:
@@ -198,3 +207,80 @@ def _wait_for(host: str, ahead: str, step: str, stall_s: Optional[float], who: s
                         host, step, who, stall))
             pause(POLL_S, 'host %s' % host, '%s %s' % (who.replace(',', ''), what),
                   '%s has not started (nothing of it changed); the next `pulumi up` goes on from there' % step)
+
+
+# -- the fleet's lock (gpuhost:rollout.fleet_lock): this process's slots, by host
+
+_slots: dict = {}          # host -> transport.fleetlock.Slot
+_steps: dict = {}          # host -> gated steps of the host in flight in this process
+_host_locks: dict = {}
+
+
+def _host_lock(host: str) -> threading.Lock:
+    with _lock:
+        return _host_locks.setdefault(host, threading.Lock())
+
+
+def take_slot(rollout: dict, step: str, secret: Optional[dict], stack: str, poll_s: float = 1.0) -> None:
+    """Before `step` of host rollout['host'] (after wait_for_lane): a slot of the fleet lock its rollout names, unless
+    this process holds one for the host already. Nothing when the rollout names no lock (etcd is never asked). Raises
+    OperatorError (the step not started): etcd unreachable or a login refused (fail closed), the pass stopped by a
+    failure while it waited, Ctrl-C."""
+    lock = rollout.get('fleet_lock')
+    host = rollout['host']
+    if not lock:
+        return
+    from transport import fleetlock
+    from transport.operator import OperatorError
+    with _host_lock(host):
+        with _lock:
+            _steps[host] = _steps.get(host, 0) + 1
+            held = _slots.get(host)
+        if held is not None and held.lost is None:
+            return
+        settings = fleetlock.Settings.of(lock, secret)
+        then = '%s has not started (nothing of it changed); the next `pulumi up` goes on from there' % step
+
+        def stop():
+            failed_at = failure()
+            if failed_at is not None:
+                raise OperatorError('host %s: %s not started: the rollout stopped at host %s (%s) in this run; %s keeps '
+                                    'what it has. Fix %s and re-run `pulumi up`: it goes on from there.' % (
+                                        host, step, failed_at[0], failed_at[1], host, failed_at[0]))
+        try:
+            slot = fleetlock.acquire(settings, '%s %s' % (host, stack), 'host %s' % host, then, poll_s=poll_s,
+                                     stop=stop)
+        except fleetlock.Refused as e:
+            step_ended(host)
+            raise fleetlock.Refused('host %s: %s not started: %s' % (host, step, e)) from None
+        except BaseException:
+            step_ended(host)
+            raise
+        with _lock:
+            _slots[host] = slot
+
+
+def step_ended(host: str) -> None:
+    """A gated step of `host` ended well (a failed one stays counted: its slot is kept until the process ends). If
+    the host's SGLang unit was settled already in this pass (a step the unit does not wait for: it was found unchanged
+    while this one ran), the slot goes back now."""
+    with _lock:
+        if _steps.get(host):
+            _steps[host] -= 1
+        idle = not _steps.get(host) and host in _slots
+    if idle and state_of(host, UNIT) in SETTLED:
+        release_slot(host)
+
+
+def release_slot(host: str) -> None:
+    """The host serves again: its slot goes back to the fleet - unless a gated step of it is still in flight here."""
+    with _lock:
+        if _steps.get(host) or host not in _slots:
+            return
+        slot = _slots.pop(host)
+    try:
+        slot.release()
+    except Exception as e:  # noqa: BLE001 - the host serves; an unreleased slot is freed by its TTL
+        from transport.operator import warn
+        warn('host %s: slot %d of %s not released (%s); its TTL frees it' % (host, slot.index, slot.client.s.words(),
+                                                                              e))

@@ -79,7 +79,10 @@ def secret(t: Type) -> Type:
 # ------------------------------------------------------------------ shapes several resources share
 
 # A fleet's host: its place in the rollout (config/fleet.py rollout_info; provider/rollout.py gates on it).
-ROLLOUT = obj('Rollout', host=S, order=arr(S), before=arr(S), after=arr(S), max_unavailable=I, canary=optional(S))
+# fleet_lock: gpuhost:rollout.fleet_lock without its password (that is the provider's configuration: provider/rollout.py).
+ROLLOUT = obj('Rollout', host=S, order=arr(S), before=arr(S), after=arr(S), max_unavailable=I, canary=optional(S),
+              fleet_lock=optional(obj('FleetLock', group=S, slots=I, endpoints=arr(S), ttl_s=I, user=optional(S),
+                                      ca_file=optional(S), cert_file=optional(S), key_file=optional(S))))
 # Where the SGLang service is and how long it may take to start (resources/sglang.py service_props).
 SERVICE = obj('Service', vmid=I, unit_name=S, unit_path=S, venv=S, version=S, endpoint=S, health_timeout=N)
 

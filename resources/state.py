@@ -155,12 +155,16 @@ class ObservedProvider(ResourceProvider):
         return ReadResult(id_, outs, inputs)
 
 
-def host_provider(name: str, connection, api, opts=None):
+def host_provider(name: str, connection, api, opts=None, fleet_lock=None):
     """The gpuhost provider plugin's instance for one host (provider/): every custom resource of that host is
     served by it (components pass it on to their children: `providers`). Its configuration is the host's SSH
     connection and Proxmox API login, both secrets, held once here rather than in every resource's inputs
-    (the plugin hands them to each call: provider/__main__.py)."""
-    return pulumi.ProviderResource('gpuhost', name, {'connection': connection, 'api': api}, opts)
+    (the plugin hands them to each call: provider/__main__.py) - and the fleet lock's password when it has one
+    (gpuhost:rollout.fleet_lock.password, a secret: a new one updates the provider, never a resource)."""
+    args = {'connection': connection, 'api': api}
+    if fleet_lock is not None:
+        args['fleet_lock'] = fleet_lock
+    return pulumi.ProviderResource('gpuhost', name, args, opts)
 
 
 class GpuhostResource(pulumi.CustomResource):

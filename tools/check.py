@@ -5,7 +5,8 @@
 What is checked is what `up` checks before any step (components/preflight.py, the same code), plus what only
 matters later and `up` cannot refuse for (IOMMU and SEV-SNP in the firmware). It contacts each host over SSH
 with the pinned host key and its Proxmox API, and changes nothing on either: one read-only SSH command
-(host_facts.sh), one more to look for the unit name in the container (ct_unit_owner.sh), and API GETs.
+(host_facts.sh), one more to look for the unit name in the container (ct_unit_owner.sh), and API GETs - and, with
+gpuhost:rollout.fleet_lock, one read of the lock's slots in etcd (who holds them; nothing taken).
 
 The stack's config is read the way the program gets it - `pulumi config --show-secrets`, secure values
 decrypted with the stack's passphrase - and no secret is ever printed. Exit status: 0 when everything holds,
@@ -75,6 +76,24 @@ def host_lines(results) -> list:
     return lines
 
 
+def fleet_lock_line(fleet) -> tuple:
+    """(line, problem) for gpuhost:rollout.fleet_lock: etcd answers (and takes the login) and who holds the slots
+    now - one range read, nothing taken. (None, False) without the lock."""
+    from transport import fleetlock
+    lock = fleet.rollout.fleet_lock
+    if lock is None:
+        return None, False
+    settings = fleetlock.Settings.of(lock.plain(), fleet.fleet_lock_secret())
+    try:
+        held = fleetlock.Client(settings).holders()
+    except fleetlock.Refused as e:
+        return '  %s %s' % (BAD, e), True
+    return '  %s %s answers%s: %d of %d slot%s held%s' % (
+        OK, settings.words(), ' (user %s)' % settings.user if settings.user else '', len(held), settings.slots,
+        '' if settings.slots == 1 else 's', ''.join('%s %d: %s' % (',' if i else ' -', k, v)
+                                                    for i, (k, v) in enumerate(sorted(held.items())))), False
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -104,6 +123,11 @@ def main(argv=None) -> int:
             continue
         print('\n'.join(host_lines(results)))
         missing += sum(1 for r in results if r.problem or r.skipped)
+    line, problem = fleet_lock_line(fleet)
+    if line:
+        print('the fleet lock (gpuhost:rollout.fleet_lock):')
+        print(line)
+        missing += int(problem)
     print()
     if missing:
         print('%d prerequisite%s missing or not checked; nothing was changed. Fix them (each ✗ says how) and run '

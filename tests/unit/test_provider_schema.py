@@ -15,6 +15,12 @@ from provider import registry
 from tools import provider_schema
 
 
+# gpuhost:rollout.fleet_lock with every optional setting.
+FLEET_LOCK = {'group': 'lab', 'slots': 1, 'endpoints': ['https://etcd.example:2379'], 'ca_file': '/etc/etcd/ca.pem',
+              'cert_file': '/etc/etcd/client.pem', 'key_file': '/etc/etcd/client-key.pem', 'user': 'lock',
+              'password': 'etcd-unit-test-password'}
+
+
 def runs():
     """(label, resources) of the program under mocks: the lab stack, the two-host fleet, the lab with its optional
     inputs set."""
@@ -28,7 +34,8 @@ def runs():
     if 'nvidia' in two.get('runtime', {}):
         two['nvidia'] = {'driver': dict(two['runtime'].pop('nvidia'))}   # a fleet's driver: rollout too
     two['rollout'] = dict(two.get('rollout') or {}, max_unavailable=2, canary={
-        'window_s': 10, 'min_samples': 5, 'prometheus': 'http://prometheus.example:9090', 'baseline': 'restart'})
+        'window_s': 10, 'min_samples': 5, 'prometheus': 'http://prometheus.example:9090', 'baseline': 'restart'},
+                          fleet_lock=FLEET_LOCK)
     full = copy.deepcopy(lab_data())
     full['sglang'].update(api_key='sk-unit-test-key-0123456789abcdef', proof={'enabled': True, 'min_busbw_gbps': 40.5})
     full['model'].update(source='hf://Qwen/Qwen3.5-122B-A10B', timeout_s=7200, max_bytes_per_s=100000000)
@@ -132,3 +139,24 @@ def test_two_declarations_of_one_object_type_must_agree(monkeypatch):
     monkeypatch.setattr(HostFileProvider, 'INPUTS', dict(HostFileProvider.INPUTS, service=obj('Service', vmid=S)))
     with pytest.raises(provider_schema.Conflict, match='object type gpuhost:index:Service is declared twice'):
         provider_schema.schema()
+
+
+def test_the_fleet_locks_password_is_in_each_hosts_provider_configuration_as_a_secret_and_nowhere_else():
+    import config
+    from lab import fleet
+    from pulumi.runtime import rpc
+    from tests.unit.program import run_program
+    from tests.unit.test_runtime import FILES
+    entries = [fleet.host_entry(i, fleet.host_spec(i, fleet.addresses(i)), '.lab-fleet/gpu%02d' % i) for i in (1, 2)]
+    two = {k.split(':', 1)[1]: v for k, v in fleet.stack_config(entries).items()}
+    two['rollout'] = dict(two.get('rollout') or {}, fleet_lock=FLEET_LOCK)
+    resources = run_program(config.parse_fleet(two), FILES)['resources']
+    providers = [r for r in resources if r.typ == 'pulumi:providers:gpuhost']
+    assert len(providers) == 2
+    for r in providers:
+        assert rpc.is_rpc_secret(r.inputs['fleet_lock'])
+        assert rpc.unwrap_rpc_secret(r.inputs['fleet_lock']) == {'password': FLEET_LOCK['password']}
+    gated = [r for r in resources if isinstance(r.inputs.get('rollout'), dict)]
+    assert gated and all(r.inputs['rollout']['fleet_lock']['group'] == 'lab' for r in gated)
+    others = [r for r in resources if r.typ != 'pulumi:providers:gpuhost']
+    assert FLEET_LOCK['password'] not in json.dumps([r.inputs for r in others], default=str)

@@ -292,3 +292,75 @@ def test_with_a_canary_the_first_host_is_named_in_every_hosts_rollout_and_takes_
                                    'inconclusive': 'rollback', 'slo': {'itl_p95_ms': 80.0}, 'baseline': 'running'}
     plain = fleet(entry('gpu01', 1), entry('gpu02', 2))
     assert 'canary' not in plain.rollout_info(1) and plain.canary_settings() is None
+
+
+LOCK = {'group': 'prod-gpu', 'slots': 2, 'endpoints': ['http://127.0.0.1:2379']}
+
+
+@pytest.mark.parametrize('lock,message', [
+    (dict(LOCK, group='Prod/GPU'), r"gpuhost:rollout.fleet_lock.group: 'Prod/GPU' is not a fleet lock group "
+                                   r"\(lowercase letters, digits.*/gpuhost/fleetlock/<group>/slot/<i>\); write e.g. "
+                                   r"prod-gpu"),
+    (dict(LOCK, group=''), r"gpuhost:rollout.fleet_lock.group: '' is not a fleet lock group"),
+    (dict(LOCK, slots=0), r'gpuhost:rollout.fleet_lock.slots: 0 - input should be greater than or equal to 1'),
+    (dict(LOCK, endpoints=['etcd1:2379']), r"gpuhost:rollout.fleet_lock.endpoints\[0\]: 'etcd1:2379' is not the "
+                                           r"http\(s\) URL of an etcd member's client endpoint .* write e.g. "
+                                           r"https://etcd1.example.internal:2379"),
+    (dict(LOCK, endpoints=['http://root:pw@etcd1:2379']), r'gpuhost:rollout.fleet_lock.endpoints\[0\]: holds '
+                                                          r'credentials .*set gpuhost:rollout.fleet_lock.user, and its '
+                                                          r'password as a secret'),
+    (dict(LOCK, endpoints=[]), r'gpuhost:rollout.fleet_lock.endpoints: \[\] - list should have at least 1 item'),
+    (dict(LOCK, ttl_s=1), r'gpuhost:rollout.fleet_lock.ttl_s: 1 - input should be greater than or equal to 5'),
+    (dict(LOCK, user='lock'), r'gpuhost:rollout.fleet_lock: a user needs a password and a password a user'),
+    (dict(LOCK, cert_file='c.pem'), r'gpuhost:rollout.fleet_lock: cert_file and key_file go together'),
+    (dict(LOCK, ca_file='ca.pem'), r'gpuhost:rollout.fleet_lock: ca_file is set, but endpoint http://127.0.0.1:2379 '
+                                   r'is http: TLS settings need https endpoints'),
+    (dict(LOCK, size=3), r'gpuhost:rollout.fleet_lock.size is not a setting here'),
+])
+def test_fleet_lock_refusals_name_the_key_the_value_and_the_fix(lock, message):
+    with pytest.raises(config.ConfigError, match=message):
+        fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'fleet_lock': lock})
+
+
+def test_the_fleet_lock_reaches_every_hosts_rollout_without_its_password():
+    f = fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'fleet_lock': dict(
+        LOCK, endpoints=['https://etcd1:2379/', 'https://etcd2:2379'], ca_file='/etc/etcd/ca.pem', user='lock',
+        password='pw-not-shown')})
+    for i in range(2):
+        assert f.rollout_info(i)['fleet_lock'] == {
+            'group': 'prod-gpu', 'slots': 2, 'endpoints': ['https://etcd1:2379', 'https://etcd2:2379'], 'ttl_s': 60,
+            'user': 'lock', 'ca_file': '/etc/etcd/ca.pem'}
+    assert f.fleet_lock_secret() == {'password': 'pw-not-shown'}
+    off = fleet(entry('gpu01', 1), entry('gpu02', 2))
+    assert 'fleet_lock' not in off.rollout_info(1) and off.fleet_lock_secret() is None
+
+
+def test_a_fleet_lock_password_must_be_a_secret_and_a_bad_one_is_never_shown():
+    data = copy.deepcopy(lab_data())
+    data.update(hosts=[entry('gpu01', 1), entry('gpu02', 2)],
+                rollout={'fleet_lock': dict(LOCK, user='lock', password='hunter2')})
+    plain_rollout = lambda key: key != 'gpuhost:rollout'   # noqa: E731 - the engine's flag: gpuhost:rollout is plain
+    with pytest.raises(config.ConfigError) as e:
+        config.load.fleet_from_data(data, plain_rollout, None)
+    assert str(e.value).startswith('gpuhost:rollout.fleet_lock.password is set as plain text')
+    assert 'hunter2' not in str(e.value) and 'pulumi config set --secret --path gpuhost:rollout.fleet_lock.password' \
+        in str(e.value)
+    assert config.load.fleet_from_data(data, lambda key: True, None).fleet_lock_secret() == {'password': 'hunter2'}
+    data['rollout']['fleet_lock']['password'] = 'bad\nline'
+    with pytest.raises(config.ConfigError) as e:
+        config.load.fleet_from_data(data, lambda key: True, None)
+    assert 'gpuhost:rollout.fleet_lock.password' in str(e.value) and 'bad' not in str(e.value)
+
+
+def test_the_fleet_locks_tls_files_are_read_at_preview(tmp_path):
+    (tmp_path / 'ca.pem').write_text('-----BEGIN CERTIFICATE-----\n')
+    lock = dict(LOCK, endpoints=['https://etcd1:2379'], ca_file='ca.pem', cert_file='client.pem',
+                key_file='client-key.pem')
+    f = fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'fleet_lock': lock})
+    with pytest.raises(config.ConfigError) as e:
+        config.load.fleet_lock_files(f, str(tmp_path))
+    assert str(e.value) == ('gpuhost:rollout.fleet_lock.cert_file: cannot read %s: No such file or directory'
+                            % (tmp_path / 'client.pem'))
+    (tmp_path / 'client.pem').write_text('cert')
+    (tmp_path / 'client-key.pem').write_text('key')
+    config.load.fleet_lock_files(f, str(tmp_path))

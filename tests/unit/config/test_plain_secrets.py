@@ -114,3 +114,11 @@ def test_secret_paths_are_the_models_secret_fields():
                 elif isinstance(t, type) and issubclass(t, BaseModel):
                     yield from walk(t, path + (name,))
     assert sorted(walk(Deployment, ())) == sorted(load.SECRET_PATHS)
+
+
+def test_the_fleet_locks_plain_password_is_found_nested_and_flat(stack_file):
+    lock = {'group': 'g', 'slots': 1, 'endpoints': ['http://e:2379'], 'user': 'u', 'password': 'plain'}
+    key = 'gpuhost:rollout.fleet_lock.password'
+    assert stack_file({'gpuhost:rollout': {'fleet_lock': lock}}) == [(key, 'nested')]
+    assert stack_file({key: 'plain'}) == [(key, 'flat')]
+    assert stack_file({'gpuhost:rollout': {'fleet_lock': dict(lock, password=SECURE)}}) == []
