@@ -322,6 +322,12 @@ def parse_fleet(data: dict) -> Fleet:
                           'baseline %s restart together), but gpuhost:rollout.max_unavailable is %d; set '
                           'max_unavailable: 2 or more, or baseline: running (the other hosts, as they run, are the '
                           'baseline; nothing else restarts)' % (out[0].name, out[1].name, rollout.max_unavailable))
+    if rollout.canary is not None and rollout.canary.baseline == 'restart' and rollout.fleet_lock is not None and \
+            rollout.fleet_lock.slots < 2:
+        # Its two hosts each take a slot of the lock: with one, the baseline would wait for the canary's for ever.
+        raise ConfigError('gpuhost:rollout.canary.baseline: restart takes two hosts down at once, each with a slot of '
+                          'the fleet lock, but gpuhost:rollout.fleet_lock.slots is %d; set slots: 2 or more (the same '
+                          'in every stack sharing the lock), or baseline: running' % rollout.fleet_lock.slots)
     return Fleet(out, rollout, True)
 
 

@@ -271,6 +271,9 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
         step = getattr(served, 'ROLLOUT_STEP', None) if served is not None else None
         gated = bool(order and step and getattr(served, 'goes_down', lambda _p: True)(props))
         name = registry.name_of(type_of(urn))
+        # baseline: restart - the canary's step restarts its baseline host too (resources/sglang.py BaselineRestart):
+        # that host's slot with the canary's, given back once its own SGLang unit is settled.
+        baseline = ((props.get('canary') or {}).get('restart') or {}).get('host') if gated else None
         if gated:
             rollout.wait_for_lane(order, step)
             # Across stacks: a slot of the fleet's lock (gpuhost:rollout.fleet_lock), kept while the host is down,
@@ -278,6 +281,9 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
             from transport.fleetlock import Refused
             try:
                 rollout.take_slot(order, step, self.config.get('fleet_lock'), stack_of(urn))
+                if baseline:
+                    rollout.take_slot(dict(order, host=baseline), 'its restart as the canary\'s baseline',
+                                      self.config.get('fleet_lock'), stack_of(urn))
             except Refused as e:
                 # Fail closed: the step does not start, and the hosts behind this one stop waiting for it.
                 rollout.record(order['host'], name, 'failed')
@@ -293,6 +299,8 @@ class GpuhostProvider(provider_pb2_grpc.ResourceProviderServicer):
             raise
         if gated:
             rollout.step_ended(order['host'])
+            if baseline:
+                rollout.step_ended(baseline)
         if order and served is not None:
             rollout.record(order['host'], name, 'done')
 

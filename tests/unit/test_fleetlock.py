@@ -235,6 +235,29 @@ def test_the_plugin_takes_the_hosts_slot_before_it_goes_down_and_gives_it_back_o
     assert fleetlock.Client(s).holders() == {0: 'gpu02 gpuhost/shard-a'}, 'a failed step gave its slot back'
 
 
+def test_a_canary_that_restarts_its_baseline_holds_that_hosts_slot_too_until_the_baseline_serves_its_own_change(
+        etcd, plugin_pass):
+    """baseline: restart - the canary's SGLang step restarts gpu02 as its baseline: both hosts' slots are held during
+    it; the canary's goes back when its unit is done, gpu02's when its own unit has taken the change (its step takes
+    the slot it holds already, never a third)."""
+    from provider.__main__ import GpuhostProvider
+    rollout = plugin_pass
+    s = settings(etcd, slots=2)
+    lock = {'group': s.group, 'slots': 2, 'endpoints': [etcd], 'ttl_s': TTL}
+
+    def order(host):
+        return {'host': host, 'before': [], 'after': [], 'max_unavailable': 2, 'order': ['gpu01', 'gpu02', 'gpu03'],
+                'canary': 'gpu01', 'fleet_lock': lock}
+    p = GpuhostProvider()
+    canary = {'host': 'gpu01', 'restart': {'host': 'gpu02'}}
+    with p.step(UNIT_URN % 'gpu01', {'rollout': order('gpu01'), 'canary': canary}, Unit()):
+        assert sorted(fleetlock.Client(s).holders().values()) == ['gpu01 gpuhost/shard-a', 'gpu02 gpuhost/shard-a']
+    assert list(fleetlock.Client(s).holders().values()) == ['gpu02 gpuhost/shard-a'], 'the baseline is not done yet'
+    with p.step(UNIT_URN % 'gpu02', {'rollout': order('gpu02')}, Unit()):
+        assert list(fleetlock.Client(s).holders().values()) == ['gpu02 gpuhost/shard-a']
+    assert fleetlock.Client(s).holders() == {}
+
+
 def test_the_plugin_refuses_a_disruptive_step_when_etcd_is_down_and_runs_the_others(plugin_pass):
     from provider.__main__ import GpuhostProvider
     url = 'http://127.0.0.1:%d' % free_port()

@@ -281,6 +281,12 @@ def test_a_canary_needs_hosts_to_compare_with_and_a_restarted_baseline_needs_two
         fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'canary': {'baseline': 'restart'}})
     f = fleet(entry('gpu01', 1), entry('gpu02', 2), rollout={'max_unavailable': 2, 'canary': {'baseline': 'restart'}})
     assert f.canary_settings()['baseline'] == 'restart'
+    lock = {'group': 'prod', 'slots': 1, 'endpoints': ['http://127.0.0.1:2379']}
+    with pytest.raises(config.ConfigError, match=r'gpuhost:rollout.canary.baseline: restart takes two hosts down at '
+                                                 r'once, each with a slot of the fleet lock, but '
+                                                 r'gpuhost:rollout.fleet_lock.slots is 1; set slots: 2 or more'):
+        fleet(entry('gpu01', 1), entry('gpu02', 2),
+              rollout={'max_unavailable': 2, 'canary': {'baseline': 'restart'}, 'fleet_lock': lock})
 
 
 def test_with_a_canary_the_first_host_is_named_in_every_hosts_rollout_and_takes_the_settings():
