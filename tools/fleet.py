@@ -57,7 +57,7 @@ class FleetError(Exception):
 
 def stack_config(stack: str, root: str = ROOT) -> dict:
     import yaml
-    path = os.path.join(root, 'Pulumi.%s.yaml' % stack)
+    path = os.path.join(root, 'Pulumi.%s.yaml' % stack.split('/')[-1])   # org/project/stack: its file is the stack's
     try:
         with open(path) as f:
             return (yaml.safe_load(f) or {}).get('config') or {}

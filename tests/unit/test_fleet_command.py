@@ -99,7 +99,8 @@ def test_a_failing_shard_is_named_by_its_first_error_line():
     # A heading and its first item: the host and what is wrong with it.
     assert fleet.first_line('invalid stack configuration for host gpu06 (gpuhost:hosts[0] ...):\n'
                             '  - gpuhost:sglang.tp: 3 is not a power of two\n  - another') == \
-        'invalid stack configuration for host gpu06 (gpuhost:hosts[0] ...): - gpuhost:sglang.tp: 3 is not a power of two'
+        'invalid stack configuration for host gpu06 (gpuhost:hosts[0] ...): - gpuhost:sglang.tp: 3 is not a power ' \
+        'of two'
     assert [r[1:3] for r in t.rows()] == [['gpu06', 'unknown: shard failed']]
 
 
