@@ -279,8 +279,12 @@ def run_shard(shard: Shard, action: str, root: str = ROOT) -> Shard:
             try:
                 stack = auto.select_stack(shard.name, work_dir=root, opts=opts)
             except auto.StackNotFoundError:
-                shard.error = ('stack %s does not exist in the backend %s; make it first (. ./.env.sh && pulumi '
-                               'stack init --secrets-provider passphrase %s) or set PULUMI_BACKEND_URL' % (
+                # As tools/run.sh select_stack: only the operator makes a stack (an empty one would plan to create
+                # or adopt everything on its hosts).
+                shard.error = ('stack %s does not exist in the backend %s (PULUMI_BACKEND_URL; this checkout\'s .state '
+                               'when it is not set); if its state lives elsewhere, export PULUMI_BACKEND_URL=<that '
+                               'backend> and re-run; to start a new stack in this backend on purpose: . ./.env.sh && '
+                               'pulumi stack init --secrets-provider passphrase %s' % (
                                    shard.name, env.get('PULUMI_BACKEND_URL') or os.environ.get('PULUMI_BACKEND_URL'),
                                    shard.name))
                 return shard
