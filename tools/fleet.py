@@ -27,7 +27,7 @@ import argparse
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,8 +313,21 @@ def run_all(stacks, action: str, parallel: int, root: str = ROOT) -> list:
     for name in stacks:
         cfg = stack_config(name, root)
         shards.append(Shard(name, host_names(cfg), lock_group(cfg), done=action == 'up'))
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        list(pool.map(lambda s: run_shard(s, action, root), shards))
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel))
+    futures = [pool.submit(run_shard, s, action, root) for s in shards]
+    try:
+        wait(futures)
+    except KeyboardInterrupt:
+        # Ctrl-C on a terminal reached every shard's pulumi too (one process group): each ends its steps in flight
+        # and stops, as `pulumi up` does. Shards not started yet never start; the running ones are waited for, so
+        # no host is left mid-step by this process (a second Ctrl-C ends the wait: main says so).
+        for f, shard in zip(futures, shards):
+            if f.cancel():
+                shard.error = 'not started: interrupted (Ctrl-C)'
+        print('fleet: interrupted - waiting for the shards that run now to end their steps in flight',
+              file=sys.stderr)
+        wait(futures)
+    pool.shutdown(wait=False)
     return shards
 
 
@@ -371,16 +384,21 @@ def main(argv=None) -> int:
     except FleetError as e:
         print('fleet: %s' % e, file=sys.stderr)
         return 2
-    if a.action == 'up' and not a.yes:
-        code = report(run_all(stacks, 'preview', a.parallel, root), 'preview')
-        if code:
-            return code
-        if not sys.stdin.isatty():
-            print('fleet: not applied: confirm on a terminal, or pass --yes (make fleet-up YES=1)', file=sys.stderr)
-            return 2
-        if input('Apply this to %d shard(s)? [y/N] ' % len(stacks)).strip().lower() not in ('y', 'yes'):
-            return 1
-    return report(run_all(stacks, a.action, a.parallel, root), a.action)
+    try:
+        if a.action == 'up' and not a.yes:
+            code = report(run_all(stacks, 'preview', a.parallel, root), 'preview')
+            if code:
+                return code
+            if not sys.stdin.isatty():
+                print('fleet: not applied: confirm on a terminal, or pass --yes (make fleet-up YES=1)', file=sys.stderr)
+                return 2
+            if input('Apply this to %d shard(s)? [y/N] ' % len(stacks)).strip().lower() not in ('y', 'yes'):
+                return 1
+        return report(run_all(stacks, a.action, a.parallel, root), a.action)
+    except KeyboardInterrupt:
+        print('fleet: interrupted again: the shards\' pulumi runs stop now, a step in flight may be cut short (pulumi '
+              'says which); `make fleet-preview` shows where each shard stands', file=sys.stderr)
+        return 130
 
 
 def report(shards, action: str) -> int:

@@ -126,3 +126,31 @@ def test_refusals_before_any_shard_runs(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert 'set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE' in err
     assert os.environ.get('PULUMI_CONFIG_PASSPHRASE') is None
+
+
+def test_ctrl_c_starts_no_further_shard_and_waits_for_the_running_ones(monkeypatch, capsys):
+    import threading
+    import time
+    release = threading.Event()
+    ran = []
+
+    def run_shard(shard, action, root):
+        ran.append(shard.name)
+        release.wait(5)        # the running shard's pulumi ends its steps in flight, then returns
+        return shard
+    real_wait, calls = fleet.wait, []
+
+    def wait(futures):
+        calls.append(len(futures))
+        if len(calls) == 1:
+            while not ran:     # Ctrl-C while the first shard runs
+                time.sleep(0.01)
+            raise KeyboardInterrupt
+        release.set()
+        return real_wait(futures)
+    monkeypatch.setattr(fleet, 'run_shard', run_shard)
+    monkeypatch.setattr(fleet, 'wait', wait)
+    shards = fleet.run_all(['site-a', 'site-b', 'site-c'], 'up', 1, root='/nonexistent')
+    assert ran == ['site-a'] and calls == [3, 3]
+    assert [s.error for s in shards] == [None, 'not started: interrupted (Ctrl-C)', 'not started: interrupted (Ctrl-C)']
+    assert 'waiting for the shards that run now' in capsys.readouterr().err
