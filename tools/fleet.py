@@ -55,14 +55,30 @@ class FleetError(Exception):
 
 # ------------------------------------------------------------------ the stacks' config (read, never decrypted)
 
-def stack_config(stack: str, root: str = ROOT) -> dict:
+def _config(path: str) -> dict:
     import yaml
-    path = os.path.join(root, 'Pulumi.%s.yaml' % stack.split('/')[-1])   # org/project/stack: its file is the stack's
     try:
         with open(path) as f:
-            return (yaml.safe_load(f) or {}).get('config') or {}
+            doc = yaml.safe_load(f) or {}
     except FileNotFoundError:
         return {}
+    cfg = doc.get('config') if isinstance(doc, dict) else None
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def stack_config(stack: str, root: str = ROOT) -> dict:
+    """The stack's config as its program sees it, secure: values left as they are: the project's `config:` in
+    Pulumi.yaml (each key's `value`, docs/fleets.md "Sharding": the settings every shard shares - the fleet lock's
+    group, say) under Pulumi.<stack>.yaml's keys, a key the stack sets replacing the project's whole as Pulumi does."""
+    out = {}
+    for key, v in _config(os.path.join(root, 'Pulumi.yaml')).items():
+        if isinstance(v, dict) and ('value' in v or 'default' in v):
+            out[key] = v.get('value', v.get('default'))
+        elif not isinstance(v, dict) or 'type' not in v:
+            out[key] = v
+    # org/project/stack: its file is the stack's
+    out.update(_config(os.path.join(root, 'Pulumi.%s.yaml' % stack.split('/')[-1])))
+    return out
 
 
 def shard_stacks(root: str = ROOT) -> list:
@@ -70,9 +86,8 @@ def shard_stacks(root: str = ROOT) -> list:
     out = []
     for name in sorted(os.listdir(root)):
         if name.startswith('Pulumi.') and name.endswith('.yaml') and name != 'Pulumi.yaml':
-            stack = name[len('Pulumi.'):-len('.yaml')]
-            if stack_config(stack, root).get('gpuhost:hosts'):
-                out.append(stack)
+            if _config(os.path.join(root, name)).get('gpuhost:hosts'):
+                out.append(name[len('Pulumi.'):-len('.yaml')])
     return out
 
 
@@ -81,11 +96,14 @@ def host_names(cfg: dict) -> list:
 
 
 def lock_group(cfg: dict) -> str:
-    """The fleet lock's group (gpuhost:rollout.fleet_lock.group), '-' without one."""
-    lock = (cfg.get('gpuhost:rollout') or {}).get('fleet_lock') if isinstance(cfg.get('gpuhost:rollout'), dict) \
-        else None
+    """The fleet lock's group and its slots (gpuhost:rollout.fleet_lock: `rack-7 (2 slots)`), '-' without one."""
+    rollout = cfg.get('gpuhost:rollout')
+    lock = rollout.get('fleet_lock') if isinstance(rollout, dict) else None
     group = lock.get('group') if isinstance(lock, dict) else None
-    return str(group) if group else '-'
+    if not group:
+        return '-'
+    slots = lock.get('slots')
+    return '%s (%s slot%s)' % (group, slots, '' if slots == 1 else 's') if slots else str(group)
 
 
 # ------------------------------------------------------------------ the table (pure)

@@ -105,15 +105,21 @@ def test_a_failing_shard_is_named_by_its_first_error_line():
 
 
 def test_shard_stacks_are_those_that_list_hosts_and_the_lock_group_comes_from_their_config(tmp_path):
-    (tmp_path / 'Pulumi.yaml').write_text('name: gpuhost\n')
-    (tmp_path / 'Pulumi.site-a.yaml').write_text(
-        'config:\n  gpuhost:hosts:\n    - name: gpu01\n  gpuhost:rollout:\n    fleet_lock: {group: rack-7}\n')
+    # The lock shared by every shard in the project's config; site-b sets its own gpuhost:rollout, which replaces it.
+    (tmp_path / 'Pulumi.yaml').write_text(
+        'name: gpuhost\nconfig:\n  gpuhost:rollout:\n    value: {fleet_lock: {group: fleet, slots: 2}}\n')
+    (tmp_path / 'Pulumi.site-a.yaml').write_text('config:\n  gpuhost:hosts:\n    - name: gpu01\n')
+    (tmp_path / 'Pulumi.site-b.yaml').write_text(
+        'config:\n  gpuhost:hosts:\n    - name: gpu02\n  gpuhost:rollout:\n    fleet_lock: {group: rack-7, slots: 1}\n')
     (tmp_path / 'Pulumi.lab.yaml').write_text('config:\n  gpuhost:host: {address: 127.0.0.3}\n')
     (tmp_path / 'Pulumi.empty.yaml').write_text('')
-    assert fleet.shard_stacks(str(tmp_path)) == ['site-a']
+    assert fleet.shard_stacks(str(tmp_path)) == ['site-a', 'site-b']
     cfg = fleet.stack_config('site-a', str(tmp_path))
-    assert fleet.host_names(cfg) == ['gpu01'] and fleet.lock_group(cfg) == 'rack-7'
+    assert fleet.host_names(cfg) == ['gpu01'] and fleet.lock_group(cfg) == 'fleet (2 slots)'
+    cfg = fleet.stack_config('organization/gpuhost/site-b', str(tmp_path))
+    assert fleet.host_names(cfg) == ['gpu02'] and fleet.lock_group(cfg) == 'rack-7 (1 slot)'
     assert fleet.lock_group({'gpuhost:rollout': {'max_unavailable': 1}}) == '-'
+    assert fleet.lock_group(fleet.stack_config('lab', str(tmp_path))) == 'fleet (2 slots)'
 
 
 def test_refusals_before_any_shard_runs(tmp_path, monkeypatch, capsys):
