@@ -4,7 +4,7 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up check test test-fast lab lab-down preview render monitoring docs lock bench bench-fleet bench-serve bootstrap clean
+.PHONY: up check test test-fast lab lab-down preview fleet-preview fleet-up render monitoring docs lock bench bench-fleet bench-serve bootstrap clean
 
 up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
@@ -26,6 +26,12 @@ lab-down:      ## stop the lab (and the fleet lab) and wipe its state
 
 preview:       ## pulumi preview --diff of STACK with the policy pack, contacting no host (other than lab: PULUMI_CONFIG_PASSPHRASE(_FILE))
 	@tools/run.sh preview $(STACK) $(ARGS)
+
+fleet-preview: ## every shard stack's preview at once (Automation API), one merged table: shard, host, what changes, SGLang restarts, reboots, lock group; STACKS='a b' (default: every Pulumi.<stack>.yaml with gpuhost:hosts), PARALLEL=K shards at once (4); exit 1 if a shard failed
+	@tools/run.sh fleet preview $(foreach s,$(STACKS),--stack '$(s)') $(if $(PARALLEL),--parallel '$(PARALLEL)')
+
+fleet-up:      ## every shard stack's `up --refresh` at once, as make up does each, after the merged preview and a question (YES=1: none); the table of what was done, each shard's host table; STACKS, PARALLEL as fleet-preview
+	@tools/run.sh fleet up $(foreach s,$(STACKS),--stack '$(s)') $(if $(PARALLEL),--parallel '$(PARALLEL)') $(if $(YES),--yes)
 
 render:        ## write every file STACK would put on its hosts into OUT, contacting nothing
 	@tools/run.sh render $(STACK) $(OUT)

@@ -207,6 +207,13 @@ case "$cmd" in
     policy_args "$stack"
     pulumi preview --diff "${policy[@]}" "$@"
     ;;
+  fleet)
+    deps
+    engine_parallel
+    # Every shard stack at once (tools/fleet.py): the stacks, their passphrase and plain-text credentials are
+    # checked there, each shard with the policy pack as `make preview`/`make up` run it.
+    python -m tools.fleet "$@"
+    ;;
   check)
     deps
     # The lab stack's host is the lab: started unless running (its config names the lab's generated keys).
@@ -242,5 +249,5 @@ case "$cmd" in
     # Every variant's `up` runs with the same policy pack as `make up`.
     python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
     ;;
-  *) echo "usage: tools/run.sh up [STACK [flags]]|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK [flags]|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
+  *) echo "usage: tools/run.sh up [STACK [flags]]|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK [flags]|fleet preview|up [--stack S]... [--parallel K] [--yes]|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac

@@ -310,6 +310,87 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
     assert res.returncode != 0 and 'shards: organization/gpuhost/shard-b is listed twice' in res.stdout + res.stderr
 
 
+def fleet_command(fleet, *args):
+    """`python -m tools.fleet` (what `make fleet-preview` and `make fleet-up` run) on the fleet's project copy."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, '-m', 'tools.fleet'] + list(args) + ['--cwd', fleet.project], cwd=REPO,
+                          env=fleet.env, capture_output=True, text=True, timeout=300)
+
+
+def merged_rows(stdout):
+    """{host: {column: value}} of the merged table the fleet command prints (columns apart by 2+ spaces)."""
+    import re
+    lines = stdout.splitlines()
+    head = re.split(r'\s{2,}', lines[0].strip())
+    rows = [dict(zip(head, re.split(r'\s{2,}', ln.strip()))) for ln in lines[2:] if ln.strip()
+            and not ln.startswith(('preview:', 'up:'))]
+    return {r['host']: r for r in rows}
+
+
+def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet):
+    """Issue 61's fleet command on the two shard stacks the test above left (fleet: gpu01, gpu03, gpu04; shard-b:
+    gpu02): one merged preview of a change that restarts SGLang on every host, each host with its shard; a shard whose
+    config is broken named in one line while the other shard's preview still completes; then the change applied to
+    both shards at once, each host's SGLang restarted once, with each shard's host table and the merged targets. (The
+    change stays deployed: the tests after this one start from the stacks' files.)"""
+    import copy
+    import yaml
+    configs, changed = {}, {}
+    for stack in (STACK, 'shard-b'):
+        with open(os.path.join(fleet.project, 'Pulumi.%s.yaml' % stack)) as f:
+            configs[stack] = yaml.safe_load(f)['config']
+        changed[stack] = copy.deepcopy(configs[stack])
+        changed[stack]['gpuhost:sglang'] = dict(configs[stack]['gpuhost:sglang'], environment={'NCCL_DEBUG': 'WARN'})
+    # The lab's SGLang listens on every address of its container: the lab's stacks opt in (policy/, as lab-fleet).
+    os.makedirs(os.path.join(fleet.project, 'policy'), exist_ok=True)
+    for stack in configs:
+        shutil.copyfile(os.path.join(REPO, 'policy', 'config.lab-fleet.json'),
+                        os.path.join(fleet.project, 'policy', 'config.%s.json' % stack))
+    starts = {n: lab.unit_starts() for n, lab in fleet.labs.items()}
+    shard_of = {h: STACK if h != 'gpu02' else 'shard-b' for h in ('gpu01', 'gpu02', 'gpu03', 'gpu04')}
+    try:
+        for stack, cfg in changed.items():
+            fleet.write_stack(stack, cfg)
+        res = fleet_command(fleet, 'preview', '--stack', STACK, '--stack', 'shard-b', '--parallel', '2')
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = merged_rows(res.stdout)
+        assert {h: (r['shard'], r['SGLang'], r['reboot'], r['lock group']) for h, r in rows.items()} == {
+            h: (shard, 'restart', '-', '-') for h, shard in shard_of.items()}, res.stdout
+        assert all('sglang-unit' in r['what changes'] for r in rows.values()), res.stdout
+        assert 'preview: 2 of 2 shards succeeded' in res.stdout
+
+        # shard-b's host asks for another tensor parallelism than its GPUs give: refused by the program, named.
+        bad = copy.deepcopy(changed['shard-b'])
+        bad['gpuhost:hosts'][0]['sglang'] = {'extra_args': ['--tp-size', '2']}
+        fleet.write_stack('shard-b', bad)
+        res = fleet_command(fleet, 'preview', '--stack', STACK, '--stack', 'shard-b')
+        assert res.returncode == 1, res.stdout + res.stderr
+        failed = [ln for ln in res.stderr.splitlines() if ln.startswith('shard ')]
+        assert len(failed) == 1 and failed[0].startswith('shard shard-b failed: ') and 'gpu02' in failed[0], res.stderr
+        rows = merged_rows(res.stdout)
+        assert [rows[h]['SGLang'] for h in ('gpu01', 'gpu03', 'gpu04')] == ['restart'] * 3, res.stdout
+        assert rows['gpu02']['what changes'] == 'unknown: shard failed', res.stdout
+        assert 'preview: 1 of 2 shards succeeded' in res.stdout
+        assert {n: lab.unit_starts() for n, lab in fleet.labs.items()} == starts    # a preview restarts nothing
+        fleet.write_stack('shard-b', changed['shard-b'])
+    except BaseException:
+        for stack, cfg in configs.items():
+            fleet.write_stack(stack, cfg)
+        raise
+    # Both shards' `up` at once (no question: --yes): what was done, per host, from the engine's outputs.
+    res = fleet_command(fleet, 'up', '--yes', '--stack', STACK, '--stack', 'shard-b')
+    assert res.returncode == 0, res.stdout + res.stderr
+    head, _, rest = res.stdout.partition('\n\n')
+    rows = merged_rows(head)
+    assert {h: (r['shard'], r['SGLang'], r['reboot']) for h, r in rows.items()} == {
+        h: (shard, 'restarted', '-') for h, shard in shard_of.items()}, res.stdout
+    assert all('sglang-unit' in r['what is done'] for r in rows.values()), res.stdout
+    assert {n: lab.unit_starts() for n, lab in fleet.labs.items()} == {n: k + 1 for n, k in starts.items()}
+    assert 'Shard %s ' % STACK in rest and 'Shard shard-b ' in rest and 'up: 2 of 2 shards succeeded' in rest
+    assert 'Monitoring: 8 target groups across 2 shards' in rest, rest
+
+
 def test_a_driver_upgrade_rolls_one_host_at_a_time_the_first_host_first(fleet):
     """Issue 59's fleet case: the host's NVIDIA driver declared at the version every host runs (the first `up` adopts
     it, nothing restarted), then A -> B with max_unavailable 1: priced per host at preview, each host reloaded in place
