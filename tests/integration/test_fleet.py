@@ -328,12 +328,14 @@ def merged_rows(stdout):
     return {r['host']: r for r in rows}
 
 
-def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet):
+def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet, tmp_path):
     """Issue 61's fleet command on the two shard stacks the test above left (fleet: gpu01, gpu03, gpu04; shard-b:
     gpu02): one merged preview of a change that restarts SGLang on every host, each host with its shard; a shard whose
     config is broken named in one line while the other shard's preview still completes; then the change applied to
-    both shards at once, each host's SGLang restarted once, with each shard's host table and the merged targets. (The
-    change stays deployed: the tests after this one start from the stacks' files.)"""
+    both shards at once, each host's SGLang restarted once, with each shard's host table and the merged targets - under
+    one fleet lock of 2 slots in a real etcd (gpuhost:rollout.fleet_lock): the shard `fleet` alone would take its three
+    hosts down at once (max_unavailable 3) beside shard-b's, the lock holds the two shards to 2 hosts down between them.
+    (The change stays deployed: the tests after this one start from the stacks' files.)"""
     import copy
     import yaml
     configs, changed = {}, {}
@@ -379,8 +381,26 @@ def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet)
             fleet.write_stack(stack, cfg)
         raise
     # Both shards' `up` at once (no question: --yes): what was done, per host, from the engine's outputs.
-    res = fleet_command(fleet, 'up', '--yes', '--stack', STACK, '--stack', 'shard-b')
-    assert res.returncode == 0, res.stdout + res.stderr
+    import time
+    from tests.etcdlab import Etcd
+    etcd = Etcd(tmp_path / 'etcd').start()
+    try:
+        for stack, cfg in changed.items():
+            rollout = dict(cfg.get('gpuhost:rollout') or {}, fleet_lock={'group': 'lab', 'slots': 2,
+                                                                          'endpoints': [etcd.url]})
+            if stack == STACK:
+                rollout['max_unavailable'] = 3
+            fleet.write_stack(stack, dict(cfg, **{'gpuhost:rollout': rollout}))
+        began = time.time()
+        res = fleet_command(fleet, 'up', '--yes', '--stack', STACK, '--stack', 'shard-b')
+        assert res.returncode == 0, res.stdout + res.stderr
+        down = [iv for lab in fleet.labs.values() for iv in lab.down_intervals() if iv[0] >= began]
+        assert len(down) == 4 and max_overlap(down) <= 2, down
+        assert etcd.ctl('get', '--prefix', '/gpuhost/fleetlock/lab/') == '', 'a slot was not given back'
+    finally:
+        etcd.stop()
+        for stack, cfg in changed.items():
+            fleet.write_stack(stack, cfg)
     head, _, rest = res.stdout.partition('\n\n')
     rows = merged_rows(head)
     assert {h: (r['shard'], r['SGLang'], r['reboot']) for h, r in rows.items()} == {
