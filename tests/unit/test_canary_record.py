@@ -45,3 +45,54 @@ def test_a_verdict_ends_the_flag_and_names_its_outcome(state):
     assert 'gpuhost_canary_judging{vmid="200"} 0' in samples(prom)
     assert 'gpuhost_canary_verdict{vmid="200",outcome="%s"} 1' % state in samples(prom)
     assert json.loads(text)['rows'] == rows
+
+
+# ------------------------------------------------------------------- baseline: restart
+
+RESTART = {'host': 'gpu02', 'vmid': 200, 'unit_name': 'sglang-qwen.service', 'health_timeout': 5}
+BASELINE_CONNECTION = {'host': '127.1.2.2', 'port': 22, 'user': 'root', 'private_key': 'not a key here',
+                       'host_key': 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB4tDZv1+0bA0zVbQ2cZrmKa7Kz1tWQKqgJqYgP8u3Xd'}
+
+
+def baseline_props(endpoint):
+    return {'canary': {'host': 'gpu01', 'restart': dict(RESTART, endpoint=endpoint)},
+            'baseline_connection': BASELINE_CONNECTION}
+
+
+def test_the_baseline_restarts_on_its_own_connection_and_the_judgement_waits_until_it_serves(monkeypatch):
+    import http.server
+    import threading
+    from resources import sglang
+    calls = []
+    monkeypatch.setattr(sglang.remote, 'run', lambda target, name, args=(), **kw: calls.append(
+        (target.host, name, list(args))))
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == '/health' else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sglang.BaselineRestart(baseline_props('http://127.0.0.1:%d' % server.server_address[1])).wait()
+    finally:
+        server.shutdown()
+    assert calls == [('127.1.2.2', 'ct_unit.sh', [200, 'sglang-qwen.service', 'yes'])]
+
+
+def test_a_baseline_that_does_not_serve_again_ends_the_judgement_before_it_begins(monkeypatch):
+    from resources import sglang
+    from transport import remote
+
+    def refused(target, name, args=(), **kw):
+        raise remote.RemoteError('root@127.1.2.2:22: ct_unit.sh exited 1: Job for sglang-qwen.service failed')
+    monkeypatch.setattr(sglang.remote, 'run', refused)
+    with pytest.raises(sglang.ServiceError) as e:
+        sglang.BaselineRestart(baseline_props('http://127.0.0.1:9')).wait()
+    assert str(e.value).startswith('the canary\'s baseline gpu02 did not serve again after its restart at the '
+                                   'canary\'s moment (')
+    assert 'Job for sglang-qwen.service failed' in str(e.value) and 'no judgement without it' in str(e.value)
+    assert 'not a key here' not in str(e.value)
