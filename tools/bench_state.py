@@ -354,11 +354,11 @@ def section(results: dict) -> str:
                  len(HOST_RESOURCE_BYTES), results['host_bytes'], sum(HOST_RESOURCE_BYTES), results['parallel']),
              '', HEADER, '|' + '---|' * (HEADER.count('|') - 1)]
     for n, resources, state_mb, med, k in rows:
-        lines.append('| %d | %d | %.1f | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.3f | %.3f | %.3f |'
-                     % (n, resources, state_mb, k, med['preview'], med['preview_cpu'], med['noop'], med['noop_cpu'],
-                        med['changed'], med['changed_cpu'], med['skip'], med['skip_cpu'],
-                        per_step(med['changed'], med['noop'], k), per_step(med['changed'], med['skip'], k),
-                        per_step(med['changed_cpu'], med['skip_cpu'], k)))
+        lines.append('| %d | %d | %.1f | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.3f | %.3f | '
+                     '%.3f |' % (n, resources, state_mb, k, med['preview'], med['preview_cpu'], med['noop'],
+                                 med['noop_cpu'], med['changed'], med['changed_cpu'], med['skip'], med['skip_cpu'],
+                                 per_step(med['changed'], med['noop'], k), per_step(med['changed'], med['skip'], k),
+                                 per_step(med['changed_cpu'], med['skip_cpu'], k)))
     f = fits(rows)
     host_mb = results['host_bytes'] / 1e6
     lines += ['', 'Linear fits over the sizes measured (state MB = hosts x %.3f): a changed step costs %.3f s + %.4f s '
@@ -368,9 +368,9 @@ def section(results: dict) -> str:
                   host_mb, f['step'][0], f['step'][1], f['ckpt'][0], f['ckpt'][1], f['pass'][0], f['pass'][1],
                   FLEET * host_mb, f['step'][0] + f['step'][1] * FLEET * host_mb,
                   f['pass'][0] + f['pass'][1] * FLEET), '',
-              'Extrapolated to %d hosts (docs/fleets.md, "Sharding a large fleet", has the formula): shards run in '
-              'parallel, %d s a host (its SGLang restart on a real host), %d changed steps a host, within an hour:'
-              % (FLEET, HOST_S, STEPS_PER_HOST), '',
+              'Extrapolated to {:,} hosts (docs/fleets.md, "Sharding a large fleet", has the formula): shards run in '
+              'parallel, {:.0f} s a host (its SGLang restart on a real host), {:d} changed steps a host, within an '
+              'hour:'.format(FLEET, HOST_S, STEPS_PER_HOST), '',
               PLAN_HEADER, '|' + '---|' * (PLAN_HEADER.count('|') - 1)]
     for size in SHARD_SIZES:
         p = shard_plan(FLEET, size, HOST_S, STEPS_PER_HOST, host_mb, f['step'], f['pass'])
