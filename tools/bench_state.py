@@ -11,7 +11,7 @@ no-op `up` and an `up` that changes K resources (one a host first), with and wit
 The stack is a throwaway Pulumi Python project in a temp dir (its own file:// backend, passphrase secrets, its own
 PULUMI_HOME holding the cached pulumi-command plugin: no network). Its resources are pulumi-command
 `command:local:Command`s (one provider process, the engine's own Check and Diff calls, a real update that runs
-`true`): not the gpuhost provider's, whose per-host costs make bench-fleet measures. A stack of N hosts is not built
+`true`): not the gpuhost provider's, whose per-host costs `make bench-fleet` measures. A stack of N hosts is not built
 by N hosts' creates (quadratic in checkpoint bytes) but imported: one host is created for real, its deployment
 exported and cloned N times (expand(); the program declares exactly what the clones hold, so `preview` shows no
 change).
@@ -81,8 +81,8 @@ for h in range(hosts):
     prev = None
     for j, size in enumerate(sizes):
         env = payload(host, j, size)
-        # `changed` resources carry the generation, one a host first (host-major: the first resource of every host,
-        # then the second...): bumping it makes that many update steps, independent of each other where on
+        # `changed` resources carry the generation, one a host first (every host's first resource, then every
+        # host's second...): bumping it makes that many update steps, independent of each other where on
         # different hosts.
         if j * hosts + h < changed:
             env.update(changed_env(gen))
@@ -92,7 +92,7 @@ for h in range(hosts):
 pulumi.export('hosts', outputs)
 '''
 
-PAYLOAD = '''"""Deterministic payloads, shared by the program and tools/bench_state.py."""
+PAYLOAD = '''"""Deterministic payloads: the program's, so that every clone of the imported host matches it."""
 CHUNK = 16384
 
 
