@@ -4,7 +4,7 @@ OUT ?= render/$(STACK)
 MON_OUT ?= monitoring/$(STACK)
 SHELL := /bin/bash
 
-.PHONY: up check test test-fast lab lab-down preview fleet-preview fleet-up render monitoring docs lock bench bench-fleet bench-serve bootstrap clean
+.PHONY: up check test test-fast lab lab-down preview fleet-preview fleet-up render monitoring docs lock bench bench-fleet bench-state bench-serve bootstrap clean
 
 up:            ## `pulumi up --refresh` STACK with the policy pack, print its outputs; STACK=lab (default) starts the lab first (FLEET=N: N hosts); ARGS=more flags
 	@$(if $(FLEET),tools/run.sh up-fleet $(FLEET),tools/run.sh up $(STACK) $(ARGS))
@@ -51,6 +51,9 @@ bench:         ## no-op preview/up wall time and remote command count on the lab
 
 bench-fleet:   ## fleet benchmark on the lab: no-op preview/up/refresh of 1 and 8 hosts with the operator CPU, a rolling MTP change (docs/bench.md; <= 15 min)
 	@tools/run.sh bench-fleet
+
+bench-state:   ## the engine's cost per step as the state grows: synthetic stacks of 8-400 hosts on the file backend (docs/bench.md; BENCH_STATE_HOSTS=8,40,...; ~10-15 min)
+	@tools/run.sh bench-state
 
 bench-serve:   ## load-test STACK's endpoint with AIPerf (VARIANTS=off,nextn1,... applies each, then restores; ARGS=more flags)
 	@tools/run.sh bench-serve $(STACK) $(if $(VARIANTS),--variants $(VARIANTS)) $(ARGS)

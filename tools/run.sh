@@ -237,6 +237,14 @@ case "$cmd" in
     engine_parallel
     python -m tools.bench_fleet "$@"
     ;;
+  bench-state)
+    # No lab: a throwaway project and file backend in a temp dir (tools/bench_state.py).
+    tools/bootstrap.sh
+    # shellcheck disable=SC1091
+    . ./.env.sh
+    engine_parallel
+    python -m tools.bench_state "$@"
+    ;;
   bench-serve)
     deps
     engine_parallel
@@ -249,5 +257,5 @@ case "$cmd" in
     # Every variant's `up` runs with the same policy pack as `make up`.
     python -m tools.bench_serve "$stack" "${policy[@]}" "$@"
     ;;
-  *) echo "usage: tools/run.sh up [STACK [flags]]|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK [flags]|fleet preview|up [--stack S]... [--parallel K] [--yes]|render STACK OUT|bench|bench-serve STACK [flags]" >&2; exit 2 ;;
+  *) echo "usage: tools/run.sh up [STACK [flags]]|up-fleet N|check STACK|test|lab [N]|lab-down|preview STACK [flags]|fleet preview|up [--stack S]... [--parallel K] [--yes]|render STACK OUT|bench|bench-fleet|bench-state|bench-serve STACK [flags]" >&2; exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 the ones generated from components/outputs.py, every output the program exports has a row there (and every row an
 output), docs/configuration.md's table of every key is the one generated from the config schema,
 and docs/bench.md's `make bench` section is well-formed, states the resource count the program declares and says
-in words what its table shows. (The schemas: tests/unit/config/test_stack_schema.py.)"""
+in words what its table shows; its `make bench-state` section's table is tools/bench_state.py's and adds up. (The schemas: tests/unit/config/test_stack_schema.py.)"""
 
 import os
 import re
@@ -15,7 +15,7 @@ from tests.lablib import REPO
 from tests.unit.config.test_config import lab_data
 from tests.unit.program import run_program
 from tests.unit.test_runtime import FILES
-from tools import bench, docs
+from tools import bench, bench_state, docs
 
 
 def read(*path):
@@ -162,3 +162,30 @@ def test_the_bench_prose_says_what_its_table_shows():
     for (name, _), text in zip(bench.COMMANDS, listed.groups()):
         count = 0 if text == 'none' else sum(int(m.group(1) or 1) for m in re.finditer(r'`[^`]+`(?: x(\d+))?', text))
         assert count == ssh[name], '%s: %d commands by name, %d in the table' % (name, count, ssh[name])
+
+
+def test_the_bench_state_table_is_well_formed_and_adds_up():
+    text = read('docs', 'bench.md')
+    start, stop = docs.between(text, bench_state.BEGIN, bench_state.END, 'docs/bench.md')
+    section = text[start:stop]
+    assert re.search(r'Measured by tools/bench_state\.py on \d{4}-\d{2}-\d{2}: ', section), \
+        'docs/bench.md: the make bench-state section lost its date line; run make bench-state'
+    lines = section.splitlines()
+    assert bench_state.HEADER in lines, \
+        'docs/bench.md: the make bench-state table\'s header is not tools/bench_state.py\'s; run make bench-state'
+    i = lines.index(bench_state.HEADER)
+    width = bench_state.HEADER.count('|') - 1
+    assert lines[i + 1] == '|' + '---|' * width
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.startswith('|'):
+            break
+        cells = [c.strip() for c in line.strip('|').split('|')]
+        assert len(cells) == width, line
+        rows.append([float(c) for c in cells])
+    assert len(rows) >= 2, 'docs/bench.md: the make bench-state table needs two sizes at least'
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    for hosts, resources, _mb, k, _p, _pc, noop, _nc, changed, _cc, skip, _sc, step, ckpt, _ckc in rows:
+        # the stack, the command provider, 17 a host
+        assert resources == hosts * len(bench_state.HOST_RESOURCE_BYTES) + 2
+        assert abs(step - (changed - noop) / k) < 0.002 and abs(ckpt - (changed - skip) / k) < 0.002
