@@ -16,7 +16,7 @@ from tools import provider_schema
 
 
 # gpuhost:rollout.fleet_lock with every optional setting.
-FLEET_LOCK = {'group': 'lab', 'slots': 1, 'endpoints': ['https://etcd.example:2379'], 'ca_file': '/etc/etcd/ca.pem',
+FLEET_LOCK = {'group': 'lab', 'slots': 2, 'endpoints': ['https://etcd.example:2379'], 'ca_file': '/etc/etcd/ca.pem',
               'cert_file': '/etc/etcd/client.pem', 'key_file': '/etc/etcd/client-key.pem', 'user': 'lock',
               'password': 'etcd-unit-test-password'}
 
