@@ -119,17 +119,11 @@ class FleetLock(Model):
     ca_file: Optional[FilePath] = Field(None, description='CA bundle to verify https endpoints (absent: the system\'s)')
     cert_file: Optional[FilePath] = Field(None, description='Client certificate (PEM) for etcd\'s TLS client auth')
     key_file: Optional[FilePath] = Field(None, description='Its private key (PEM); read by the plugin, never stored')
-    user: Optional[str] = Field(None, description='etcd user (etcd auth enabled); needs read and write on '
-                                                  'the keys under /gpuhost/fleetlock/ of its group')
+    user: Optional[Annotated[str, grammar(r'^[A-Za-z0-9._@-]{1,64}$', 'an etcd user name (letters, digits, ".", "_", '
+                                          '"@" and "-", 1-64 characters)', 'gpuhost-lock', 64)]] = Field(
+        None, description='etcd user (etcd auth enabled); needs read and write on the keys under /gpuhost/fleetlock/ '
+                          'of its group')
     password: Optional[SecretStr] = Field(None, description='Its password; a secret')
-
-    @field_validator('user')
-    @classmethod
-    def _user(cls, v):
-        if v is not None and not re.fullmatch(r'[A-Za-z0-9._@-]{1,64}', v):
-            raise ValueError('%s is not an etcd user name (letters, digits, ".", "_", "@" and "-", 1-64 characters); '
-                             'write e.g. gpuhost-lock' % show(v))
-        return v
 
     @field_validator('password')
     @classmethod
