@@ -181,10 +181,15 @@ def lock_preview(served, props: dict) -> None:
     step = getattr(served, 'ROLLOUT_STEP', None)
     if not lock or not step:
         return
-    try:
-        down = getattr(served, 'goes_down', lambda _p: True)(props)
-    except Exception:  # noqa: BLE001 - unreadable now: the step may go down, so the preview says so
+    # A class whose decision reads the host (the driver: its diff prices the plan already) is not asked here: no
+    # second read at preview, and its decision stays the apply's (resources/driver.py _turn).
+    if getattr(served, 'GOES_DOWN_READS_HOST', False):
         down = True
+    else:
+        try:
+            down = getattr(served, 'goes_down', lambda _p: True)(props)
+        except Exception:  # noqa: BLE001 - unreadable now: the step may go down, so the preview says so
+            down = True
     if down:
         from transport.fleetlock import Settings
         from transport.operator import info

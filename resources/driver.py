@@ -305,6 +305,8 @@ class NvidiaDriverProvider(ObservedProvider):
     ID = 'nvidia-driver'
     DESIRED = ('version', 'modules', 'kernels_missing')
     ROLLOUT_STEP = 'its NVIDIA driver'
+    # goes_down() reads the host: asked before the apply (provider/__main__.py step()), never by the preview's lines.
+    GOES_DOWN_READS_HOST = True
     INPUTS = {'version': S, 'modules': S, 'kernels_missing': arr(S),
               'installer': obj('DriverInstaller', path=S, sha256=S, source=optional(S)),
               'installer_tokens': optional(secret(ANY)), 'timeout': N, 'stall': N,

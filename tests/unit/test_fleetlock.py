@@ -278,7 +278,7 @@ def test_the_plugin_refuses_a_disruptive_step_when_etcd_is_down_and_runs_the_oth
     assert ran == ['diff']
 
 
-def test_the_preview_says_which_lock_a_change_that_may_stop_sglang_takes(capsys):
+def test_the_preview_says_which_lock_a_change_that_may_stop_sglang_takes(capsys, monkeypatch):
     from provider.__main__ import lock_preview
     from resources.host import HostStatusProvider
     lock = {'group': 'prod', 'slots': 2, 'endpoints': ['https://etcd1:2379', 'https://etcd2:2379'], 'ttl_s': 60}
@@ -292,6 +292,13 @@ def test_the_preview_says_which_lock_a_change_that_may_stop_sglang_takes(capsys)
     lock_preview(HostStatusProvider(), {'rollout': rollout, 'reboot': 'never'})
     lock_preview(Unit(), {'rollout': dict(rollout, fleet_lock=None)})
     assert capsys.readouterr().err == ''
+    # The driver's decision reads the host: the preview never asks it (its own diff prices the plan), and says "may".
+    from resources import driver
+    asked = []
+    monkeypatch.setattr(driver.NvidiaDriverProvider, 'plan_for', lambda self, props: asked.append(props))
+    lock_preview(driver.NvidiaDriverProvider(), {'rollout': rollout})
+    assert 'host gpu03: its NVIDIA driver: `up` takes a slot of fleet lock prod' in capsys.readouterr().err
+    assert asked == [], 'the preview read the host for the driver\'s decision'
 
 
 def test_a_step_that_ends_after_the_hosts_unit_was_found_unchanged_gives_the_slot_back(etcd, plugin_pass):
