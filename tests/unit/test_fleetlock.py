@@ -47,10 +47,13 @@ def test_n_slots_are_taken_and_the_next_waits_until_one_is_released(etcd, capsys
     waiter = threading.Thread(target=lambda: got.append(
         fleetlock.acquire(s, 'gpu03 a/s3', 'gpu03', 'nothing changed', poll_s=0.1)))
     waiter.start()
-    time.sleep(1.0)
+    # Until the waiter says it waits (it read the slots and found both held), never a fixed sleep.
+    err, deadline = '', time.monotonic() + 10
+    while 'gpu03: waiting for a slot' not in err and time.monotonic() < deadline:
+        err += capsys.readouterr().err
+        time.sleep(0.05)
     assert not got, 'a third host took a slot of two'
-    assert 'gpu03: waiting for a slot of fleet lock %s (2 slots, etcd %s) - all held (0: gpu0' % (s.group, etcd) in \
-        capsys.readouterr().err
+    assert 'gpu03: waiting for a slot of fleet lock %s (2 slots, etcd %s) - all held (0: gpu0' % (s.group, etcd) in err
     a.release()
     waiter.join(5)
     assert got and got[0].index == a.index
