@@ -343,6 +343,9 @@ def _exec(target: Target, name: str, args: Sequence[str] = (), stdin: Optional[b
 # its session otherwise - a hung tool of a failed run kept running, and its late rollback raced the re-run.
 GUARD_GRACE_S = 10
 GUARD_MARGIN_S = 5
+# How long a stopped command's last output may take to arrive after its guard is gone (only a loaded host's sshd takes
+# more than a moment).
+DRAIN_S = 10.0
 
 
 def guarded(name: str, args: Sequence, limit: float) -> str:
@@ -395,7 +398,7 @@ def _stop(target: Target, transport, chan, guard: _GuardLine, err: list) -> str:
                 raise socket.timeout('stop_guard.sh did not answer')
             code = stopper.exit_status
             # Its stderr (what still runs, when it failed) until its EOF: OpenSSH may send it after the status.
-            said, until = b'', time.monotonic() + 2.0
+            said, until = b'', time.monotonic() + DRAIN_S
             while time.monotonic() < until and not (stopper.eof_received or stopper.closed):
                 said += stopper.recv_stderr(65536) if stopper.recv_stderr_ready() else b''
                 time.sleep(0.01)
@@ -408,8 +411,10 @@ def _stop(target: Target, transport, chan, guard: _GuardLine, err: list) -> str:
         chan.close()
         return 'it could not be stopped on the host (%s): its guard ends it there within %d s' % (
             _transport_reason(e), GUARD_MARGIN_S + GUARD_GRACE_S)
-    # What the command wrote while it ended (its cleanup says what it put back).
-    until = time.monotonic() + 2.0
+    # What the command wrote while it ended (its cleanup says what it put back): all of it is on its way once the guard
+    # is gone, before the channel's EOF - which a loaded host's sshd may take seconds to send (a fresh-clone CI run
+    # reported a stopped put_file.sh without its rollback's line; the wait was 2 s then).
+    until = time.monotonic() + DRAIN_S
     while time.monotonic() < until and not (chan.eof_received or chan.closed):
         if chan.recv_stderr_ready():
             err.append(guard.feed(chan.recv_stderr(65536)))

@@ -172,13 +172,15 @@ def hung_tool(lab, states):
     finally:
         lab.clear_faults()
     out = res.stdout + res.stderr
+    # The errors, not the outputs that fill the end of stdout.
+    said = res.stdout[res.stdout.find('Diagnostics:'):res.stdout.find('Outputs:')][:6000] + res.stderr[-2000:]
     assert res.returncode != 0
-    assert 'did not finish within %d s (gpuhost:host.ssh.command_timeout)' % COMMAND_TIMEOUT in out, out[-3000:]
-    assert 'writing /etc/kernel/cmdline' in out
+    assert 'did not finish within %d s (gpuhost:host.ssh.command_timeout)' % COMMAND_TIMEOUT in out, said
+    assert 'writing /etc/kernel/cmdline' in out, said
     # Stopped on the host before the run reported it (hostscripts/guard.sh): the hung tool and its put_file.sh are
     # gone, the script's own rollback ran, and a re-run right after converges - no wait for the failed run's leftovers.
-    assert 'it was stopped on the host (its process group ended' in out, out[-3000:]
-    assert 'the old file is back in place' in out, out[-3000:]
+    assert 'it was stopped on the host (its process group ended' in out, said
+    assert 'the old file is back in place' in out, said
     left = lab.on_host('pgrep -af "put_file[.]sh|proxmox-boot-too[l]" || true').stdout.strip()
     assert left == '', left
     lab.pulumi('up', '--yes', '--skip-preview', stack=STACK)
