@@ -62,14 +62,31 @@ def remember(value) -> None:
     with _lock:
         if found - _secrets:
             _secrets.update(found)
+            # Compiled when a scrub needs it, not here: each host's configuration adds its key's lines, and compiling
+            # the alternation of every secret so far at each host cost a process 2.5 CPU-s for 50 hosts with RSA keys
+            # (python -m tools.bench_scrub; docs/bench.md).
+            _pattern = None
+
+
+def _compiled():
+    global _pattern
+    with _lock:
+        if _pattern is None and _secrets:
             _pattern = re.compile('|'.join(re.escape(s) for s in sorted(_secrets, key=len, reverse=True)))
+        return _pattern
 
 
 def scrub(text: str) -> str:
     """`text` with every remembered secret replaced by [secret]."""
-    pattern = _pattern
-    if pattern is None or not text:
+    if not text or not _secrets:
         return text
+    pattern = _pattern
+    if pattern is None:
+        # Not compiled since the last secret came: compiled only for a text that holds one (a message between two
+        # hosts' configurations seldom does), else each host's log line would compile it again.
+        if not any(s in text for s in list(_secrets)):
+            return text
+        pattern = _compiled()
     return pattern.sub(MASK, text)
 
 

@@ -39,6 +39,16 @@ def test_a_secret_the_process_holds_is_in_no_message_however_it_was_quoted(cache
     assert errors.scrub('cannot reach 10.0.0.5:22 with %s' % PASSWORD) == 'cannot reach 10.0.0.5:22 with [secret]'
 
 
+def test_a_secret_remembered_after_a_message_was_scrubbed_is_scrubbed_too(cache):
+    """Hosts configure one after another while messages go out: what a later host adds is in the next scrub."""
+    errors.remember({'api': {'password': PASSWORD}})
+    assert errors.scrub('first host: %s' % PASSWORD) == 'first host: [secret]'
+    later = 'a-second-hosts-password-77'
+    assert errors.scrub('second host: %s' % later) == 'second host: %s' % later
+    errors.remember({'api': {'password': later}})
+    assert errors.scrub('second host: %s, first: %s' % (later, PASSWORD)) == 'second host: [secret], first: [secret]'
+
+
 def test_the_sdks_own_message_for_a_value_it_cannot_serialize_is_scrubbed_line_and_file(cache):
     """The Pulumi SDK puts repr(value) into the ValueError it raises for a property it cannot serialize."""
     import asyncio
