@@ -195,15 +195,10 @@ def test_a_version_that_does_not_bring_the_gpus_up_is_undone_and_stops_the_run(d
         assert lab.unit_starts() == starts + 1          # stopped for the upgrade, started again on B
         assert lab.ct_exec(['systemctl', 'is-active', 'sglang-qwen.service']).stdout.strip() == 'active'
         # The collector's next run counts C's Xid 143 (GpuhostGpuXidCritical), with no pulumi command.
-        # A run that fails once is tried again (the timer's next run would be): a fresh-clone CI run saw this start
-        # fail once under load, exit 1 with its reason unseen - the journal of each failed start is in the message.
-        failed = []
-        for _ in range(2):
-            if lab.ssh('systemctl start gpuhost-collector.service').exit_code == 0:
-                break
-            failed.append(lab.ssh('journalctl -u gpuhost-collector.service -n 30 --no-pager').stdout)
-            time.sleep(2)
-        assert len(failed) < 2, '\n---\n'.join(failed)
+        # On failure the collector's own words are in the message (a fresh-clone CI run saw this start exit 1 once
+        # under load, its reason unseen).
+        started = lab.ssh('systemctl start gpuhost-collector.service')
+        assert started.exit_code == 0, lab.ssh('journalctl -u gpuhost-collector.service -n 30 --no-pager').stdout
         prom = lab.ssh('cat %s/gpuhost-collector.prom' % monitoring.TEXTFILE_DIR).stdout
         assert re.search(r'gpuhost_gpu_xid_errors_total\{[^}]*pci_bus_id="0000:01:00.0"[^}]*xid="143"[^}]*\} [1-9]',
                          prom), prom
