@@ -14,8 +14,8 @@ from tests.lablib import (PER_HOST_FILES, PER_HOST_RELEASE, REPO, FleetLab, clai
                           previous_release)
 
 STACK = 'fleet'
-# Four simulated hosts: the first test's setup starts four labs, and the rolling changes wait for each
-# host's SGLang in turn.
+# Four simulated hosts: the first test's setup starts four labs (a fifth joins for the third shard stack), and the
+# rolling changes wait for each host's SGLang in turn.
 pytestmark = pytest.mark.timeout(600)
 UNIT = 'sglang-qwen.service'
 
@@ -25,12 +25,12 @@ def fleet(tmp_path_factory, request):
     if os.geteuid() != 0:
         pytest.fail('the integration tests need root (mount namespaces for the simulated hosts)')
     base = str(tmp_path_factory.mktemp('fleet'))
-    claims = [claim_net() for _ in range(4)]
+    claims = [claim_net() for _ in range(5)]
     f = FleetLab(base, [net for net, _ in claims])
     failed = request.session.testsfailed
     try:
         for i in range(1, 5):
-            f.add(i)
+            f.add(i)     # gpu05 is added by the sharding test, for a third shard
         yield f
     finally:
         if request.session.testsfailed > failed:
@@ -274,14 +274,33 @@ def test_refusals_name_the_host_and_change_nothing(fleet):
     fleet.pulumi('preview', '--expect-no-changes', stack=STACK)
 
 
-def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
-    """A fleet sharded into stacks (docs/fleets.md, "Sharding"): gpu02 in a stack of its own next to `fleet`;
-    fleet-monitoring's StackReference program merges both shards' file_sd, which promtool accepts."""
+def policy_opt_in(fleet, stacks):
+    """The lab's SGLang listens on every address of its container: the lab's stacks opt in (policy/, as lab-fleet)
+    for the fleet command, which runs the policy pack as `make up` does."""
+    os.makedirs(os.path.join(fleet.project, 'policy'), exist_ok=True)
+    for stack in stacks:
+        shutil.copyfile(os.path.join(REPO, 'policy', 'config.lab-fleet.json'),
+                        os.path.join(fleet.project, 'policy', 'config.%s.json' % stack))
+
+
+SHARDS = {STACK: ('gpu01', 'gpu03', 'gpu04'), 'shard-b': ('gpu02',), 'shard-c': ('gpu05',)}
+
+
+def test_three_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
+    """A fleet sharded into stacks (docs/fleets.md, "Sharding"): gpu02 in a stack of its own next to `fleet`, and a
+    fifth host in a third (shard-c), both new shards brought up from bare containers by one fleet command at once;
+    fleet-monitoring's StackReference program merges the three shards' file_sd, which promtool accepts."""
     import json
     import subprocess
     import yaml
+    fleet.add(5)
     fleet.write_stack('shard-b', fleet.stack_config(['gpu02']))
-    up_new_guests(fleet, 'shard-b')
+    fleet.write_stack('shard-c', fleet.stack_config(['gpu05']))
+    policy_opt_in(fleet, ('shard-b', 'shard-c'))
+    res = fleet_command(fleet, 'up', '--yes', '--stack', 'shard-b', '--stack', 'shard-c', '--parallel', '2')
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 'up: 2 of 2 shards succeeded' in res.stdout, res.stdout
+    assert [fleet.labs[n].unit_starts() for n in ('gpu02', 'gpu05')] == [1, 1]
     mon = tmp_path / 'fleet-monitoring'
     shutil.copytree(os.path.join(REPO, 'fleet-monitoring'), mon)
     os.symlink(os.path.join(REPO, '.venv'), str(tmp_path / '.venv'))
@@ -289,13 +308,13 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
     def run(*args, check=True):
         return fleet.pulumi(*args, check=check, cwd=str(mon))
     run('stack', 'init', 'merged', '--secrets-provider', 'passphrase')
-    run('config', 'set', '--path', 'shards[0]', 'organization/gpuhost/%s' % STACK)
-    run('config', 'set', '--path', 'shards[1]', 'organization/gpuhost/shard-b')
+    for i, stack in enumerate(SHARDS):
+        run('config', 'set', '--path', 'shards[%d]' % i, 'organization/gpuhost/%s' % stack)
     run('up', '--yes', '--skip-preview')
     groups = json.loads(run('stack', 'output', 'prometheus_file_sd', '--json').stdout)
     got = sorted((g['labels']['shard'], g['labels']['host'], g['labels']['id']) for g in groups)
-    want = sorted([(STACK, n, i) for n in ('gpu01', 'gpu03', 'gpu04') for i in ('lxc/200', 'node/pve-%s' % n)] +
-                  [('shard-b', 'gpu02', i) for i in ('lxc/200', 'node/pve-gpu02')])
+    want = sorted((stack, n, i) for stack, hosts in SHARDS.items() for n in hosts
+                  for i in ('lxc/200', 'node/pve-%s' % n))
     assert got == want
     targets = tmp_path / 'targets.json'
     targets.write_text(json.dumps(groups))
@@ -305,7 +324,7 @@ def test_two_shard_stacks_merge_into_one_file_sd(fleet, tmp_path):
     check = subprocess.run(['promtool', 'check', 'config', str(prom)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     # The same shard listed twice would count its hosts twice: refused, in one line.
-    run('config', 'set', '--path', 'shards[2]', 'organization/gpuhost/shard-b')
+    run('config', 'set', '--path', 'shards[3]', 'organization/gpuhost/shard-b')
     res = run('preview', check=False)
     assert res.returncode != 0 and 'shards: organization/gpuhost/shard-b is listed twice' in res.stdout + res.stderr
 
@@ -328,59 +347,81 @@ def merged_rows(stdout):
     return {r['host']: r for r in rows}
 
 
+def dead_runner(etcd_url, slots, ttl_s):
+    """A runner killed mid-step, as etcd sees it: a process of the fleet lock's client that took `slots` slots of the
+    group `lab` (as a canary with `baseline: restart` takes two) and was SIGKILLed - nothing released, its leases
+    left to run out. Returns the holders' names."""
+    import signal
+    import subprocess
+    import sys
+    names = ['gpu%02d dead/runner' % (90 + i) for i in range(slots)]
+    code = ('import sys, time; sys.path.insert(0, %r); from transport import fleetlock; '
+            's = fleetlock.Settings(group="lab", slots=%d, endpoints=(%r,), ttl_s=%d); '
+            '[fleetlock.acquire(s, n, n.split()[0], "-") for n in %r]; print("held", flush=True); time.sleep(600)' % (
+                REPO, slots, etcd_url, ttl_s, names))
+    runner = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout.readline().strip() == 'held'
+    finally:
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(10)
+    return names
+
+
 def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet, tmp_path):
-    """Issue 61's fleet command on the two shard stacks the test above left (fleet: gpu01, gpu03, gpu04; shard-b:
-    gpu02): one merged preview of a change that restarts SGLang on every host, each host with its shard; a shard whose
-    config is broken named in one line while the other shard's preview still completes; then the change applied to
-    both shards at once, each host's SGLang restarted once, with each shard's host table and the merged targets - under
-    one fleet lock of 2 slots in a real etcd (gpuhost:rollout.fleet_lock): the shard `fleet` alone would take its three
-    hosts down at once (max_unavailable 3) beside shard-b's, the lock holds the two shards to 2 hosts down between them.
-    (The change stays deployed: the tests after this one start from the stacks' files.)"""
+    """Issue 61's fleet command on the three shard stacks the test above left (fleet: gpu01, gpu03, gpu04; shard-b:
+    gpu02; shard-c: gpu05): one merged preview of a change that restarts SGLang on every host, each host with its
+    shard; a shard whose config is broken named in one line while the other shards' previews still complete; then the
+    change applied to the three shards at once, each host's SGLang restarted once, with each shard's host table and
+    the merged targets - under one fleet lock of 2 slots in a real etcd (gpuhost:rollout.fleet_lock): the shard
+    `fleet` alone would take its three hosts down at once (max_unavailable 3) beside the other shards' one each, the
+    lock holds the three shards to 2 hosts down between them. Both slots are held, as the run begins, by a runner
+    killed mid-step: nothing restarts until their TTL frees them. (The change stays deployed: the tests after this
+    one start from the stacks' files.)"""
     import copy
+    import threading
     import yaml
     configs, changed = {}, {}
-    for stack in (STACK, 'shard-b'):
+    for stack in SHARDS:
         with open(os.path.join(fleet.project, 'Pulumi.%s.yaml' % stack)) as f:
             configs[stack] = yaml.safe_load(f)['config']
         changed[stack] = copy.deepcopy(configs[stack])
         changed[stack]['gpuhost:sglang'] = dict(configs[stack]['gpuhost:sglang'], environment={'NCCL_DEBUG': 'WARN'})
-    # The lab's SGLang listens on every address of its container: the lab's stacks opt in (policy/, as lab-fleet).
-    os.makedirs(os.path.join(fleet.project, 'policy'), exist_ok=True)
-    for stack in configs:
-        shutil.copyfile(os.path.join(REPO, 'policy', 'config.lab-fleet.json'),
-                        os.path.join(fleet.project, 'policy', 'config.%s.json' % stack))
+    policy_opt_in(fleet, SHARDS)
     starts = {n: lab.unit_starts() for n, lab in fleet.labs.items()}
-    shard_of = {h: STACK if h != 'gpu02' else 'shard-b' for h in ('gpu01', 'gpu02', 'gpu03', 'gpu04')}
+    shard_of = {h: stack for stack, hosts in SHARDS.items() for h in hosts}
+    assert sorted(shard_of) == sorted(fleet.labs)
+    every = [a for stack in SHARDS for a in ('--stack', stack)]
     try:
         for stack, cfg in changed.items():
             fleet.write_stack(stack, cfg)
-        res = fleet_command(fleet, 'preview', '--stack', STACK, '--stack', 'shard-b', '--parallel', '2')
+        res = fleet_command(fleet, 'preview', *every, '--parallel', '3')
         assert res.returncode == 0, res.stdout + res.stderr
         rows = merged_rows(res.stdout)
         assert {h: (r['shard'], r['SGLang'], r['reboot'], r['lock group']) for h, r in rows.items()} == {
             h: (shard, 'restart', '-', '-') for h, shard in shard_of.items()}, res.stdout
         assert all('sglang-unit' in r['what changes'] for r in rows.values()), res.stdout
-        assert 'preview: 2 of 2 shards succeeded' in res.stdout
+        assert 'preview: 3 of 3 shards succeeded' in res.stdout
 
         # shard-b's host asks for another tensor parallelism than its GPUs give: refused by the program, named.
         bad = copy.deepcopy(changed['shard-b'])
         bad['gpuhost:hosts'][0]['sglang'] = {'extra_args': ['--tp-size', '2']}
         fleet.write_stack('shard-b', bad)
-        res = fleet_command(fleet, 'preview', '--stack', STACK, '--stack', 'shard-b')
+        res = fleet_command(fleet, 'preview', *every)
         assert res.returncode == 1, res.stdout + res.stderr
         failed = [ln for ln in res.stderr.splitlines() if ln.startswith('shard ')]
         assert len(failed) == 1 and failed[0].startswith('shard shard-b failed: ') and 'gpu02' in failed[0], res.stderr
         rows = merged_rows(res.stdout)
-        assert [rows[h]['SGLang'] for h in ('gpu01', 'gpu03', 'gpu04')] == ['restart'] * 3, res.stdout
+        assert [rows[h]['SGLang'] for h in ('gpu01', 'gpu03', 'gpu04', 'gpu05')] == ['restart'] * 4, res.stdout
         assert rows['gpu02']['what changes'] == 'unknown: shard failed', res.stdout
-        assert 'preview: 1 of 2 shards succeeded' in res.stdout
+        assert 'preview: 2 of 3 shards succeeded' in res.stdout
         assert {n: lab.unit_starts() for n, lab in fleet.labs.items()} == starts    # a preview restarts nothing
         fleet.write_stack('shard-b', changed['shard-b'])
     except BaseException:
         for stack, cfg in configs.items():
             fleet.write_stack(stack, cfg)
         raise
-    # Both shards' `up` at once (no question: --yes): what was done, per host, from the engine's outputs.
+    # The three shards' `up` at once (no question: --yes): what was done, per host, from the engine's outputs.
     import time
     from tests.etcdlab import Etcd
     etcd = Etcd(tmp_path / 'etcd').start()
@@ -391,11 +432,32 @@ def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet,
             if stack == STACK:
                 rollout['max_unavailable'] = 3
             fleet.write_stack(stack, dict(cfg, **{'gpuhost:rollout': rollout}))
+        dead = dead_runner(etcd.url, 2, 5)
+        # The last moment the dead runner's slots were seen held (read before each look: they were held then).
+        seen = {'held': None}
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                t = time.time()
+                values = etcd.ctl('get', '--prefix', '--print-value-only', '/gpuhost/fleetlock/lab/').splitlines()
+                if not set(dead) & set(values):
+                    return
+                seen['held'] = t
+                done.wait(0.2)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         began = time.time()
-        res = fleet_command(fleet, 'up', '--yes', '--stack', STACK, '--stack', 'shard-b')
+        try:
+            res = fleet_command(fleet, 'up', '--yes', *every, '--parallel', '3')
+        finally:
+            done.set()
+            watcher.join(30)
         assert res.returncode == 0, res.stdout + res.stderr
         down = [iv for lab in fleet.labs.values() for iv in lab.down_intervals() if iv[0] >= began]
-        assert len(down) == 4 and max_overlap(down) <= 2, down
+        assert len(down) == 5 and max_overlap(down) <= 2, down
+        # Nothing went down while the killed runner's slots were held: its TTL freed them, then the shards went on.
+        assert seen['held'] is not None and min(a for a, _ in down) > seen['held'], (seen, down)
         assert etcd.ctl('get', '--prefix', '/gpuhost/fleetlock/lab/') == '', 'a slot was not given back'
     finally:
         etcd.stop()
@@ -407,8 +469,8 @@ def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet,
         h: (shard, 'restarted', '-') for h, shard in shard_of.items()}, res.stdout
     assert all('sglang-unit' in r['what is done'] for r in rows.values()), res.stdout
     assert {n: lab.unit_starts() for n, lab in fleet.labs.items()} == {n: k + 1 for n, k in starts.items()}
-    assert 'Shard %s ' % STACK in rest and 'Shard shard-b ' in rest and 'up: 2 of 2 shards succeeded' in rest
-    assert 'Monitoring: 8 target groups across 2 shards' in rest, rest
+    assert all('Shard %s ' % stack in rest for stack in SHARDS) and 'up: 3 of 3 shards succeeded' in rest, rest
+    assert 'Monitoring: 10 target groups across 3 shards' in rest, rest
 
 
 def test_a_driver_upgrade_rolls_one_host_at_a_time_the_first_host_first(fleet):
