@@ -6,12 +6,12 @@ and that address: `$TMPDIR/gpuhost-rollout-<uid>/<cli pid>-<cli start>-<engine p
 one serving process's socket (provider/stub.py) and the rollout's records (provider/rollout.py) - host names and
 states, never a secret. Directories of CLIs that ended are removed when a pass starts."""
 
+from __future__ import annotations
+
 import os
-import re
 import shutil
 import sys
 import tempfile
-from typing import Optional
 
 ENV = 'GPUHOST_PASS_DIR'   # set for the pass's serving process, which is not the CLI's child
 
@@ -26,7 +26,7 @@ def base() -> str:
     return path
 
 
-def start_time(pid: int) -> Optional[str]:
+def start_time(pid: int) -> str | None:
     try:
         with open('/proc/%d/stat' % pid) as f:
             return f.read().rpartition(')')[2].split()[19]
@@ -43,9 +43,13 @@ def sweep(root: str) -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def engine_address() -> Optional[str]:
+def engine_address() -> str | None:
     """The engine's address, which it passes to every provider plugin as an argument."""
-    return next((a for a in sys.argv[1:] if re.match(r'^(127\.0\.0\.1|localhost|\[::1\]):\d+$', a)), None)
+    for a in sys.argv[1:]:
+        host, _, port = a.rpartition(':')
+        if host in ('127.0.0.1', 'localhost', '[::1]') and port.isascii() and port.isdigit():
+            return a
+    return None
 
 
 def path() -> str:

@@ -22,7 +22,6 @@ import fcntl
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -50,6 +49,7 @@ def _connect(path: str):
 def _spawn(here: str, log: str) -> None:
     """The serving process, detached (its own session, not a child of this stub: the engine ends a stub's children
     with it)."""
+    import subprocess
     pid = os.fork()
     if pid == 0:
         try:
@@ -121,6 +121,7 @@ def _from_zygote(here: str, log: str) -> bool:
             return answer == 'ok'
         # Its own session: neither the engine ending this stub nor the operator's Ctrl-C reaches it. Only what decides
         # how Python loads modules of its environment: a CLI's (its secrets among them) goes to that CLI's passes.
+        import subprocess
         env = {k: v for k, v in os.environ.items()
                if k in ('PATH', 'HOME', 'LANG', 'TZ', 'TMPDIR') or k.startswith(('LC_', 'PYTHON'))}
         with open(path[:-len('.sock')] + '.log', 'wb') as err:

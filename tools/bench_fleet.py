@@ -82,7 +82,8 @@ KINDS = (('pulumi CLI', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pu
          # With the zygote's forks (they have its command line) and the zygote itself (its imports, once).
          ('plugin serving process', lambda cmd: (b'--serve' in cmd or b'--zygote' in cmd) and
           any(c.endswith(b'provider/__main__.py') for c in cmd)),
-         ('plugin stubs', lambda cmd: any(c.endswith(b'provider/stub.py') for c in cmd)),
+         ('plugin stubs', lambda cmd: any(c.endswith((b'provider/stub.py', b'provider/bin/gpuhost-stub'))
+                                          for c in cmd)),
          ('the program (Python)', lambda cmd: any(b'pulumi-language-python-exec' in c for c in cmd)),
          ('pulumi-command plugin', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'pulumi-resource-command'),
          ('ssh-agent', lambda cmd: cmd[:1] and os.path.basename(cmd[0]) == b'ssh-agent'),

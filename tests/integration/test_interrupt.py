@@ -115,11 +115,13 @@ def test_kill_9_of_the_cli_leaves_no_program_process_and_the_readme_commands_con
 
 def _providers_of(project):
     """PIDs of provider processes serving this project: its gpuhost plugin (provider/__main__.py of the project, and
-    the stubs the engine starts for it, provider/stub.py), or a dynamic-provider host (their cwd is the project).
+    the stubs the engine starts for it, provider/bin/gpuhost-stub or provider/stub.py), or a dynamic-provider host
+    (their cwd is the project).
     Not the plugin's zygote (provider/stub.py): it serves nothing itself - no engine, no host, no connection - and
     ends a minute after its last fork."""
     plugin = os.path.join(project, 'provider', '__main__.py').encode()
-    stub = os.path.join(project, 'provider', 'stub.py').encode()
+    stubs = (os.path.join(project, 'provider', 'stub.py').encode(),
+             os.path.join(project, 'provider', 'bin', 'gpuhost-stub').encode())
     out = []
     for pid in os.listdir('/proc'):
         if not pid.isdigit():
@@ -131,7 +133,7 @@ def _providers_of(project):
                 continue
         except OSError:
             continue
-        if plugin in cmd or stub in cmd or (cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd)):
+        if plugin in cmd or any(s in cmd for s in stubs) or (cwd == project and (b'pulumi-resource-pulumi-python' in cmd or b'pulumi.dynamic' in cmd)):
             out.append(int(pid))
     return out
 

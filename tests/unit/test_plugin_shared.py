@@ -1,5 +1,7 @@
-"""provider/stub.py: the engine starts the plugin once per provider instance (one per host) and pass; every instance
-is served by the pass's one serving process, each on its own port, and nothing is left running after the pass."""
+"""The plugin's stub (provider/bin/gpuhost-stub, built from provider/stub/ by tools/bootstrap.sh, else provider/stub.py):
+the engine starts the plugin once per provider instance (one per host) and pass; every instance is served by the
+pass's one serving process, each on its own port, and nothing is left running after the pass. The engine's tests run
+with both stubs."""
 
 import os
 import signal
@@ -16,6 +18,7 @@ from pulumi.runtime.proto import provider_pb2_grpc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN = os.path.join(REPO, 'provider', 'pulumi-resource-gpuhost')
+BUILT = os.path.join(REPO, 'provider', 'bin', 'gpuhost-stub')
 
 
 class Engine:
@@ -92,9 +95,18 @@ def gone(pred, seconds):
     return pred()
 
 
-@pytest.fixture
-def engine():
+@pytest.fixture(params=['built', 'python'])
+def engine(request, monkeypatch):
+    """An engine address, and which stub the plugin runs: the built one (skipped where tools/bootstrap.sh had no Go)
+    or provider/stub.py (GPUHOST_PLUGIN_STUB=python)."""
+    if request.param == 'built':
+        if not os.access(BUILT, os.X_OK):
+            pytest.skip('provider/bin/gpuhost-stub is not built (tools/bootstrap.sh: no Go)')
+        monkeypatch.delenv('GPUHOST_PLUGIN_STUB', raising=False)
+    else:
+        monkeypatch.setenv('GPUHOST_PLUGIN_STUB', 'python')
     e = Engine()
+    e.stub = request.param
     yield e
     e.stop()
     for pid in serving(e.addr):
@@ -104,6 +116,8 @@ def engine():
 def test_instances_of_a_pass_share_one_serving_process_each_on_its_own_port(engine):
     procs, ports = start(engine, 4)
     try:
+        exe = os.readlink('/proc/%d/exe' % procs[0].pid)
+        assert exe == BUILT if engine.stub == 'built' else os.path.basename(exe).startswith('python'), exe
         assert len(set(ports)) == 4 and all(answers(p) for p in ports)
         assert len(serving(engine.addr)) == 1
         # The engine ends one instance (SIGINT, as its plugin Close does): that one stops, the others serve on.

@@ -1,0 +1,3 @@
+module gpuhost/provider/stub
+
+go 1.22
