@@ -183,6 +183,9 @@ def _instance(here: str):
 
 
 def main() -> None:
+    # The CLI that started this stub, read first: a CLI that exits right after reading the port line must not leave
+    # this stub taking its new parent for the CLI.
+    cli = os.getppid()
     if os.environ.get('GPUHOST_PLUGIN_SHARED', '1') == '0':
         os.execv(sys.executable, [sys.executable, os.path.join(HERE, '__main__.py')] + sys.argv[1:])
     here = passdir.path()
@@ -202,7 +205,6 @@ def main() -> None:
     sys.stdout.flush()
     # Until the engine ends this stub, the serving process ends, or the CLI is gone (a CLI that exits without ending
     # its plugins leaves this stub to another parent).
-    cli = os.getppid()
     conn.settimeout(1.0)
     while os.getppid() == cli:
         try:

@@ -442,6 +442,9 @@ func main() {
 	if len(os.Args) > 3 && os.Args[1] == detachArgument {
 		detach(os.Args[2], os.Args[3:])
 	}
+	// The CLI that started this stub, read first: a CLI that exits right after reading the port line must not leave
+	// this stub taking its new parent for the CLI.
+	cli := os.Getppid()
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpuhost: the provider plugin's stub cannot find itself: %v\n", err)
@@ -479,7 +482,6 @@ func main() {
 	os.Stdout.WriteString(line)
 	// Until the engine ends this stub, the serving process ends, or the CLI is gone (a CLI that exits without ending
 	// its plugins leaves this stub to another parent).
-	cli := os.Getppid()
 	buf := make([]byte, 4096)
 	for os.Getppid() == cli {
 		conn.SetReadDeadline(time.Now().Add(time.Second))
