@@ -376,8 +376,8 @@ def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet,
     the merged targets - under one fleet lock of 2 slots in a real etcd (gpuhost:rollout.fleet_lock): the shard
     `fleet` alone would take its three hosts down at once (max_unavailable 3) beside the other shards' one each, the
     lock holds the three shards to 2 hosts down between them. Both slots are held, as the run begins, by a runner
-    killed mid-step: nothing restarts until their TTL frees them. (The change stays deployed: the tests after this
-    one start from the stacks' files.)"""
+    killed mid-step (its leases' TTL 20 s): nothing restarts until the TTL frees them. (The change stays deployed:
+    the tests after this one start from the stacks' files.)"""
     import copy
     import threading
     import yaml
@@ -432,7 +432,8 @@ def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet,
             if stack == STACK:
                 rollout['max_unavailable'] = 3
             fleet.write_stack(stack, dict(cfg, **{'gpuhost:rollout': rollout}))
-        dead = dead_runner(etcd.url, 2, 5)
+        # Its leases outlast the shards' refresh and plan (~10-15 s here): their first restart waits for the TTL.
+        dead = dead_runner(etcd.url, 2, 20)
         # The last moment the dead runner's slots were seen held (read before each look: they were held then).
         seen = {'held': None}
         done = threading.Event()
@@ -444,7 +445,7 @@ def test_one_command_previews_and_ups_every_shard_and_names_a_failing_one(fleet,
                 if not set(dead) & set(values):
                     return
                 seen['held'] = t
-                done.wait(0.2)
+                done.wait(0.5)
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         began = time.time()
