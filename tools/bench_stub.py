@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(REPO, 'provider', 'pulumi-resource-gpuhost')
@@ -29,6 +28,7 @@ def run(n: int, env: dict) -> float:
     engine = socket.socket()
     engine.bind(('127.0.0.1', 0))
     engine.listen(64)
+
     def accept():
         while True:
             try:
@@ -58,12 +58,11 @@ def main() -> None:
     kinds = [('built (provider/bin/gpuhost-stub)', {})] if os.access(built, os.X_OK) else []
     kinds.append(('provider/stub.py', {'GPUHOST_PLUGIN_STUB': 'python'}))
     for name, extra in kinds:
-        env = dict(os.environ, **extra)
-        env.pop('GPUHOST_PLUGIN_STUB', None) if not extra else None
+        env = {k: v for k, v in os.environ.items() if k != 'GPUHOST_PLUGIN_STUB'}
+        env.update(extra)
         runs = sorted(run(n, env) for _ in range(3))
         print('%-36s %d stubs: %.3f CPU-s (median of 3: %s), %.1f ms a stub' % (
             name, n, runs[1], ' '.join('%.3f' % r for r in runs), runs[1] / n * 1000))
-        time.sleep(0.5)
 
 
 if __name__ == '__main__':
