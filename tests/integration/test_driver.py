@@ -193,12 +193,14 @@ def test_a_version_that_does_not_bring_the_gpus_up_is_undone_and_stops_the_run(d
                 '580.105.08)') in out, out
         assert (lab.host.nvidia_module(), lab.host.installed_nvidia()) == (B, B)
         assert lab.unit_starts() == starts + 1          # stopped for the upgrade, started again on B
-        assert lab.ct_exec(['systemctl', 'is-active', 'sglang-qwen.service']).stdout.strip() == 'active'
-        # The collector's next run counts C's Xid 143 (GpuhostGpuXidCritical), with no pulumi command.
-        # On failure the collector's own words are in the message (a fresh-clone CI run saw this start exit 1 once
-        # under load, its reason unseen).
-        started = lab.ssh('systemctl start gpuhost-collector.service')
-        assert started.exit_code == 0, lab.ssh('journalctl -u gpuhost-collector.service -n 30 --no-pager').stdout
+        # (A fresh-clone CI run saw this unit not active here once under load: its state and journal say why next time.)
+        state = lab.ct_exec(['systemctl', 'is-active', 'sglang-qwen.service'], check=False).stdout.strip()
+        assert state == 'active', (state, lab.ct_exec(['journalctl', '--no-pager', '-n', '40', '-u',
+                                                       'sglang-qwen.service'], check=False).stdout)
+        # The collector's next run counts C's Xid 143 (GpuhostGpuXidCritical), with no pulumi command - started as
+        # its timer would (Lab.start_host_unit: the lab host's cgroup v1 fault, status=219/CGROUP, proven from the
+        # journal, is the only failure it starts again after; any other fails with the unit's journal).
+        lab.start_host_unit('gpuhost-collector.service')
         prom = lab.ssh('cat %s/gpuhost-collector.prom' % monitoring.TEXTFILE_DIR).stdout
         assert re.search(r'gpuhost_gpu_xid_errors_total\{[^}]*pci_bus_id="0000:01:00.0"[^}]*xid="143"[^}]*\} [1-9]',
                          prom), prom
